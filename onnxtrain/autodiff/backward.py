@@ -1,0 +1,279 @@
+"""The reverse pass: gradient nodes of chosen outputs w.r.t. chosen values."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from onnx import numpy_helper
+
+from ..exceptions import MissingVJPRuleError
+from ..graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
+from .context import VJPContext, sum_to
+from .registry import get_vjp_rule, is_nondifferentiable
+
+__all__ = ["BackwardGraph", "backward", "trainable_initializers"]
+
+
+@dataclass
+class BackwardGraph:
+    """Result of :func:`backward`.
+
+    Attributes
+    ----------
+    builder : GraphBuilder
+        Holds the gradient nodes and the constants they use.
+    wrt : list of str
+        Values differentiated against.
+    outputs : list of str
+        Differentiated outputs.
+    grad_output_names : list of str
+        One new input per differentiated output (``<output>_grad``).
+    grad_names : list of str
+        One gradient output per ``wrt`` (``<name>_grad``).
+    types : dict
+        ``name -> (elem_type, shape)`` of the forward values.
+    """
+
+    builder: GraphBuilder
+    wrt: list
+    outputs: list
+    grad_output_names: list
+    grad_names: list
+    types: dict = field(repr=False)
+
+
+def _subgraph_outer_inputs(node):
+    """Names a node's subgraphs read from the enclosing scope."""
+    names = set()
+    for att in node.attribute:
+        graphs = list(att.graphs) + ([att.g] if att.HasField("g") else [])
+        for graph in graphs:
+            defined = {i.name for i in graph.input}
+            defined |= {i.name for i in graph.initializer}
+            for sub in graph.node:
+                names |= {i for i in sub.input if i and i not in defined}
+                names |= _subgraph_outer_inputs(sub) - defined
+                defined |= set(sub.output)
+    return names
+
+
+def _node_inputs(node):
+    return [i for i in node.input if i] + sorted(_subgraph_outer_inputs(node))
+
+
+def _is_float(types, name):
+    info = types.get(name)
+    return info is None or info[0] in FLOAT_TYPES
+
+
+def _constants(model):
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for att in node.attribute:
+                if att.name == "value":
+                    values[node.output[0]] = numpy_helper.to_array(att.t)
+    return values
+
+
+def _dependents(nodes, wrt, types):
+    """Values depending on ``wrt`` through differentiable float paths, and,
+    for each of them, the ``wrt`` names upstream."""
+    upstream = {w: {w} for w in wrt}
+    for node in nodes:
+        if is_nondifferentiable(node.op_type, node.domain):
+            continue
+        ups = set()
+        for name in _node_inputs(node):
+            ups |= upstream.get(name, set())
+        if ups:
+            for out in node.output:
+                if out and _is_float(types, out):
+                    upstream[out] = ups
+    return upstream
+
+
+def _path_nodes(nodes, outputs, upstream):
+    """Nodes on a path from a ``wrt`` value to one of ``outputs``, in order."""
+    needed = set(outputs)
+    path = []
+    for node in reversed(nodes):
+        if not any(o in needed and o in upstream for o in node.output):
+            continue
+        if is_nondifferentiable(node.op_type, node.domain):
+            continue
+        ins = [i for i in _node_inputs(node) if i in upstream]
+        if ins:
+            path.append(node)
+            needed.update(ins)
+    return path[::-1]
+
+
+def _check_rules(path, upstream):
+    missing = []
+    for node in path:
+        if get_vjp_rule(node.op_type, node.domain) is None:
+            weights = sorted(set().union(
+                *(upstream.get(i, set()) for i in _node_inputs(node))))
+            missing.append(
+                f"op_type={node.op_type!r} domain={node.domain or 'ai.onnx'!r} "
+                f"node={node.name!r} (weights upstream: {weights})")
+    if missing:
+        raise MissingVJPRuleError(
+            "No VJP rule for these nodes on the path from the weights to the "
+            "outputs: " + "; ".join(missing))
+
+
+def _accumulate(g, grads, name):
+    parts = grads.get(name)
+    if not parts:
+        return None
+    total = parts[0]
+    for part in parts[1:]:
+        total = g.op("Add", total, part)
+    grads[name] = [total]
+    return total
+
+
+def _normalize_result(result, n_inputs):
+    if result is None or isinstance(result, str):
+        result = (result,)
+    result = list(result)
+    if len(result) > n_inputs:
+        raise ValueError(f"A VJP rule returned {len(result)} gradients for "
+                         f"{n_inputs} inputs.")
+    return result + [None] * (n_inputs - len(result))
+
+
+def _apply_rule(g, node, grads, upstream, constants):
+    gys = [_accumulate(g, grads, o) if o else None for o in node.output]
+    if all(gy is None for gy in gys):
+        return
+    rule = get_vjp_rule(node.op_type, node.domain)
+    needs = [bool(i) and i in upstream for i in node.input]
+    ctx = VJPContext(node, g, needs, constants)
+    results = _normalize_result(rule.fn(ctx, *gys), len(node.input))
+    for name, need, grad in zip(node.input, needs, results):
+        if not need or grad is None:
+            continue
+        if rule.unbroadcast:
+            grad = sum_to(g, grad, g.shape(node.output[0]), name)
+        grads.setdefault(name, []).append(grad)
+
+
+def _all_names(model):
+    graph = model.graph
+    names = {v.name for v in list(graph.input) + list(graph.output)}
+    names |= {i.name for i in graph.initializer}
+    for node in graph.node:
+        names |= set(node.output) | {node.name}
+    return names
+
+
+def backward(model, wrt, outputs=None):
+    """Build the gradient nodes of ``outputs`` w.r.t. ``wrt``.
+
+    Keeps the nodes on a path from ``wrt`` to ``outputs``, walks them in
+    reverse topological order calling each op's VJP rule, accumulates the
+    gradients reaching one value with Add and reduces broadcast gradients
+    with :func:`~onnxtrain.autodiff.context.sum_to`.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    wrt : list of str
+        Initializers or graph inputs (float) to differentiate against.
+    outputs : list of str, default=None
+        Outputs to differentiate; default: every float graph output that
+        depends on ``wrt``.
+
+    Returns
+    -------
+    BackwardGraph
+
+    Raises
+    ------
+    ValueError
+        Unknown names in ``wrt`` or ``outputs``, or no output depends on wrt.
+    MissingVJPRuleError
+        A node on the path has no VJP rule (the message names op type,
+        domain, node name and the weights upstream).
+    """
+    graph = model.graph
+    types = infer_value_types(model)
+    sources = {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    unknown = [w for w in wrt if w not in sources]
+    if unknown:
+        raise ValueError(f"wrt names {unknown} are neither initializers nor "
+                         f"inputs of the model; candidates: {sorted(sources)}.")
+    nodes = list(graph.node)
+    upstream = _dependents(nodes, list(wrt), types)
+    graph_outputs = [o.name for o in graph.output]
+    if outputs is None:
+        outputs = [o for o in graph_outputs
+                   if o in upstream and _is_float(types, o)]
+    bad = [o for o in outputs if o not in graph_outputs]
+    if bad:
+        raise ValueError(f"outputs {bad} are not graph outputs {graph_outputs}.")
+    if not any(o in upstream for o in outputs):
+        raise ValueError(f"No output among {outputs} depends on {list(wrt)}.")
+    path = _path_nodes(nodes, outputs, upstream)
+    _check_rules(path, upstream)
+
+    g = GraphBuilder(opset_of(model) or 1, _all_names(model), types)
+    grads, grad_output_names = {}, []
+    for out in outputs:
+        name = g.unique_name(f"{out}_grad")
+        g.set_type(name, *types.get(out, (None, None)))
+        grad_output_names.append(name)
+        grads[out] = [name]
+    constants = _constants(model)
+    for node in reversed(path):
+        _apply_rule(g, node, grads, upstream, constants)
+    grad_names = [_final_gradient(g, grads, w) for w in wrt]
+    return BackwardGraph(g, list(wrt), list(outputs), grad_output_names,
+                         grad_names, types)
+
+
+def _final_gradient(g, grads, w):
+    total = _accumulate(g, grads, w)
+    name = g.unique_name(f"{w}_grad")
+    if total is None:  # no path: the gradient is zero
+        zero = g.const(0, g.elem_type(w))
+        return g.op("Expand", zero, g.shape_of(w), outputs=[name])
+    return g.op("Identity", total, outputs=[name])
+
+
+def trainable_initializers(model, candidates=None):
+    """Float initializers that reach a float output through differentiable ops.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    candidates : list of str, default=None
+        Restrict the search to these names (default: every initializer).
+
+    Returns
+    -------
+    list of str
+        In the order of ``model.graph.initializer``. Integer tensors (shapes,
+        indices, class labels) are never returned; neither are rank-0 float
+        initializers, which converters use for constants (skl2onnx's
+        ``unity`` in ``1 - p``), nor floats that reach the outputs only
+        through non-differentiable ops.
+    """
+    graph = model.graph
+    types = infer_value_types(model)
+    names = [i.name for i in graph.initializer
+             if i.data_type in FLOAT_TYPES and len(i.dims) > 0]
+    if candidates is not None:
+        wanted = set(candidates)
+        names = [n for n in names if n in wanted]
+    nodes = list(graph.node)
+    outputs = [o.name for o in graph.output if _is_float(types, o.name)]
+    upstream = _dependents(nodes, names, types)
+    reached = set()
+    for out in outputs:
+        reached |= upstream.get(out, set())
+    return [n for n in names if n in reached]

@@ -1,0 +1,82 @@
+"""VJP rules of MatMul (numpy matmul semantics) and Gemm."""
+from ..registry import register_vjp
+
+
+def _reduce_to_operand(ctx, grad, batch, operand, promoted_shape):
+    """Reduce ``grad`` (shape ``batch + promoted_shape[-2:]``) to ``operand``."""
+    if ctx.rank(operand) >= 2:
+        return ctx.sum_to(grad, batch + promoted_shape[-2:], operand)
+    if batch:  # a 1-D operand has no batch axes: sum every one of them
+        grad = ctx.g.reduce_sum(grad, list(range(len(batch))), keepdims=0)
+    return ctx.g.reshape_like(grad, operand)
+
+
+@register_vjp("MatMul")
+def _matmul(ctx, gy):
+    # Y = A @ B (numpy.matmul): dA = dY @ B^T, dB = A^T @ dY, with 1-D
+    # operands promoted to (1, k) on the left and (k, 1) on the right.
+    a, b = ctx.inputs
+    ra, rb = ctx.rank(a, "MatMul"), ctx.rank(b, "MatMul")
+    if ra == 1 and rb == 1:  # dot product: gy is a scalar
+        return (ctx.op("Mul", gy, b) if ctx.needs_grad[0] else None,
+                ctx.op("Mul", gy, a) if ctx.needs_grad[1] else None)
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    a2, sa2, b2, sb2, g2 = a, sa, b, sb, gy
+    if ra == 1:
+        a2, sa2 = ctx.g.unsqueeze(a, [0]), (1,) + sa
+        g2 = ctx.g.unsqueeze(gy, [rb - 2])
+    if rb == 1:
+        b2, sb2 = ctx.g.unsqueeze(b, [1]), sb + (1,)
+        g2 = ctx.g.unsqueeze(gy, [ra - 1])
+    batch = _broadcast_batch(sa2[:-2], sb2[:-2])
+    ga = gb = None
+    if ctx.needs_grad[0]:
+        grad = ctx.op("MatMul", g2, ctx.g.transpose_last_two(b2, len(sb2)))
+        ga = _reduce_to_operand(ctx, grad, batch, a, sa2)
+    if ctx.needs_grad[1]:
+        grad = ctx.op("MatMul", ctx.g.transpose_last_two(a2, len(sa2)), g2)
+        gb = _reduce_to_operand(ctx, grad, batch, b, sb2)
+    return ga, gb
+
+
+def _broadcast_batch(sa, sb):
+    """numpy broadcast of two batch shapes; a symbolic dim wins over 1."""
+    n = max(len(sa), len(sb))
+    sa = (1,) * (n - len(sa)) + tuple(sa)
+    sb = (1,) * (n - len(sb)) + tuple(sb)
+    out = []
+    for x, y in zip(sa, sb):
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        else:
+            out.append(x if y is None else (y if x is None else None))
+    return tuple(out)
+
+
+def _gemm_node(ctx, left, right, alpha, trans_a, trans_b):
+    """Gemm without C (opset >= 11) or with a zero C (opset < 11)."""
+    c = None if ctx.opset >= 11 else ctx.const(0)
+    return ctx.op("Gemm", left, right, c, alpha=float(alpha),
+                  transA=int(trans_a), transB=int(trans_b))
+
+
+@register_vjp("Gemm")
+def _gemm(ctx, gy):
+    # Y = alpha * A' B' + beta * C with A' = A^T if transA, B' = B^T if transB
+    a, b = ctx.inputs[:2]
+    c = ctx.input(2)
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    ta, tb = ctx.attr("transA", 0), ctx.attr("transB", 0)
+    ga = gb = gc = None
+    if ctx.needs_grad[0]:
+        ga = (_gemm_node(ctx, b, gy, alpha, tb, 1) if ta
+              else _gemm_node(ctx, gy, b, alpha, 0, 1 - tb))
+    if ctx.needs_grad[1]:
+        gb = (_gemm_node(ctx, gy, a, alpha, 1, ta) if tb
+              else _gemm_node(ctx, a, gy, alpha, 1 - ta, 0))
+    if c is not None and len(ctx.needs_grad) > 2 and ctx.needs_grad[2]:
+        gc = gy if beta == 1.0 else ctx.op("Mul", gy, ctx.const(beta))
+        gc = ctx.sum_to(gc, ctx.shape(ctx.outputs[0]), c)
+    return ga, gb, gc

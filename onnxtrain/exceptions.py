@@ -1,0 +1,17 @@
+"""Exceptions and warnings raised by onnxtrain."""
+from sklearn.exceptions import ConvergenceWarning
+
+__all__ = ["ConvergenceError", "ConvergenceWarning", "MissingVJPRuleError",
+           "DeviceError"]
+
+
+class ConvergenceError(RuntimeError):
+    """Training produced a non-finite loss; the last finite weights are kept."""
+
+
+class MissingVJPRuleError(NotImplementedError):
+    """A node on the path from the weights to the outputs has no VJP rule."""
+
+
+class DeviceError(RuntimeError):
+    """The requested device is unknown or its execution provider is missing."""

@@ -1,0 +1,227 @@
+"""One builder for every graph onnxtrain emits.
+
+The builder owns names (each new name is unique within the graph being
+built), constants (created in the element type of the tensor they meet and
+deduplicated) and the opset (helpers such as :meth:`GraphBuilder.reduce_sum`
+emit the form valid at the builder's opset: axes as an attribute before
+opset 13 and as an input from opset 13 on).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["GraphBuilder", "Dim", "elem_type_to_numpy", "numpy_to_elem_type",
+           "FLOAT_TYPES"]
+
+#: ONNX element types onnxtrain differentiates.
+FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE,
+                         TensorProto.FLOAT16, TensorProto.BFLOAT16})
+
+#: A dimension: an int (static), a str (symbolic name) or None (unknown).
+Dim = "int | str | None"
+
+
+def elem_type_to_numpy(elem_type):
+    """Return the numpy dtype of an ONNX element type (``TensorProto.FLOAT``...)."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def numpy_to_elem_type(dtype):
+    """Return the ONNX element type of a numpy dtype."""
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _reduce_axes_as_input_since(op_type):
+    """The opset from which ``op_type`` takes its axes as an input."""
+    if op_type in ("ReduceSum", "Squeeze", "Unsqueeze"):
+        return 13
+    return 18  # ReduceMean, ReduceMax, ReduceMin, ReduceProd, ...
+
+
+class GraphBuilder:
+    """Collect nodes and initializers with unique names at one opset.
+
+    Parameters
+    ----------
+    opset : int
+        Version of the default ONNX domain the emitted nodes must be valid at.
+    used_names : iterable of str, default=()
+        Names already taken in the graph the nodes will join.
+    value_types : dict, default=None
+        ``name -> (elem_type, shape)`` for values that already exist, where
+        ``shape`` is a tuple of :data:`Dim` or None when the rank is unknown.
+    prefix : str, default=""
+        Prefix of generated names.
+    """
+
+    def __init__(self, opset, used_names=(), value_types=None, prefix=""):
+        self.opset = int(opset)
+        self.nodes = []
+        self.initializers = []
+        self.types = dict(value_types or {})
+        self._used = set(used_names)
+        self._prefix = prefix
+        self._constants = {}
+
+    # names -----------------------------------------------------------------
+    def unique_name(self, base):
+        """Return ``base`` or ``base_<k>``, a name not used yet, and reserve it."""
+        base = f"{self._prefix}{base}"
+        name, k = base, 1
+        while name in self._used:
+            name = f"{base}_{k}"
+            k += 1
+        self._used.add(name)
+        return name
+
+    def reserve(self, name):
+        """Reserve an exact name; raise ValueError if it is already taken."""
+        if name in self._used:
+            raise ValueError(f"Name {name!r} is already used in the graph.")
+        self._used.add(name)
+        return name
+
+    # types -----------------------------------------------------------------
+    def elem_type(self, name):
+        """ONNX element type of ``name`` (KeyError when unknown)."""
+        return self.types[name][0]
+
+    def shape(self, name):
+        """Known shape of ``name`` as a tuple of dims, or None."""
+        info = self.types.get(name)
+        return None if info is None else info[1]
+
+    def rank(self, name):
+        """Rank of ``name`` or None when unknown."""
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+    def set_type(self, name, elem_type, shape=None):
+        """Record the element type and shape of a value the caller created."""
+        self.types[name] = (elem_type, None if shape is None else tuple(shape))
+
+    # nodes -----------------------------------------------------------------
+    def op(self, op_type, *inputs, n_outputs=1, outputs=None, domain="",
+           **attributes):
+        """Append one node and return its output name (a tuple if several).
+
+        ``outputs``, when given, are names the caller reserved with
+        :meth:`unique_name` or :meth:`reserve`. ``None`` in ``inputs`` becomes an empty name (an omitted optional
+        input). Attributes with value None are dropped.
+        """
+        if outputs is None:
+            outputs = [self.unique_name(op_type.lower()) for _ in range(n_outputs)]
+        else:
+            outputs = list(outputs)  # reserved by the caller (unique_name)
+        attrs = {k: v for k, v in attributes.items() if v is not None}
+        node = helper.make_node(
+            op_type, ["" if i is None else i for i in inputs], outputs,
+            name=self.unique_name(f"{op_type}_node"), domain=domain, **attrs)
+        self.nodes.append(node)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def const(self, value, elem_type):
+        """Return the name of an initializer holding ``value`` in ``elem_type``.
+
+        Equal constants (same element type, shape and bytes) share a name.
+        """
+        array = np.asarray(value, dtype=elem_type_to_numpy(elem_type))
+        key = (elem_type, array.shape, array.tobytes())
+        if key not in self._constants:
+            name = self.unique_name("const")
+            self.initializers.append(numpy_helper.from_array(array, name))
+            self.set_type(name, elem_type, array.shape)
+            self._constants[key] = name
+        return self._constants[key]
+
+    def int64s(self, values):
+        """An int64 1-D constant (for shapes, axes, starts, ends)."""
+        return self.const(np.asarray(values, dtype=np.int64).reshape(-1),
+                          TensorProto.INT64)
+
+    # opset-aware helpers ---------------------------------------------------
+    def _axes_op(self, op_type, x, axes, **attrs):
+        """Emit ``op_type`` with ``axes`` as attribute or input by opset."""
+        if axes is None:
+            return self.op(op_type, x, **attrs)
+        axes = [int(a) for a in axes]
+        if self.opset >= _reduce_axes_as_input_since(op_type):
+            return self.op(op_type, x, self.int64s(axes), **attrs)
+        return self.op(op_type, x, axes=axes, **attrs)
+
+    def reduce(self, op_type, x, axes=None, keepdims=1):
+        """``op_type`` (ReduceSum, ReduceMean...) over ``axes`` (None = all)."""
+        return self._axes_op(op_type, x, axes, keepdims=int(keepdims))
+
+    def reduce_sum(self, x, axes=None, keepdims=1):
+        """ReduceSum over static ``axes`` (None: every axis)."""
+        return self.reduce("ReduceSum", x, axes, keepdims)
+
+    def unsqueeze(self, x, axes):
+        """Unsqueeze at static ``axes``."""
+        return self._axes_op("Unsqueeze", x, axes)
+
+    def squeeze(self, x, axes=None):
+        """Squeeze at static ``axes`` (None: every axis of size 1)."""
+        return self._axes_op("Squeeze", x, axes)
+
+    def shape_of(self, x):
+        """Shape(x) as an int64 1-D tensor."""
+        return self.op("Shape", x)
+
+    def reshape_like(self, x, like):
+        """Reshape ``x`` to the runtime shape of ``like``."""
+        return self.op("Reshape", x, self.shape_of(like))
+
+    def cast(self, x, elem_type):
+        """Cast ``x`` to ``elem_type``."""
+        return self.op("Cast", x, to=int(elem_type))
+
+    def transpose_last_two(self, x, rank):
+        """Swap the last two axes of a tensor of static ``rank``."""
+        perm = list(range(rank))
+        perm[-2], perm[-1] = perm[-1], perm[-2]
+        return self.op("Transpose", x, perm=perm)
+
+    # output ----------------------------------------------------------------
+    def make_graph(self, name, inputs, outputs, initializers=()):
+        """A GraphProto from the collected nodes and initializers."""
+        return helper.make_graph(self.nodes, name, inputs, outputs,
+                                 list(initializers) + self.initializers)
+
+
+def make_model(graph, opset_imports, ir_version=None, producer="onnxtrain"):
+    """A ModelProto for ``graph`` at ``opset_imports`` (list of OperatorSetId).
+
+    The IR version is the one onnx pairs with the highest default-domain
+    opset, never newer than what onnxruntime reads.
+    """
+    model = helper.make_model(graph, opset_imports=list(opset_imports),
+                              producer_name=producer)
+    if ir_version is None:
+        ir_version = default_ir_version(opset_imports)
+    model.ir_version = ir_version
+    return model
+
+
+def default_ir_version(opset_imports):
+    """IR version matching the default-domain opset of ``opset_imports``."""
+    version = 9
+    for op in opset_imports:
+        if op.domain in ("", "ai.onnx"):
+            version = op.version
+    try:
+        ir = helper.find_min_ir_version_for([helper.make_opsetid("", version)])
+    except Exception:  # pragma: no cover - very new opsets
+        ir = onnx.IR_VERSION
+    return max(ir, 7)
+
+
+def opset_of(model, domain=""):
+    """Opset version of ``domain`` imported by ``model`` (None if absent)."""
+    for op in model.opset_import:
+        if op.domain == domain or (domain == "" and op.domain == "ai.onnx"):
+            return op.version
+    return None

@@ -1,0 +1,49 @@
+"""Element types and shapes of every value of a model (onnx shape inference)."""
+from __future__ import annotations
+
+import onnx
+
+__all__ = ["infer_value_types", "type_of_value_info"]
+
+
+def type_of_value_info(value_info):
+    """``(elem_type, shape)`` of a ValueInfoProto; shape is None if rank unknown.
+
+    Dimensions are ints (static), strs (symbolic) or None (unknown).
+    """
+    tensor = value_info.type.tensor_type
+    if not value_info.type.HasField("tensor_type"):
+        return None
+    shape = None
+    if tensor.HasField("shape"):
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value")
+            else (d.dim_param if d.HasField("dim_param") and d.dim_param else None)
+            for d in tensor.shape.dim)
+    return tensor.elem_type, shape
+
+
+def infer_value_types(model):
+    """Map every value name of ``model``'s main graph to ``(elem_type, shape)``.
+
+    Runs :func:`onnx.shape_inference.infer_shapes` on a copy (the caller's
+    model is not modified). Values whose type cannot be inferred are absent.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # pragma: no cover - inference failing on exotic ops
+        inferred = model
+    graph = inferred.graph
+    types = {}
+    for init in graph.initializer:
+        types[init.name] = (init.data_type, tuple(init.dims))
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        info = type_of_value_info(vi)
+        if info is not None and vi.name not in types:
+            types[vi.name] = info
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for att in node.attribute:
+                if att.name == "value":
+                    types[node.output[0]] = (att.t.data_type, tuple(att.t.dims))
+    return types
