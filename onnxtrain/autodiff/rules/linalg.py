@@ -79,4 +79,4 @@ def _gemm(ctx, gy):
     if c is not None and len(ctx.needs_grad) > 2 and ctx.needs_grad[2]:
         gc = gy if beta == 1.0 else ctx.op("Mul", gy, ctx.const(beta))
         gc = ctx.sum_to(gc, ctx.shape(ctx.outputs[0]), c)
-    return ga, gb, gc
+    return (ga, gb, gc)[:len(ctx.inputs)]

@@ -1,0 +1,79 @@
+"""Input validation shared by the estimators (scikit-learn's utilities)."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from sklearn.utils.validation import check_array
+
+from ..graph import elem_type_to_numpy, infer_value_types
+
+__all__ = ["check_features", "check_targets", "validation_period"]
+
+
+def _check_numeric(array, name):
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} has dtype {array.dtype}; onnxtrain needs "
+                        "numeric (bool, int or float) data. Encode object or "
+                        "string columns first.")
+
+
+def check_features(model, X, name="X"):
+    """Validate ``X`` for ``model``'s first input and cast it to its type.
+
+    Raises
+    ------
+    TypeError
+        Non-numeric data (object dtype, strings).
+    ValueError
+        Not 2-D, NaN or inf, or a number of columns the input does not take.
+    """
+    X = check_array(X, dtype=None, ensure_2d=True, input_name=name)
+    _check_numeric(X, name)
+    types = infer_value_types(model)
+    elem_type, shape = types[model.graph.input[0].name]
+    if shape is not None and len(shape) == 2 and isinstance(shape[1], int) \
+            and shape[1] != X.shape[1]:
+        raise ValueError(f"{name} has {X.shape[1]} features but the model input "
+                         f"{model.graph.input[0].name!r} takes {shape[1]}.")
+    return np.ascontiguousarray(X, dtype=elem_type_to_numpy(elem_type))
+
+
+def check_targets(y, n_samples, name, dtype, ndim=None):
+    """Validate targets (or sample weights): numeric, finite, ``n_samples``
+    rows, cast to ``dtype``.
+
+    Raises
+    ------
+    TypeError, ValueError
+    """
+    y = check_array(y, dtype=None, ensure_2d=False, input_name=name)
+    _check_numeric(y, name)
+    if y.shape[0] != n_samples:
+        raise ValueError(f"{name} has {y.shape[0]} rows, X has {n_samples}.")
+    if y.ndim > 2 or (ndim is not None and y.ndim != ndim):
+        raise ValueError(f"{name} must have shape (n_samples,)"
+                         f"{'' if ndim == 1 else ' or (n_samples, n_outputs)'}, "
+                         f"got {y.shape}.")
+    return np.ascontiguousarray(y, dtype=dtype)
+
+
+def validation_period(validation_every, max_iter):
+    """Epochs between two validation losses (never 0).
+
+    An int >= 1 is used as is; a float in (0, 1) is a fraction of
+    ``max_iter``: ``max(1, int(validation_every * max_iter))``.
+
+    Raises
+    ------
+    ValueError
+        Non-positive values or floats >= 1 that are not integers.
+    """
+    value = validation_every
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if value >= 1:
+            return int(value)
+    elif isinstance(value, numbers.Real) and 0 < value < 1:
+        return max(1, int(value * max_iter))
+    raise ValueError(f"validation_every must be an int >= 1 or a float in (0, 1), "
+                     f"got {validation_every!r}.")

@@ -1,0 +1,10 @@
+"""Execution on onnxruntime: sessions, OrtValues, devices and the
+forward/backward engine. The only package of onnxtrain importing onnxruntime."""
+from .devices import Device, parse_device
+from .engine import OrtGradientForwardBackward
+from .sessions import (SessionRunner, default_session_options, make_session,
+                       run_on_device, to_numpy, to_ortvalue)
+
+__all__ = ["Device", "OrtGradientForwardBackward", "SessionRunner",
+           "default_session_options", "make_session", "parse_device",
+           "run_on_device", "to_numpy", "to_ortvalue"]

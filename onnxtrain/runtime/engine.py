@@ -1,0 +1,218 @@
+"""The forward/backward engine (what onnxruntime-training's TrainingAgent did)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from onnx import numpy_helper
+
+from ..autodiff import build_gradient_models
+from ..models import load_model, select_weights
+from .devices import parse_device
+from .sessions import SessionRunner, to_ortvalue
+
+__all__ = ["OrtGradientForwardBackward"]
+
+
+class OrtGradientForwardBackward:
+    """Forward and backward passes of an ONNX graph on onnxruntime.
+
+    From a prediction graph and the names of the weights to train, builds
+    (with :mod:`onnxtrain.autodiff`) a forward model that also returns the
+    intermediates the gradient needs and a gradient model, and runs both on
+    ``device`` with tensors kept there as OrtValues.
+
+    Parameters
+    ----------
+    model_onnx : onnx.ModelProto, bytes or str
+        Prediction graph (not modified).
+    weights_to_train : list of str, default=None
+        Float initializers to train; None selects those that reach an output
+        through differentiable ops (see
+        :func:`onnxtrain.autodiff.trainable_initializers`).
+    device : {"cpu", "cuda", "cuda:N"}, default="cpu"
+    outputs : list of str, default=None
+        Outputs whose gradients ``backward`` receives (default: the float
+        outputs that depend on the weights).
+
+    Attributes
+    ----------
+    weights : list of OrtValue
+        Current weights on the device, in ``weights_to_train`` order; replace
+        items to update them (see :meth:`set_weights`).
+    input_names, output_names : list of str
+        User inputs of the model and the outputs ``forward`` returns.
+    forward_model, gradient_model, inference_model : onnx.ModelProto
+        The models the engine runs (see
+        :class:`onnxtrain.autodiff.GradientModels`).
+
+    Raises
+    ------
+    ValueError
+        Unknown weight names (the message lists the candidates).
+    onnxtrain.exceptions.MissingVJPRuleError
+        A node between the weights and the outputs has no VJP rule.
+    onnxtrain.exceptions.DeviceError
+        Unknown device or missing CUDA provider.
+    """
+
+    def __init__(self, model_onnx, weights_to_train=None, device="cpu",
+                 outputs=None):
+        self.device = parse_device(device)
+        model = load_model(model_onnx)
+        self.weights_to_train = select_weights(model, weights_to_train)
+        self.models = build_gradient_models(model, self.weights_to_train, outputs)
+        self.input_names = [i.name for i in model.graph.input
+                            if i.name not in set(self.weights_to_train)]
+        self.output_names = [o.name for o in model.graph.output]
+        self._forward = SessionRunner(self.forward_model, self.device)
+        self._gradient = SessionRunner(self.gradient_model, self.device)
+        self._inference = None
+        inits = {i.name: i for i in model.graph.initializer}
+        self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device)
+                        for w in self.weights_to_train]
+        self._saved = None
+
+    # the models -------------------------------------------------------------
+    @property
+    def forward_model(self):
+        """Forward model: inputs + weights -> outputs + saved intermediates."""
+        return self.models.forward_model
+
+    @property
+    def gradient_model(self):
+        """Gradient model: grad_outputs + saved values -> ``<w>_grad``."""
+        return self.models.backward_model
+
+    @property
+    def inference_model(self):
+        """The prediction graph with the weights as inputs (no saved values)."""
+        return self.models.inference_model
+
+    # compatibility with onnxcustom's TrainingAgent wrapper (seed 004)
+    @property
+    def cls_type_(self):
+        """This engine (onnxcustom exposed the same models through it)."""
+        return self
+
+    @property
+    def _optimized_pre_grad_model(self):
+        return self.inference_model
+
+    @property
+    def _trained_onnx(self):
+        return self.gradient_model
+
+    # weights ----------------------------------------------------------------
+    def get_weights(self):
+        """Copies of the weights as numpy arrays (``weights_to_train`` order)."""
+        return [w.numpy() for w in self.weights]
+
+    def set_weights(self, weights):
+        """Replace the weights by arrays or OrtValues (list or name mapping).
+
+        Raises
+        ------
+        ValueError
+            Missing names, or a shape that differs from the current weight.
+        """
+        if isinstance(weights, Mapping):
+            missing = [w for w in self.weights_to_train if w not in weights]
+            if missing:
+                raise ValueError(f"set_weights: missing weights {missing}.")
+            weights = [weights[w] for w in self.weights_to_train]
+        weights = list(weights)
+        if len(weights) != len(self.weights):
+            raise ValueError(f"set_weights: expected {len(self.weights)} "
+                             f"tensors, got {len(weights)}.")
+        new = []
+        for name, old, value in zip(self.weights_to_train, self.weights, weights):
+            value = to_ortvalue(value, self.device, old.numpy().dtype)
+            if tuple(value.shape()) != tuple(old.shape()):
+                raise ValueError(f"set_weights: {name!r} has shape "
+                                 f"{tuple(value.shape())}, expected "
+                                 f"{tuple(old.shape())}.")
+            new.append(value)
+        self.weights = new
+
+    # passes ---------------------------------------------------------------
+    def _feeds(self, inputs):
+        if isinstance(inputs, Mapping):
+            missing = [n for n in self.input_names if n not in inputs]
+            if missing:
+                raise ValueError(f"forward: missing inputs {missing}.")
+            values = [inputs[n] for n in self.input_names]
+        else:
+            values = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        if len(values) != len(self.input_names):
+            raise ValueError(f"forward: the model takes {len(self.input_names)} "
+                             f"inputs {self.input_names}, got {len(values)}.")
+        feeds = {n: to_ortvalue(v, self.device, self._forward.input_dtypes.get(n))
+                 for n, v in zip(self.input_names, values)}
+        feeds.update(zip(self.weights_to_train, self.weights))
+        return feeds
+
+    def forward(self, inputs, training=True):
+        """Run the model.
+
+        Parameters
+        ----------
+        inputs : list or dict of numpy.ndarray or OrtValue
+            The model's inputs (not the weights), in ``input_names`` order or
+            by name; numpy arrays are cast to the input's element type.
+        training : bool, default=True
+            Keep on the device what :meth:`backward` needs.
+
+        Returns
+        -------
+        list of OrtValue
+            The model outputs, on the device.
+        """
+        feeds = self._feeds(inputs)
+        if not training:
+            if self._inference is None:
+                self._inference = SessionRunner(self.inference_model, self.device)
+            self._saved = None
+            return self._inference(feeds)
+        outputs = self._forward(feeds)
+        named = dict(zip(self._forward.output_names, outputs))
+        named.update(feeds)
+        self._saved = {n: named[n] for n in self.models.backward_inputs}
+        return outputs[:len(self.output_names)]
+
+    def backward(self, grad_outputs):
+        """Gradients of the weights given the gradients of the outputs.
+
+        Parameters
+        ----------
+        grad_outputs : list of numpy.ndarray or OrtValue
+            One per differentiated output (``models.outputs``), each of the
+            output's shape.
+
+        Returns
+        -------
+        list of OrtValue
+            One gradient per weight, in ``weights_to_train`` order.
+
+        Raises
+        ------
+        RuntimeError
+            If :meth:`forward` was not called with ``training=True`` first.
+        """
+        if self._saved is None:
+            raise RuntimeError("backward() needs a forward(..., training=True) "
+                               "call first.")
+        grad_outputs = list(grad_outputs) if isinstance(
+            grad_outputs, (list, tuple)) else [grad_outputs]
+        names = self.models.grad_output_names
+        if len(grad_outputs) != len(names):
+            raise ValueError(f"backward: expected {len(names)} grad_outputs "
+                             f"for {self.models.outputs}, got {len(grad_outputs)}.")
+        feeds = dict(self._saved)
+        for name, value in zip(names, grad_outputs):
+            feeds[name] = to_ortvalue(value, self.device,
+                                      self._gradient.input_dtypes.get(name))
+        return self._gradient(feeds)
+
+    def __getstate__(self):
+        raise TypeError("OrtGradientForwardBackward holds onnxruntime sessions "
+                        "and is not picklable; pickle the estimator instead.")

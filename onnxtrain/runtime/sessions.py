@@ -1,0 +1,97 @@
+"""Sessions and OrtValues: build a session from a ModelProto, move arrays to
+the device, run with IOBinding so results stay on the device."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+from onnxruntime import OrtValue
+
+from ..graph import elem_type_to_numpy
+from .devices import parse_device
+
+__all__ = ["make_session", "to_ortvalue", "to_numpy", "run_on_device",
+           "SessionRunner", "default_session_options"]
+
+
+def default_session_options(intra_op_num_threads=None):
+    """Session options suited to training loops: full graph optimization and
+    no busy spinning between the many short runs of a training loop."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = (
+        onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if intra_op_num_threads:
+        options.intra_op_num_threads = int(intra_op_num_threads)
+    options.log_severity_level = 3
+    return options
+
+
+def make_session(model, device="cpu", options=None):
+    """An InferenceSession running ``model`` (ModelProto) on ``device``."""
+    device = parse_device(device)
+    return onnxruntime.InferenceSession(
+        model.SerializeToString(), options or default_session_options(),
+        providers=device.providers)
+
+
+def to_ortvalue(value, device="cpu", dtype=None):
+    """An OrtValue on ``device`` from a numpy array (cast to ``dtype``) or an
+    OrtValue (returned as is)."""
+    if isinstance(value, OrtValue):
+        return value
+    device = parse_device(device)
+    array = np.asarray(value)
+    if dtype is not None and array.dtype != dtype:
+        array = array.astype(dtype)
+    array = np.ascontiguousarray(array)
+    return OrtValue.ortvalue_from_numpy(array, device.type, device.index)
+
+
+def to_numpy(value):
+    """A numpy array from an OrtValue (copied to the host) or an array."""
+    return value.numpy() if isinstance(value, OrtValue) else np.asarray(value)
+
+
+class SessionRunner:
+    """Run one model on one device, inputs and outputs as OrtValues.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+    device : str or Device
+    options : onnxruntime.SessionOptions, default=None
+    """
+
+    def __init__(self, model, device="cpu", options=None):
+        self.device = parse_device(device)
+        self.session = make_session(model, self.device, options)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.input_dtypes = {
+            vi.name: elem_type_to_numpy(vi.type.tensor_type.elem_type)
+            for vi in model.graph.input if vi.type.HasField("tensor_type")}
+        self._binding = self.session.io_binding()
+
+    def __call__(self, feeds, output_names=None):
+        """Run with ``feeds`` (dict name -> OrtValue or array) and return the
+        outputs as a list of OrtValues on the device."""
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        for name, value in feeds.items():
+            if not isinstance(value, OrtValue):
+                value = to_ortvalue(value, self.device, self.input_dtypes.get(name))
+            binding.bind_ortvalue_input(name, value)
+        names = self.output_names if output_names is None else output_names
+        for name in names:
+            binding.bind_output(name, self.device.type, self.device.index)
+        self.session.run_with_iobinding(binding)
+        return list(binding.get_outputs())
+
+
+def run_on_device(model_or_runner, feeds, device="cpu"):
+    """Run a ModelProto (or a :class:`SessionRunner`) once; OrtValue outputs."""
+    runner = (model_or_runner if isinstance(model_or_runner, SessionRunner)
+              else SessionRunner(model_or_runner, device))
+    return runner(feeds)
