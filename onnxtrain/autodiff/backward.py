@@ -194,12 +194,18 @@ def backward(model, wrt, outputs=None):
     Raises
     ------
     ValueError
-        Unknown names in ``wrt`` or ``outputs``, or no output depends on wrt.
+        Unknown names in ``wrt`` or ``outputs``, no output depends on wrt, or
+        a model opset below 9.
     MissingVJPRuleError
         A node on the path has no VJP rule (the message names op type,
         domain, node name and the weights upstream).
     """
     graph = model.graph
+    opset = opset_of(model) or 1
+    if opset < 9:
+        raise ValueError(f"The model's default-domain opset is {opset}; onnxtrain "
+                         "differentiates opset 9 and newer (onnx.version_converter"
+                         ".convert_version upgrades a model).")
     types = infer_value_types(model)
     sources = {i.name for i in graph.initializer} | {i.name for i in graph.input}
     unknown = [w for w in wrt if w not in sources]
@@ -220,7 +226,7 @@ def backward(model, wrt, outputs=None):
     path = _path_nodes(nodes, outputs, upstream)
     _check_rules(path, upstream)
 
-    g = GraphBuilder(opset_of(model) or 1, _all_names(model), types)
+    g = GraphBuilder(opset, _all_names(model), types)
     grads, grad_output_names = {}, []
     for out in outputs:
         name = g.unique_name(f"{out}_grad")

@@ -60,7 +60,7 @@ def type_to_str(type_proto):
     kind = type_proto.WhichOneof("value")
     if kind in ("tensor_type", "sparse_tensor_type"):
         dims = tensor_dims(type_proto)
-        shape = "[?]" if dims is None else "[" + ", ".join(dims) + "]"
+        shape = "[...]" if dims is None else "[" + ", ".join(dims) + "]"
         prefix = "sparse " if kind == "sparse_tensor_type" else ""
         return prefix + dtype_name(getattr(type_proto, kind).elem_type) + shape
     if kind == "sequence_type":

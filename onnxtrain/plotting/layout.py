@@ -64,8 +64,8 @@ class GraphLayout:
 
     def bounds(self):
         """``(xmin, ymin, xmax, ymax)`` enclosing every box and edge."""
-        xs = [b.x - b.width / 2 for b in self.boxes] + [b.x + b.width / 2 for b in self.boxes]
-        ys = [b.y - b.height / 2 for b in self.boxes] + [b.y + b.height / 2 for b in self.boxes]
+        xs = [b.x + sign * b.width / 2 for b in self.boxes for sign in (-1, 1)]
+        ys = [b.y + sign * b.height / 2 for b in self.boxes for sign in (-1, 1)]
         for edge in self.edges:
             xs.extend(p[0] for p in edge.points)
             ys.extend(p[1] for p in edge.points)
@@ -140,10 +140,10 @@ def describe_graph(graph, weights=None):
         return boxes[-1].id
 
     for init in graph.initializer:
-        producer[init.name] = add_value(init.name, "initializer", shape_label([str(d) for d in init.dims]))
+        producer[init.name] = add_value(init.name, "initializer", _dims_label(init.dims))
     for init in graph.sparse_initializer:
-        producer[init.values.name] = add_value(
-            init.values.name, "initializer", shape_label([str(d) for d in init.dims]))
+        producer[init.values.name] = add_value(init.values.name, "initializer",
+                                               _dims_label(init.dims))
     for inp in graph.input:
         if inp.name not in producer:  # an input with an initializer is drawn once
             producer[inp.name] = add_value(inp.name, "input", value_shape_label(inp))
@@ -157,6 +157,10 @@ def describe_graph(graph, weights=None):
         if out.name in producer:
             edges.append(Edge(producer[out.name], box_id))
     return boxes, edges
+
+
+def _dims_label(dims):
+    return shape_label([str(d) for d in dims])
 
 
 def _trainable_names(graph, weights):

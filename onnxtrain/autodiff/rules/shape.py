@@ -15,8 +15,9 @@ for _op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
 
 @register_vjp("Transpose")
 def _transpose(ctx, gy):
-    rank = ctx.rank(ctx.inputs[0], "Transpose")
-    perm = ctx.attr("perm", list(range(rank))[::-1])
+    perm = ctx.attr("perm")
+    if perm is None:  # default: reverse the axes
+        perm = list(range(ctx.rank(ctx.inputs[0], "Transpose")))[::-1]
     return ctx.op("Transpose", gy, perm=[int(i) for i in np.argsort(perm)])
 
 

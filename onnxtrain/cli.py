@@ -1,0 +1,143 @@
+"""Command line: ``python -m onnxtrain demo`` and ``python -m onnxtrain train``."""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+import numpy as np
+import onnx
+
+__all__ = ["main", "read_csv"]
+
+
+def read_csv(path, target, features=None):
+    """Read a numeric CSV file with a header row.
+
+    Parameters
+    ----------
+    path : str
+    target : str
+        Column holding y.
+    features : list of str, default=None
+        Columns of X in order (default: every column but ``target``).
+
+    Returns
+    -------
+    (X, y, feature_names)
+        ``X`` float64 of shape (n_samples, n_features), ``y`` of shape
+        (n_samples,).
+
+    Raises
+    ------
+    ValueError
+        Missing columns, no rows, or a value that is not a number (the
+        message gives the line and column).
+    """
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 2:
+        raise ValueError(f"{path}: needs a header row and at least one data row.")
+    header = [h.strip() for h in rows[0]]
+    if target not in header:
+        raise ValueError(f"{path}: no column {target!r}; columns: {header}.")
+    features = features or [h for h in header if h != target]
+    missing = [c for c in features if c not in header]
+    if missing:
+        raise ValueError(f"{path}: no columns {missing}; columns: {header}.")
+    values = np.empty((len(rows) - 1, len(header)), dtype=np.float64)
+    for i, row in enumerate(rows[1:]):
+        if len(row) != len(header):
+            raise ValueError(f"{path}, line {i + 2}: {len(row)} values, "
+                             f"{len(header)} columns.")
+        for j, cell in enumerate(row):
+            try:
+                values[i, j] = float(cell)
+            except ValueError:
+                raise ValueError(f"{path}, line {i + 2}, column {header[j]!r}: "
+                                 f"{cell!r} is not a number.") from None
+    X = values[:, [header.index(c) for c in features]]
+    return X, values[:, header.index(target)], features
+
+
+def _demo(args):
+    from .demo import run_demo
+
+    run_demo(args.output_dir, epochs=args.epochs, device=args.device,
+             verbose=args.verbose)
+    return 0
+
+
+def _train(args):
+    from .estimators import OrtGradientForwardBackwardOptimizer
+    from .optim import LearningRateSGD
+
+    X, y, _ = read_csv(args.data, args.target, args.features)
+    model = onnx.load(args.model)
+    est = OrtGradientForwardBackwardOptimizer(
+        model, weights_to_train=args.weights, max_iter=args.epochs,
+        batch_size=args.batch_size, device=args.device, verbose=1,
+        learning_rate=LearningRateSGD(eta0=args.learning_rate,
+                                      learning_rate=args.schedule),
+        warm_start=args.warm_start, random_state=args.random_state)
+    est.fit(X, y)
+    onnx.save(est.get_trained_onnx(), args.output)
+    print(f"trained weights: {est.weights_to_train_}")
+    print(f"epochs: {est.n_iter_}, last loss: {est.train_losses_[-1]:.6g}, "
+          f"R2 on the training data: {est.score(X, y):.4f}")
+    print(f"written: {args.output}")
+    return 0
+
+
+def build_parser():
+    """The argparse parser of ``python -m onnxtrain``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m onnxtrain",
+        description="Train ONNX graphs on onnxruntime.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="train two scikit-learn MLPs converted "
+                          "to ONNX and compare with scikit-learn")
+    demo.add_argument("--output-dir", default="onnxtrain_demo",
+                      help="folder for the trained models and the loss-curve "
+                      "PNG (default: %(default)s)")
+    demo.add_argument("--epochs", type=int, default=50)
+    demo.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    demo.add_argument("--verbose", type=int, default=0)
+    demo.set_defaults(func=_demo)
+
+    train = sub.add_parser("train", help="train the initializers of an ONNX "
+                           "model on a CSV file")
+    train.add_argument("model", help="ONNX prediction graph (first output = "
+                       "prediction)")
+    train.add_argument("data", help="CSV file with a header row, numbers only")
+    train.add_argument("--target", required=True, help="column holding y")
+    train.add_argument("--features", nargs="+", default=None,
+                       help="feature columns in the model's order (default: "
+                       "every column but the target)")
+    train.add_argument("--weights", nargs="+", default=None,
+                       help="initializers to train (default: every trainable "
+                       "float initializer)")
+    train.add_argument("--epochs", type=int, default=100)
+    train.add_argument("--batch-size", type=int, default=10)
+    train.add_argument("--learning-rate", type=float, default=0.01)
+    train.add_argument("--schedule", default="invscaling",
+                       choices=["constant", "invscaling", "optimal"])
+    train.add_argument("--warm-start", action=argparse.BooleanOptionalAction,
+                       default=True, help="start from the model's own weights "
+                       "(default) or from Glorot-uniform draws (--no-warm-start)")
+    train.add_argument("--random-state", type=int, default=None)
+    train.add_argument("--device", default="cpu")
+    train.add_argument("--output", required=True, help="trained ONNX model")
+    train.set_defaults(func=_train)
+    return parser
+
+
+def main(argv=None):
+    """Entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,102 @@
+"""Finite-difference oracle for the gradient models of onnxtrain.autodiff.
+
+The scalar checked is ``sum_k sum(output_k * grad_output_k)``: its gradient
+with respect to a weight is exactly the vector-Jacobian product the backward
+model computes for those ``grad_outputs``.
+"""
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+__all__ = ["session", "run", "check_model", "split_gradients",
+           "fused_gradients", "numeric_gradient", "relative_error"]
+
+
+def session(model):
+    """A CPU InferenceSession of ``model``."""
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+
+
+def run(sess, feeds):
+    """Run ``sess`` on the feeds it takes; return ``{output name: array}``."""
+    wanted = {i.name for i in sess.get_inputs()}
+    names = [o.name for o in sess.get_outputs()]
+    values = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
+    return dict(zip(names, values))
+
+
+def check_model(model):
+    """``onnx.checker.check_model(full_check=True)`` (raises on failure)."""
+    onnx.checker.check_model(model, full_check=True)
+
+
+def split_gradients(gm, feeds, grad_outputs, sessions=None):
+    """Weight gradients through the split form.
+
+    Parameters
+    ----------
+    gm : GradientModels
+    feeds : dict
+        Values of the inference model's inputs (original inputs and wrt).
+    grad_outputs : dict
+        ``output name -> gradient`` for every name of ``gm.outputs``.
+    sessions : tuple of two InferenceSession, default=None
+        Sessions of ``gm.forward_model`` and ``gm.backward_model``.
+
+    Returns
+    -------
+    forward_outputs : dict
+    grads : dict
+        ``wrt name -> gradient``.
+    """
+    fwd, bwd = sessions or (session(gm.forward_model),
+                            session(gm.backward_model))
+    forward_outputs = run(fwd, feeds)
+    bfeeds = {g: grad_outputs[o]
+              for g, o in zip(gm.grad_output_names, gm.outputs)}
+    for name in gm.backward_inputs:
+        bfeeds[name] = feeds[name] if name in feeds else forward_outputs[name]
+    result = run(bwd, bfeeds)
+    return forward_outputs, {w: result[g] for w, g in zip(gm.wrt, gm.grad_names)}
+
+
+def fused_gradients(fused, bg, feeds, grad_outputs):
+    """Weight gradients through the fused model of ``build_fused_model``."""
+    all_feeds = dict(feeds)
+    all_feeds.update({g: grad_outputs[o]
+                      for g, o in zip(bg.grad_output_names, bg.outputs)})
+    result = run(session(fused), all_feeds)
+    return {w: result[g] for w, g in zip(bg.wrt, bg.grad_names)}
+
+
+def numeric_gradient(sess, feeds, wrt, grad_outputs, eps=1e-6):
+    """Central finite differences of ``sum(output * grad_output)``.
+
+    ``sess`` runs the inference model (weights as inputs); every element of
+    ``feeds[wrt]`` is moved by ``+-eps`` in float64, then cast back to the
+    feed's dtype.
+    """
+    def objective(value):
+        outs = run(sess, {**feeds, wrt: value.astype(base.dtype)})
+        return sum(float(np.sum(outs[o].astype(np.float64) * g))
+                   for o, g in grad_outputs.items())
+
+    base = np.asarray(feeds[wrt])
+    point = base.astype(np.float64)
+    grad = np.zeros(point.shape, dtype=np.float64)
+    for idx in np.ndindex(point.shape):
+        plus, minus = point.copy(), point.copy()
+        plus[idx] += eps
+        minus[idx] -= eps
+        grad[idx] = (objective(plus) - objective(minus)) / (2 * eps)
+    return grad
+
+
+def relative_error(num, ana):
+    """``max|num - ana| / max(max|num|, 1e-12)``."""
+    num = np.asarray(num, dtype=np.float64)
+    ana = np.asarray(ana, dtype=np.float64)
+    assert num.shape == ana.shape, f"shape {ana.shape} != expected {num.shape}"
+    return float(np.max(np.abs(num - ana), initial=0.0)
+                 / max(float(np.max(np.abs(num), initial=0.0)), 1e-12))
