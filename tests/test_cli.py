@@ -1,0 +1,108 @@
+"""The command line: the demo and `train` on a user's CSV file."""
+import io
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+
+from onnxtrain.cli import main, read_csv
+from onnxtrain.demo import run_demo
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("demo")
+    out = io.StringIO()
+    results = run_demo(str(folder), epochs=8, out=out)
+    return folder, results, out.getvalue()
+
+
+def test_demo_losses_overlay_scikit_learn(demo):
+    _, results, _ = demo
+    assert len(results) == 2
+    for result in results:
+        ours = np.array(result.onnxtrain_losses)
+        theirs = np.array(result.sklearn_losses)
+        assert ours.shape == theirs.shape == (8,)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4)
+        assert ours[-1] < ours[0]
+        assert abs(result.onnxtrain_r2 - result.sklearn_r2) < 1e-3
+
+
+def test_demo_writes_models_that_predict(demo):
+    folder, results, text = demo
+    for result in results:
+        assert result.model_path in text
+        sess = onnxruntime.InferenceSession(result.model_path,
+                                            providers=["CPUExecutionProvider"])
+        n_features = sess.get_inputs()[0].shape[1]
+        pred = sess.run(None, {sess.get_inputs()[0].name:
+                               np.zeros((3, n_features), np.float32)})[0]
+        assert pred.shape == (3, 1)
+    assert (folder / "loss_curves.png").stat().st_size > 10_000
+    assert "test R2: onnxtrain" in text
+
+
+@pytest.fixture
+def csv_and_model(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((120, 2))
+    y = X @ np.array([3.0, -2.0]) + 1.5
+    path = tmp_path / "data.csv"
+    with open(path, "w") as f:
+        f.write("x1,x2,target\n")
+        for row, t in zip(X, y):
+            f.write(f"{row[0]},{row[1]},{t}\n")
+    from onnx import TensorProto, helper, numpy_helper
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["xw"]),
+         helper.make_node("Add", ["xw", "B"], ["Y"])], "linear",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
+        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W"),
+         numpy_helper.from_array(np.zeros((1, 1), np.float32), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    model_path = tmp_path / "model.onnx"
+    onnx.save(model, model_path)
+    return path, model_path, X, y
+
+
+def test_train_command_fits_user_csv(csv_and_model, tmp_path, capsys):
+    data, model_path, X, y = csv_and_model
+    out = tmp_path / "out.onnx"
+    status = main(["train", str(model_path), str(data), "--target", "target",
+                   "--epochs", "40", "--learning-rate", "0.05", "--schedule",
+                   "constant", "--output", str(out)])
+    assert status == 0
+    trained = {i.name: onnx.numpy_helper.to_array(i)
+               for i in onnx.load(out).graph.initializer}
+    np.testing.assert_allclose(trained["W"].ravel(), [3.0, -2.0], atol=1e-2)
+    np.testing.assert_allclose(trained["B"].ravel(), [1.5], atol=1e-2)
+    assert "R2 on the training data: 1.0000" in capsys.readouterr().out
+
+
+def test_train_command_reports_bad_column(csv_and_model, tmp_path, capsys):
+    data, model_path, _, _ = csv_and_model
+    status = main(["train", str(model_path), str(data), "--target", "nope",
+                   "--output", str(tmp_path / "o.onnx")])
+    assert status == 2
+    assert "no column 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_read_csv_names_bad_cell(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("a,target\n1,2\nx,3\n")
+    with pytest.raises(ValueError, match=r"line 3, column 'a': 'x'"):
+        read_csv(str(path), "target")
+
+
+def test_read_csv_selects_features(tmp_path):
+    path = tmp_path / "ok.csv"
+    path.write_text("a,b,target\n1,2,3\n4,5,6\n")
+    X, y, names = read_csv(str(path), "target", ["b", "a"])
+    assert names == ["b", "a"]
+    np.testing.assert_array_equal(X, [[2, 1], [5, 4]])
+    np.testing.assert_array_equal(y, [3, 6])
