@@ -265,6 +265,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
                                           "sample_weight", y.dtype, ndim=1)
             if (sample_weight < 0).any():
                 raise ValueError("sample_weight has negative values.")
+            if not sample_weight.sum() > 0:
+                raise ValueError("sample_weight sums to zero: nothing to train on.")
         if (X_val is None) != (y_val is None):
             raise ValueError("X_val and y_val must be given together.")
         if X_val is not None:
@@ -326,6 +328,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
         total, weight_total = 0.0, 0.0
         for batch in gen_batches(X.shape[0], batch_size):
             wb = None if sample_weight is None else sample_weight[batch]
+            if wb is not None and not wb.any():
+                continue  # no weight: no loss, no gradient (the mean is 0 / 0)
             loss = self._train_step(X[batch], y[batch], wb, alpha)
             if not np.isfinite(loss):
                 self._non_finite(loss)
@@ -411,6 +415,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
         prediction = engine.forward([X], training=False)[0].numpy()
         if self._y_ndim == 1 and prediction.ndim == 2 and prediction.shape[1] == 1:
             return prediction.reshape(-1)
+        if self._y_ndim == 2 and prediction.ndim == 1:
+            return prediction.reshape(-1, 1)
         return prediction
 
     def losses(self, X, y):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 from onnx import numpy_helper
+from onnxruntime import OrtValue
 
 from ..autodiff import build_gradient_models
 from ..models import load_model, select_weights
@@ -104,11 +106,18 @@ class OrtGradientForwardBackward:
 
     # weights ----------------------------------------------------------------
     def get_weights(self):
-        """Copies of the weights as numpy arrays (``weights_to_train`` order)."""
-        return [w.numpy() for w in self.weights]
+        """Copies of the weights as numpy arrays (``weights_to_train`` order).
+
+        ``OrtValue.numpy()`` on the CPU is a view of the device buffer: without
+        the copy, editing the returned arrays would edit the weights."""
+        return [w.numpy().copy() for w in self.weights]
 
     def set_weights(self, weights):
         """Replace the weights by arrays or OrtValues (list or name mapping).
+
+        Arrays are copied (an OrtValue made from a numpy array on the CPU
+        shares its buffer), so later edits of the caller's arrays do not
+        change the weights; OrtValues are used as they are.
 
         Raises
         ------
@@ -126,7 +135,9 @@ class OrtGradientForwardBackward:
                              f"tensors, got {len(weights)}.")
         new = []
         for name, old, value in zip(self.weights_to_train, self.weights, weights):
-            value = to_ortvalue(value, self.device, old.numpy().dtype)
+            if not isinstance(value, OrtValue):
+                value = np.array(value, dtype=old.numpy().dtype, copy=True)
+            value = to_ortvalue(value, self.device)
             if tuple(value.shape()) != tuple(old.shape()):
                 raise ValueError(f"set_weights: {name!r} has shape "
                                  f"{tuple(value.shape())}, expected "

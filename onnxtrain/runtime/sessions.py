@@ -44,7 +44,8 @@ def to_ortvalue(value, device="cpu", dtype=None):
     array = np.asarray(value)
     if dtype is not None and array.dtype != dtype:
         array = array.astype(dtype)
-    array = np.ascontiguousarray(array)
+    if not array.flags.c_contiguous:  # np.ascontiguousarray makes rank 0 rank 1
+        array = np.ascontiguousarray(array)
     return OrtValue.ortvalue_from_numpy(array, device.type, device.index)
 
 
