@@ -1,0 +1,176 @@
+"""Optimizer (runs ``optimizer_model.onnx``) and LinearLRScheduler."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..onnxblock.optim import OPTIMIZER_METADATA
+from ..runtime import SessionRunner, to_ortvalue
+from .module import load_model, read_layout
+from .state import OptimizerState
+
+__all__ = ["Optimizer", "LinearLRScheduler"]
+
+
+class Optimizer:
+    """Update the trainable parameters of a :class:`Module` from their
+    gradients by running the optimizer model.
+
+    Parameters
+    ----------
+    optimizer_uri : str, pathlib.Path or onnx.ModelProto
+        ``optimizer_model.onnx`` written by
+        :func:`onnxtrain.artifacts.generate_artifacts`.
+    module : Module
+
+    Notes
+    -----
+    The optimizer state (step count, learning rate, per-parameter moments)
+    lives in ``module``'s :class:`CheckpointState` (``optimizer_state``):
+    a state loaded from a checkpoint saved with
+    ``include_optimizer_state=True`` resumes where it stopped. A new state
+    starts at step 0 with learning rate 0.001 and zero moments.
+
+    Raises
+    ------
+    ValueError
+        If the optimizer model updates a parameter that is not trainable in
+        the module, or a saved optimizer state does not fit the model.
+    """
+
+    def __init__(self, optimizer_uri, module):
+        model = load_model(optimizer_uri)
+        self._layout = read_layout(model, OPTIMIZER_METADATA, "optimizer model")
+        self._module = module
+        trainable = set(module._layouts["train"]["trainable"])
+        extra = [p for p in self._layout["parameters"] if p not in trainable]
+        if extra:
+            raise ValueError(f"The optimizer model updates {extra}, which the "
+                             f"training model does not train ({sorted(trainable)}).")
+        state = module._state
+        if state.optimizer_state is None:
+            state.optimizer_state = OptimizerState()
+        self._init_states(state)
+        self._runner = SessionRunner(model, module._device)
+
+    def _init_states(self, state):
+        states = state.optimizer_state.states
+        for name in self._layout["parameters"]:
+            param = state.parameters[name]
+            current = states.setdefault(name, {})
+            for key in self._layout["states"]:
+                if key not in current:
+                    current[key] = np.zeros(param.shape, dtype=param.dtype)
+                elif tuple(np.shape(current[key])) != param.shape and \
+                        isinstance(current[key], np.ndarray):
+                    raise ValueError(
+                        f"Optimizer state {key!r} of {name!r} has shape "
+                        f"{np.shape(current[key])}; the parameter has {param.shape}.")
+
+    @property
+    def _state(self):
+        return self._module._state.optimizer_state
+
+    def step(self):
+        """Apply one update to every trainable parameter and increment the
+        step counter.
+
+        Raises
+        ------
+        RuntimeError
+            If a parameter has no gradient yet (call the module in training
+            mode first).
+        """
+        module, opt = self._module, self._state
+        params = module._state.parameters
+        feeds = {"learning_rate": np.array(opt.learning_rate, dtype=np.float64),
+                 "step": np.array(opt.step + 1, dtype=np.int64)}
+        outputs = []
+        for name in self._layout["parameters"]:
+            param = params[name]
+            if param._grad is None:
+                raise RuntimeError(f"Parameter {name!r} has no gradient: run the "
+                                   "module in training mode before step().")
+            feeds[name] = module._device_value(param)
+            feeds[f"{name}_grad"] = param._grad
+            outputs.append(f"{name}.updated")
+            for key in self._layout["states"]:
+                value = opt.states[name][key]
+                if isinstance(value, np.ndarray):
+                    value = to_ortvalue(value, module._device)
+                feeds[f"{name}.{key}"] = value
+                outputs.append(f"{name}.{key}.updated")
+        results = iter(self._runner(feeds, outputs))
+        for name in self._layout["parameters"]:
+            params[name]._value = next(results)
+            for key in self._layout["states"]:
+                opt.states[name][key] = next(results)
+        opt.step += 1
+
+    def set_learning_rate(self, learning_rate):
+        """Set the learning rate of the next steps (float)."""
+        self._state.learning_rate = float(learning_rate)
+
+    def get_learning_rate(self):
+        """The current learning rate (float, 0.001 by default)."""
+        return self._state.learning_rate
+
+    @property
+    def step_count(self):
+        """int: number of steps taken."""
+        return self._state.step
+
+
+class LinearLRScheduler:
+    """Linear warmup then linear decay of the learning rate.
+
+    At optimizer step ``t`` the learning rate is
+    ``initial_lr * t / warmup_step_count`` while ``t < warmup_step_count``,
+    then ``initial_lr * max(0, (total_step_count - t) / (total_step_count -
+    warmup_step_count))`` (the schedule of HuggingFace transformers'
+    ``get_linear_schedule_with_warmup``).
+
+    Parameters
+    ----------
+    optimizer : Optimizer
+    warmup_step_count : int
+        Steps of linear warmup (0: none).
+    total_step_count : int
+        Step at which the learning rate reaches 0.
+    initial_lr : float
+        Peak learning rate.
+
+    Notes
+    -----
+    The constructor sets the learning rate of the optimizer's current step;
+    call :meth:`step` after each ``optimizer.step()``.
+
+    Raises
+    ------
+    ValueError
+        If ``warmup_step_count < 0`` or ``total_step_count <
+        warmup_step_count``.
+    """
+
+    def __init__(self, optimizer, warmup_step_count, total_step_count, initial_lr):
+        warmup, total = int(warmup_step_count), int(total_step_count)
+        if warmup < 0 or total < warmup:
+            raise ValueError(f"Expected 0 <= warmup_step_count <= total_step_count, "
+                             f"got warmup_step_count={warmup}, "
+                             f"total_step_count={total}.")
+        self._optimizer = optimizer
+        self.warmup_step_count, self.total_step_count = warmup, total
+        self.initial_lr = float(initial_lr)
+        self.step()
+
+    def get_lr(self, step):
+        """Learning rate at optimizer step ``step`` (float)."""
+        if step < self.warmup_step_count:
+            return self.initial_lr * step / self.warmup_step_count
+        decay = self.total_step_count - self.warmup_step_count
+        if decay <= 0:
+            return 0.0
+        return self.initial_lr * max(0.0, (self.total_step_count - step) / decay)
+
+    def step(self):
+        """Set the optimizer's learning rate for its current step count."""
+        self._optimizer.set_learning_rate(self.get_lr(self._optimizer.step_count))

@@ -1,0 +1,250 @@
+"""CheckpointState: parameters, optimizer state and properties of a training."""
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+import numpy as np
+
+from ..runtime import to_numpy
+from .checkpoint import encode_property, read_checkpoint, write_checkpoint
+
+__all__ = ["Parameter", "CheckpointState", "OptimizerState"]
+
+
+class Parameter:
+    """One model parameter.
+
+    Parameters
+    ----------
+    name : str
+    data : ndarray
+        Copied.
+    requires_grad : bool, default=True
+
+    Attributes
+    ----------
+    name : str
+    requires_grad : bool
+    data : ndarray
+        A host copy of the current value; assigning an array copies it in
+        (cast to the parameter's dtype; the shape must match).
+    grad : ndarray or None
+        The accumulated gradient (a host copy), None before the first
+        training call of a :class:`~onnxtrain.api.Module`.
+    """
+
+    def __init__(self, name, data, requires_grad=True):
+        array = np.array(data, copy=True)
+        self._name = str(name)
+        self._dtype, self._shape = array.dtype, array.shape
+        self._value = array
+        self._grad = None
+        self._requires_grad = bool(requires_grad)
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def requires_grad(self):
+        return self._requires_grad
+
+    @property
+    def dtype(self):
+        """numpy dtype of the parameter."""
+        return self._dtype
+
+    @property
+    def shape(self):
+        """Shape of the parameter (tuple of int)."""
+        return self._shape
+
+    @property
+    def data(self):
+        return np.array(to_numpy(self._value), copy=True)
+
+    @data.setter
+    def data(self, value):
+        array = np.array(value, dtype=self._dtype, copy=True)
+        if array.shape != self._shape:
+            raise ValueError(f"Parameter {self._name!r} has shape {self._shape}; "
+                             f"the new value has shape {array.shape}.")
+        self._value = array
+
+    @property
+    def grad(self):
+        return None if self._grad is None else np.array(to_numpy(self._grad),
+                                                        copy=True)
+
+    def __repr__(self):
+        return (f"Parameter(name={self._name!r}, shape={self._shape}, "
+                f"dtype={self._dtype}, requires_grad={self._requires_grad})")
+
+
+class _Parameters(Mapping):
+    """name -> :class:`Parameter`, in checkpoint order; assigning an array
+    to a name copies it into that parameter."""
+
+    def __init__(self, parameters):
+        self._items = {p.name: p for p in parameters}
+
+    def __getitem__(self, name):
+        try:
+            return self._items[name]
+        except KeyError:
+            raise KeyError(f"No parameter {name!r}; parameters: "
+                           f"{list(self._items)}.") from None
+
+    def __setitem__(self, name, value):
+        self[name].data = value.data if isinstance(value, Parameter) else value
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __repr__(self):
+        items = ", ".join(f"{n!r}: {p!r}" for n, p in self._items.items())
+        return f"{{{items}}}"
+
+
+class _Properties(MutableMapping):
+    """str -> int, float or str; other types raise TypeError."""
+
+    def __init__(self, values=None):
+        self._values = {}
+        for key, value in (values or {}).items():
+            self[key] = value
+
+    def __getitem__(self, key):
+        return self._values[key]
+
+    def __setitem__(self, key, value):
+        encode_property(key, value)  # validates
+        self._values[key] = value
+
+    def __delitem__(self, key):
+        del self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+    def __repr__(self):
+        return repr(self._values)
+
+
+class OptimizerState:
+    """State of an :class:`~onnxtrain.api.Optimizer`.
+
+    Attributes
+    ----------
+    step : int
+        Number of optimizer steps taken.
+    learning_rate : float
+    states : dict
+        ``parameter name -> {state name -> value}`` (e.g. AdamW's
+        ``exp_avg`` and ``exp_avg_sq``), values of the parameter's shape.
+    """
+
+    def __init__(self, step=0, learning_rate=0.001, states=None):
+        self.step = int(step)
+        self.learning_rate = float(learning_rate)
+        self.states = {p: dict(s) for p, s in (states or {}).items()}
+
+    def as_arrays(self):
+        """The state with every value copied to the host (ndarray)."""
+        return {"step": self.step, "learning_rate": self.learning_rate,
+                "states": {p: {k: np.array(to_numpy(v)) for k, v in s.items()}
+                           for p, s in self.states.items()}}
+
+
+class CheckpointState:
+    """Parameters, optimizer state and user properties of a training.
+
+    Parameters
+    ----------
+    parameters : list of Parameter
+    properties : dict, default=None
+        str -> int, float or str.
+    optimizer_state : OptimizerState, default=None
+    nominal : bool, default=False
+        True when loaded from a nominal checkpoint: the parameters hold zeros
+        until values are assigned.
+
+    Attributes
+    ----------
+    parameters : Mapping of str to Parameter
+    properties : MutableMapping of str to int, float or str
+    optimizer_state : OptimizerState or None
+    """
+
+    def __init__(self, parameters, properties=None, optimizer_state=None,
+                 nominal=False):
+        self.parameters = _Parameters(parameters)
+        self.properties = _Properties(properties)
+        self.optimizer_state = optimizer_state
+        self.nominal = bool(nominal)
+
+    @staticmethod
+    def load_checkpoint(checkpoint_uri):
+        """Load a checkpoint written by ``generate_artifacts`` or
+        :meth:`save_checkpoint` (format: :mod:`onnxtrain.api.checkpoint`).
+
+        Parameters
+        ----------
+        checkpoint_uri : str or pathlib.Path
+
+        Returns
+        -------
+        CheckpointState
+            For a nominal checkpoint, parameters are zeros of the recorded
+            shapes and dtypes (assign values before training).
+
+        Raises
+        ------
+        ValueError
+            If the file is not an onnxtrain checkpoint.
+        """
+        content = read_checkpoint(checkpoint_uri)
+        params = []
+        for name, value, requires_grad in content["parameters"]:
+            if content["nominal"]:
+                value = np.zeros(value[1], dtype=value[0])
+            params.append(Parameter(name, value, requires_grad))
+        optimizer = content["optimizer"]
+        if optimizer is not None:
+            optimizer = OptimizerState(**optimizer)
+        return CheckpointState(params, content["properties"], optimizer,
+                               content["nominal"])
+
+    @staticmethod
+    def save_checkpoint(state, checkpoint_uri, include_optimizer_state=False):
+        """Write ``state`` to ``checkpoint_uri``.
+
+        Parameters
+        ----------
+        state : CheckpointState
+        checkpoint_uri : str or pathlib.Path
+        include_optimizer_state : bool, default=False
+            Also write the optimizer state (step, learning rate, moments).
+
+        Raises
+        ------
+        ValueError
+            If ``include_optimizer_state`` and the state has no optimizer
+            state (no :class:`~onnxtrain.api.Optimizer` was created on it).
+        """
+        optimizer = None
+        if include_optimizer_state:
+            if state.optimizer_state is None:
+                raise ValueError("The state has no optimizer state: create an "
+                                 "Optimizer for a Module of this state first.")
+            optimizer = state.optimizer_state.as_arrays()
+        params = [(p.name, p.data, p.requires_grad)
+                  for p in state.parameters.values()]
+        write_checkpoint(checkpoint_uri, params, dict(state.properties),
+                         optimizer)

@@ -1,0 +1,299 @@
+"""Training artifacts: training, eval and optimizer models and a checkpoint.
+
+:func:`generate_artifacts` has the signature and meaning of
+``onnxruntime.training.artifacts.generate_artifacts``; the models it writes
+use standard ONNX ops only and run on the plain onnxruntime package
+(through :mod:`onnxtrain.api`, or any ``onnxruntime.InferenceSession``).
+"""
+from __future__ import annotations
+
+import enum
+import inspect
+import os
+import pathlib
+
+import onnx
+from onnx import numpy_helper
+
+from . import onnxblock
+from .api.checkpoint import checkpoint_to_bytes
+from .onnxblock._base import load_model
+from .onnxblock.optim import build_optimizer_model
+
+__all__ = ["LossType", "OptimType", "generate_artifacts"]
+
+
+class LossType(enum.Enum):
+    """Built-in losses (each applied to one model output)."""
+
+    MSELoss = 1
+    CrossEntropyLoss = 2
+    BCEWithLogitsLoss = 3
+    L1Loss = 4
+
+
+class OptimType(enum.Enum):
+    """Built-in optimizers."""
+
+    AdamW = 1
+    SGD = 2
+
+
+_LOSSES = {LossType.MSELoss: onnxblock.loss.MSELoss,
+           LossType.CrossEntropyLoss: onnxblock.loss.CrossEntropyLoss,
+           LossType.BCEWithLogitsLoss: onnxblock.loss.BCEWithLogitsLoss,
+           LossType.L1Loss: onnxblock.loss.L1Loss}
+_OPTIMIZERS = {OptimType.AdamW: onnxblock.optim.AdamW,
+               OptimType.SGD: onnxblock.optim.SGD}
+_BUILTIN_LOSSES = tuple(_LOSSES.values())
+
+
+class _ArtifactsTrainingBlock(onnxblock.TrainingBlock):
+    """The loss (or the given loss output) plus the additional outputs."""
+
+    def __init__(self, loss, additional_output_names):
+        super().__init__()
+        self._loss = loss
+        self._additional = list(additional_output_names)
+
+    def build(self, *loss_inputs):
+        output = loss_inputs[0] if self._loss is None else self._loss(*loss_inputs)
+        loss_name = output if isinstance(output, str) else list(output)[0]
+        return (loss_name, *self._additional)
+
+
+def _names(model):
+    graph = model.graph
+    names = {v.name for v in list(graph.input) + list(graph.output)}
+    names |= {i.name for i in graph.initializer}
+    for node in graph.node:
+        names |= {o for o in node.output if o}
+    return names
+
+
+def _resolve_loss(loss):
+    if loss is None or isinstance(loss, onnxblock.Block):
+        return loss
+    if isinstance(loss, LossType):
+        return _LOSSES[loss]()
+    raise TypeError(f"loss must be a LossType, an onnxblock.Block or None, "
+                    f"not {loss!r}.")
+
+
+def _resolve_optimizer(optimizer):
+    if optimizer is None or isinstance(optimizer, onnxblock.optim._OptimizerBlock):
+        return optimizer
+    if isinstance(optimizer, OptimType):
+        return _OPTIMIZERS[optimizer]()
+    raise TypeError(f"optimizer must be an OptimType, onnxblock.optim.SGD/AdamW "
+                    f"or None, not {optimizer!r}.")
+
+
+def _check_parameters(model, requires_grad, frozen_params):
+    both = sorted(set(requires_grad) & set(frozen_params))
+    if both:
+        raise ValueError(f"Parameters {both} are in both requires_grad and "
+                         "frozen_params.")
+    inits = [i.name for i in model.graph.initializer]
+    unknown = [n for n in list(requires_grad) + list(frozen_params)
+               if n not in set(inits)]
+    if unknown:
+        raise ValueError(f"Parameters {unknown} are not initializers of the "
+                         f"model; initializers: {inits}.")
+    if not requires_grad:
+        raise ValueError("requires_grad is empty: name the initializers to "
+                         "train (other initializers stay constants).")
+
+
+def _build_arity(block):
+    """(min, max) number of positional inputs ``block.build`` accepts."""
+    try:
+        params = inspect.signature(block.build).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return 0, None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                   p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in positional)
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return required, None if varargs else len(positional)
+
+
+def _loss_inputs(model, loss, loss_input_names):
+    """The names the loss receives; checked against the loss signature."""
+    outputs = [o.name for o in model.graph.output]
+    if loss_input_names is None:
+        names = outputs
+        if len(outputs) > 1 and (loss is None or isinstance(loss, _BUILTIN_LOSSES)):
+            what = "the first output is the loss" if loss is None else \
+                f"{type(loss).__name__} takes one output"
+            if loss is not None:
+                raise ValueError(
+                    f"The model has {len(outputs)} outputs {outputs} and "
+                    f"{what}: pass loss_input_names=[...] to choose it.")
+            names = outputs[:1]
+    else:
+        names = list(loss_input_names)
+        unknown = [n for n in names if n not in _names(model)]
+        if unknown:
+            raise ValueError(f"loss_input_names {unknown} are not values of the "
+                             f"model (outputs: {outputs}).")
+    if loss is not None:
+        low, high = _build_arity(loss)
+        if isinstance(loss, _BUILTIN_LOSSES):
+            high = 1  # the second positional argument is the target name
+        if len(names) < low or (high is not None and len(names) > high):
+            takes = f"{low}" if low == high else \
+                f"{low} to {high if high is not None else 'any'}"
+            raise ValueError(
+                f"{type(loss).__name__}.build() takes {takes} input(s) but the "
+                f"loss receives {len(names)}: {names}. Pass loss_input_names "
+                "to choose the outputs the loss receives.")
+    return names
+
+
+def _check_targets(model, loss):
+    """Built-in losses create a target input with a default name; it must
+    not collide with a name of the model."""
+    if not isinstance(loss, _BUILTIN_LOSSES):
+        return
+    target = "labels" if isinstance(loss, onnxblock.loss.CrossEntropyLoss) \
+        else "target"
+    if target in _names(model):
+        raise ValueError(
+            f"{type(loss).__name__} creates the target input {target!r}, a "
+            "name the model already uses; rename that value in the model or "
+            "pass a custom loss block calling the loss with another "
+            "target name.")
+
+
+def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
+                       optimizer=None, artifact_directory=None, prefix="",
+                       ort_format=False, custom_op_library=None,
+                       additional_output_names=None, nominal_checkpoint=False,
+                       loss_input_names=None):
+    """Write the training artifacts of ``model``.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, str or pathlib.Path
+        The forward model; never modified (a path is read with its external
+        data).
+    requires_grad : list of str, default=None
+        Initializers to train (at least one). They become inputs of the
+        training and eval models and are stored in the checkpoint.
+    frozen_params : list of str, default=None
+        Initializers that become inputs and checkpoint entries but are not
+        trained. Other initializers stay constants of the graphs.
+    loss : LossType or onnxblock.Block, default=None
+        The loss applied to the model outputs (or ``loss_input_names``);
+        None: the model's first output is the loss already.
+    optimizer : OptimType or onnxblock.optim block, default=None
+        None: no optimizer model is written.
+    artifact_directory : str or pathlib.Path, default=None
+        Created if missing; None: the current directory.
+    prefix : str, default=""
+        Prefix of the file names.
+    ort_format : bool, default=False
+        ORT-format models are not supported (True raises).
+    custom_op_library : str, default=None
+        Custom op libraries are not supported (standard ONNX ops only).
+    additional_output_names : list of str, default=None
+        Values of the model output after the loss by the training and eval
+        models.
+    nominal_checkpoint : bool, default=False
+        Also write ``{prefix}nominal_checkpoint`` (names, shapes and dtypes
+        of the parameters only).
+    loss_input_names : list of str, default=None
+        The values the loss receives (default: every model output).
+
+    Returns
+    -------
+    dict
+        Paths written: keys "training_model", "eval_model",
+        "optimizer_model" (if an optimizer), "checkpoint",
+        "nominal_checkpoint" (if asked).
+
+    Raises
+    ------
+    NotImplementedError
+        For ``ort_format=True`` or a ``custom_op_library``.
+    TypeError
+        For an unknown loss or optimizer.
+    ValueError
+        A name in both ``requires_grad`` and ``frozen_params``; parameter
+        names that are not initializers; no trainable parameter; a loss
+        whose ``build`` takes another number of inputs than it receives
+        (the message gives both numbers and the names); a model with several
+        outputs, a built-in loss (or none) and no ``loss_input_names``; a
+        built-in loss whose target name is already a name of the model;
+        unknown ``additional_output_names`` or ``loss_input_names``.
+        Every check runs before any file is written.
+
+    Notes
+    -----
+    Files: ``{prefix}training_model.onnx``, ``{prefix}eval_model.onnx``,
+    ``{prefix}optimizer_model.onnx``, ``{prefix}checkpoint``. Layouts: see
+    :class:`onnxtrain.onnxblock.TrainingBlock` (training and eval models),
+    :mod:`onnxtrain.onnxblock.optim` (optimizer model) and
+    :mod:`onnxtrain.api.checkpoint` (checkpoint).
+    """
+    if ort_format:
+        raise NotImplementedError(
+            "ort_format=True is not supported: onnxtrain writes .onnx models "
+            "(onnxruntime loads them directly).")
+    if custom_op_library is not None:
+        raise NotImplementedError(
+            "custom_op_library is not supported: onnxtrain's artifacts use "
+            "standard ONNX ops only.")
+    base_model = load_model(model)
+    requires_grad = list(requires_grad or [])
+    frozen_params = list(frozen_params or [])
+    _check_parameters(base_model, requires_grad, frozen_params)
+    loss_block = _resolve_loss(loss)
+    optimizer_block = _resolve_optimizer(optimizer)
+    inputs = _loss_inputs(base_model, loss_block, loss_input_names)
+    _check_targets(base_model, loss_block)
+    additional = list(additional_output_names or [])
+    unknown = [n for n in additional if n not in _names(base_model)]
+    if unknown:
+        raise ValueError(f"additional_output_names {unknown} are not values of "
+                         "the model.")
+
+    block = _ArtifactsTrainingBlock(loss_block, additional)
+    for name in requires_grad:
+        block.requires_grad(name)
+    for name in frozen_params:
+        block.requires_grad(name, False)
+    with onnxblock.base(base_model):
+        block(*inputs)
+    training_model, eval_model = block.to_model_proto()
+    trainable, frozen = block.parameters()
+    order = [i.name for i in base_model.graph.initializer]
+    params = sorted(trainable + frozen, key=lambda t: order.index(t.name))
+    trainable_names = {t.name for t in trainable}
+    files = {"training_model": training_model, "eval_model": eval_model}
+    if optimizer_block is not None:
+        files["optimizer_model"] = build_optimizer_model(optimizer_block, trainable)
+    entries = [(t.name, numpy_helper.to_array(t), t.name in trainable_names)
+               for t in params]
+    files["checkpoint"] = checkpoint_to_bytes(entries)
+    if nominal_checkpoint:
+        files["nominal_checkpoint"] = checkpoint_to_bytes(entries, nominal=True)
+    return _write(files, artifact_directory, prefix)
+
+
+def _write(files, directory, prefix):
+    directory = pathlib.Path(os.getcwd() if directory is None else directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for key, content in files.items():
+        suffix = ".onnx" if key.endswith("model") else ""
+        path = directory / f"{prefix}{key}{suffix}"
+        if isinstance(content, onnx.ModelProto):
+            large = content.ByteSize() > 1_800_000_000
+            onnx.save_model(content, str(path), save_as_external_data=large,
+                            location=f"{path.name}.data" if large else None)
+        else:
+            path.write_bytes(content)
+        paths[key] = str(path)
+    return paths

@@ -1,0 +1,239 @@
+"""Assemble the training and eval models from a base model and a loss.
+
+The gradient nodes come from :func:`onnxtrain.autodiff.backward`; this
+module seeds the loss gradient with ones inside the graph (so the training
+model has no ``<loss>_grad`` input), adds gradient accumulation and turns
+the parameters into graph inputs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..autodiff import backward
+from ..graph import (FLOAT_TYPES, default_ir_version, elem_type_to_numpy,
+                     infer_value_types)
+
+__all__ = ["TrainingResult", "build_training_models", "set_graph_outputs",
+           "LAZY_RESET_GRAD", "buffer_name", "accumulated_name",
+           "TRAINING_METADATA", "EVAL_METADATA"]
+
+#: Name of the bool input choosing between overwriting and accumulating.
+LAZY_RESET_GRAD = "lazy_reset_grad"
+#: metadata_props keys describing the layout of the models (JSON).
+TRAINING_METADATA = "onnxtrain.training_model"
+EVAL_METADATA = "onnxtrain.eval_model"
+
+
+def buffer_name(param):
+    """Name of the gradient-accumulation buffer input of ``param``."""
+    return f"{param}_grad.accumulation.buffer"
+
+
+def accumulated_name(param):
+    """Name of the accumulated-gradient output of ``param``."""
+    return f"{param}_grad.accumulation.out"
+
+
+@dataclass
+class TrainingResult:
+    """What :func:`build_training_models` returns."""
+
+    training_model: onnx.ModelProto
+    eval_model: onnx.ModelProto
+    trainable: list
+    frozen: list
+
+
+def _clean(shape):
+    if shape is None:
+        return None
+    return [None if isinstance(d, str) and d.startswith("unk__") else d
+            for d in shape]
+
+
+def _value_info(name, types):
+    elem_type, shape = types.get(name, (0, None))
+    if not elem_type:
+        raise ValueError(f"The element type of {name!r} cannot be inferred; "
+                         "add value_info or input types to the model.")
+    return helper.make_tensor_value_info(name, elem_type, _clean(shape))
+
+
+def set_graph_outputs(state, names):
+    """Make ``names`` the graph outputs of the base model (typed by shape
+    inference)."""
+    graph = state.model.graph
+    types = {n: state.value_type(n) for n in names}
+    missing = [n for n in names if types[n] is None]
+    if missing:
+        raise ValueError(f"Outputs {missing} are not values of the base model.")
+    outputs = [_value_info(n, types) for n in names]
+    del graph.output[:]
+    graph.output.extend(outputs)
+    state.sync()
+
+
+def _check_parameters(graph, trainable, frozen):
+    inits = {i.name: i for i in graph.initializer}
+    unknown = [n for n in trainable + frozen if n not in inits]
+    if unknown:
+        raise ValueError(
+            f"Parameters {unknown} are not initializers of the model; "
+            f"initializers: {sorted(inits)}.")
+    not_float = [n for n in trainable if inits[n].data_type not in FLOAT_TYPES]
+    if not_float:
+        raise ValueError(f"Trainable parameters {not_float} are not float "
+                         "tensors; only float initializers have gradients.")
+    if not trainable:
+        raise ValueError("No trainable parameter: mark at least one "
+                         "initializer with requires_grad(name).")
+    return inits
+
+
+def _param_value_info(init):
+    return helper.make_tensor_value_info(init.name, init.data_type,
+                                         list(init.dims))
+
+
+def _model_like(model, graph):
+    new = helper.make_model(graph, opset_imports=list(model.opset_import),
+                            producer_name="onnxtrain")
+    new.ir_version = max(model.ir_version, default_ir_version(model.opset_import))
+    new.functions.extend(model.functions)
+    return new
+
+
+def _inference_mode(nodes):
+    """Copies of ``nodes`` with Dropout and BatchNormalization in inference
+    mode."""
+    result = []
+    for node in nodes:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        if node.op_type == "Dropout" and node.domain in ("", "ai.onnx"):
+            if len(new.input) >= 3:
+                new.input[2] = ""
+        elif node.op_type == "BatchNormalization" and \
+                node.domain in ("", "ai.onnx"):
+            for att in new.attribute:
+                if att.name == "training_mode":
+                    att.i = 0
+            del new.output[1:]
+        result.append(new)
+    return result
+
+
+def _seed_loss_gradient(g, loss, grad_output, elem_type):
+    """Emit grad_output = ones of the loss shape, placed before the
+    gradient nodes already in ``g``."""
+    start = len(g.nodes)
+    one = numpy_helper.from_array(np.ones(1, dtype=elem_type_to_numpy(elem_type)))
+    g.op("ConstantOfShape", g.shape_of(loss), outputs=[grad_output], value=one)
+    seed = g.nodes[start:]
+    del g.nodes[start:]
+    g.nodes[:0] = seed
+
+
+def _accumulate(g, trainable, grad_names, inits):
+    """Where(lazy_reset_grad, grad, buffer + grad) for each parameter."""
+    lazy = g.reserve(LAZY_RESET_GRAD)
+    buffers, outputs = [], []
+    for param, grad in zip(trainable, grad_names):
+        buffer = g.reserve(buffer_name(param))
+        out = g.reserve(accumulated_name(param))
+        g.op("Where", lazy, grad, g.op("Add", buffer, grad), outputs=[out])
+        init = inits[param]
+        buffers.append(helper.make_tensor_value_info(buffer, init.data_type,
+                                                     list(init.dims)))
+        outputs.append(helper.make_tensor_value_info(out, init.data_type,
+                                                     list(init.dims)))
+    lazy_vi = helper.make_tensor_value_info(lazy, onnx.TensorProto.BOOL, [])
+    return buffers, lazy_vi, outputs
+
+
+def build_training_models(state, output_names, trainable, frozen):
+    """Training and eval models of the base model in ``state``.
+
+    Parameters
+    ----------
+    state : BaseState
+        Its model holds the forward graph with the loss; its graph outputs
+        are replaced by ``output_names``.
+    output_names : list of str
+        The loss (first; any shape, float) and further outputs.
+    trainable, frozen : list of str
+        Initializer names.
+
+    Returns
+    -------
+    TrainingResult
+
+    Raises
+    ------
+    ValueError
+        Unknown or non-float parameters, no trainable parameter, a loss that
+        is not float, a loss that does not depend on the trainable
+        parameters, or names (``lazy_reset_grad``, buffers) already taken.
+    """
+    set_graph_outputs(state, output_names)
+    model = state.model
+    graph = model.graph
+    inits = _check_parameters(graph, trainable, frozen)
+    params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
+    trainable = [p for p in params if p in set(trainable)]
+    loss = output_names[0]
+    types = infer_value_types(model)
+    if types.get(loss, (0,))[0] not in FLOAT_TYPES:
+        raise ValueError(f"The loss {loss!r} must be a float tensor.")
+    bg = backward(model, trainable, outputs=[loss])
+    g = bg.builder
+    _seed_loss_gradient(g, loss, bg.grad_output_names[0], types[loss][0])
+    buffers, lazy_vi, acc_outputs = _accumulate(g, trainable, bg.grad_names, inits)
+
+    param_set = set(params)
+    user_inputs = [i for i in graph.input
+                   if i.name not in param_set and i.name not in inits]
+    param_inputs = [_param_value_info(inits[p]) for p in params]
+    constants = [i for i in graph.initializer if i.name not in param_set]
+    outputs = list(graph.output)
+
+    train_graph = helper.make_graph(
+        list(graph.node) + g.nodes, f"{graph.name}_training",
+        user_inputs + param_inputs + buffers + [lazy_vi],
+        outputs + acc_outputs, constants + g.initializers)
+    training = _model_like(model, train_graph)
+    eval_graph = helper.make_graph(
+        _inference_mode(graph.node), f"{graph.name}_eval",
+        user_inputs + param_inputs, outputs, constants)
+    evaluation = _model_like(model, eval_graph)
+
+    layout = {"user_inputs": [i.name for i in user_inputs],
+              "user_outputs": [o.name for o in outputs],
+              "parameters": params, "trainable": trainable}
+    _set_metadata(evaluation, EVAL_METADATA, layout)
+    layout = dict(layout, lazy_reset_grad=LAZY_RESET_GRAD,
+                  buffers=[b.name for b in buffers],
+                  gradients=[o.name for o in acc_outputs])
+    _set_metadata(training, TRAINING_METADATA, layout)
+    onnx.checker.check_model(training)
+    onnx.checker.check_model(evaluation)
+    return TrainingResult(training, evaluation,
+                          [_copy(inits[p]) for p in trainable],
+                          [_copy(inits[p]) for p in params if p not in set(trainable)])
+
+
+def _copy(tensor):
+    new = onnx.TensorProto()
+    new.CopyFrom(tensor)
+    return new
+
+
+def _set_metadata(model, key, value):
+    entry = model.metadata_props.add()
+    entry.key = key
+    entry.value = json.dumps(value)

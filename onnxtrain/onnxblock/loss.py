@@ -1,0 +1,204 @@
+"""Loss blocks: MSELoss, L1Loss, BCEWithLogitsLoss, CrossEntropyLoss.
+
+Each loss follows the PyTorch definition of the same name
+(``torch.nn.MSELoss``...). ``build`` takes the name of a model output and
+the name of the target; the target becomes a new graph input (with the
+output's element type and shape) unless a value of that name already
+exists. ``reduction`` is 'mean', 'sum' (both give a rank-0 tensor, whatever
+the rank of the output) or 'none' (the per-element loss).
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from ._block import Block
+
+__all__ = ["MSELoss", "L1Loss", "BCEWithLogitsLoss", "CrossEntropyLoss"]
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+class _Loss(Block):
+    """Common parts: reduction, target inputs."""
+
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be one of {_REDUCTIONS}, "
+                             f"not {reduction!r}.")
+        self._reduction = reduction
+
+    @staticmethod
+    def _target(state, target_name, elem_type, shape):
+        """``target_name`` if it is a value already, else a new graph input."""
+        if state.is_value(target_name):
+            return target_name
+        return state.add_input(target_name, elem_type, shape)
+
+    def _reduce(self, state, values):
+        if self._reduction == "none":
+            return values
+        op_type = "ReduceMean" if self._reduction == "mean" else "ReduceSum"
+        state.sync()
+        out = state.builder.reduce(op_type, values, None, keepdims=0)
+        state._flush()
+        return out
+
+    def _float_input(self, state, name):
+        info = state.value_type(name)
+        if info is None:
+            raise ValueError(f"{type(self).__name__}: {name!r} is not a typed "
+                             "value of the base model.")
+        return info
+
+
+class MSELoss(_Loss):
+    """Mean squared error, ``(output - target)^2`` reduced.
+
+    Parameters
+    ----------
+    reduction : {'mean', 'sum', 'none'}, default='mean'
+    """
+
+    def build(self, loss_input_name, target_name="target"):
+        """Loss of ``loss_input_name`` (float tensor of any shape) against
+        ``target_name`` (same shape); returns the loss name."""
+        state = self._state()
+        elem, shape = self._float_input(state, loss_input_name)
+        target = self._target(state, target_name, elem, shape)
+        diff = state.op("Sub", loss_input_name, target, like=loss_input_name)
+        return self._reduce(state, state.op("Mul", diff, diff, like=diff))
+
+
+class L1Loss(_Loss):
+    """Mean absolute error, ``|output - target|`` reduced.
+
+    Parameters
+    ----------
+    reduction : {'mean', 'sum', 'none'}, default='mean'
+    """
+
+    def build(self, loss_input_name, target_name="target"):
+        """Loss of ``loss_input_name`` against ``target_name``; returns the
+        loss name."""
+        state = self._state()
+        elem, shape = self._float_input(state, loss_input_name)
+        target = self._target(state, target_name, elem, shape)
+        diff = state.op("Sub", loss_input_name, target, like=loss_input_name)
+        return self._reduce(state, state.op("Abs", diff, like=diff))
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross-entropy on logits (``torch.nn.BCEWithLogitsLoss``).
+
+    With ``sp(x) = max(x, 0) + log(1 + exp(-|x|))`` (softplus, computed
+    without overflow for large ``|x|``) the element loss is
+    ``weight * ((1 - y) sp(x) + pos_weight * y (sp(x) - x))``, which is
+    ``-weight [pos_weight y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))]``.
+
+    Parameters
+    ----------
+    weight : array-like, default=None
+        Rescaling weight broadcast against the output.
+    reduction : {'mean', 'sum', 'none'}, default='mean'
+    pos_weight : array-like, default=None
+        Weight of the positive examples, broadcast along the last axis.
+    """
+
+    def __init__(self, weight=None, reduction="mean", pos_weight=None):
+        super().__init__(reduction)
+        self._weight = None if weight is None else np.asarray(weight)
+        self._pos_weight = None if pos_weight is None else np.asarray(pos_weight)
+
+    def build(self, loss_input_name, target_name="target"):
+        """Loss of logits ``loss_input_name`` against float targets in
+        [0, 1] ``target_name`` (same shape); returns the loss name."""
+        state = self._state()
+        x = loss_input_name
+        elem, shape = self._float_input(state, x)
+        y = self._target(state, target_name, elem, shape)
+        op = state.op
+        softplus = op("Add", op("Relu", x, like=x),
+                      op("Log", op("Add", state.const(1.0, elem),
+                                   op("Exp", op("Neg", op("Abs", x, like=x),
+                                                like=x), like=x)), like=x),
+                      like=x)
+        if self._pos_weight is None:
+            loss = op("Sub", softplus, op("Mul", x, y, like=x), like=x)
+        else:
+            negative = op("Mul", op("Sub", state.const(1.0, elem), y), softplus,
+                          like=x)
+            positive = op("Mul", op("Mul", state.const(self._pos_weight, elem), y),
+                          op("Sub", softplus, x, like=x), like=x)
+            loss = op("Add", negative, positive, like=x)
+        if self._weight is not None:
+            loss = op("Mul", loss, state.const(self._weight, elem), like=x)
+        return self._reduce(state, loss)
+
+
+class CrossEntropyLoss(_Loss):
+    """Cross-entropy of logits and class indices (``torch.nn.CrossEntropyLoss``).
+
+    The element loss is ``-w[y_i] log_softmax(x_i)[y_i]``; 'mean' divides the
+    sum by ``sum_i w[y_i]`` over the elements whose label is not
+    ``ignore_index`` (ignored elements count zero in every reduction).
+
+    Parameters
+    ----------
+    weight : array-like of shape (n_classes,), default=None
+        Class weights (1 for every class when None).
+    reduction : {'mean', 'sum', 'none'}, default='mean'
+    ignore_index : int, default=None
+        Label value that contributes no loss.
+    """
+
+    def __init__(self, weight=None, reduction="mean", ignore_index=None):
+        super().__init__(reduction)
+        self._weight = None if weight is None else np.asarray(weight).reshape(-1)
+        self._ignore_index = None if ignore_index is None else int(ignore_index)
+
+    def build(self, scores_input_name, labels_name="labels"):
+        """Loss of logits ``scores_input_name`` of shape (N, C) or
+        (N, C, d1, ...) against int64 labels ``labels_name`` of shape (N,) or
+        (N, d1, ...); returns the loss name."""
+        state = self._state()
+        x = scores_input_name
+        elem, shape = self._float_input(state, x)
+        label_shape = None if shape is None else tuple(shape[:1]) + tuple(shape[2:])
+        labels = self._target(state, labels_name, TensorProto.INT64, label_shape)
+        op = state.op
+        log_p = op("LogSoftmax", x, axis=1, like=x)
+        if state.builder.opset < 13 and (shape is None or len(shape) != 2):
+            raise ValueError("CrossEntropyLoss on logits of rank other than 2 "
+                             "needs opset >= 13 (LogSoftmax along axis 1).")
+        safe, keep = labels, None
+        if self._ignore_index is not None:
+            ignored = op("Equal", labels,
+                         state.const(self._ignore_index, TensorProto.INT64))
+            safe = op("Where", ignored, state.const(0, TensorProto.INT64), labels)
+            keep = op("Cast", op("Not", ignored), to=int(elem), like=x)
+        depth = op("Gather", op("Shape", x), state.const(1, TensorProto.INT64))
+        # int64 values: onnxruntime's CPU OneHot has no double output kernel
+        values = state.const(np.array([0, 1]), TensorProto.INT64)
+        one_hot = op("Cast", op("OneHot", safe, depth, values, axis=1),
+                     to=int(elem), like=x)
+        picked = state.builder.reduce_sum(
+            op("Mul", one_hot, log_p, like=x), [1], keepdims=0)
+        state._flush()
+        nll = op("Neg", picked, like=x)
+        weights = keep
+        if self._weight is not None:
+            class_weight = state.const(self._weight, elem)
+            weights = op("Gather", class_weight, safe, like=x)
+            if keep is not None:
+                weights = op("Mul", weights, keep, like=x)
+        if weights is not None:
+            nll = op("Mul", nll, weights, like=x)
+        if self._reduction != "mean" or weights is None:
+            return self._reduce(state, nll)
+        total = state.builder.reduce_sum(nll, None, keepdims=0)
+        norm = state.builder.reduce_sum(weights, None, keepdims=0)
+        state._flush()
+        return op("Div", total, norm, like=x)
+
