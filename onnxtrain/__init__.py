@@ -1,22 +1,37 @@
 """onnxtrain: train ONNX graphs on the plain onnxruntime package.
 
-Main entry points: :class:`OrtGradientForwardBackwardOptimizer` (a
-scikit-learn estimator), :class:`OrtGradientForwardBackward` (the
-forward/backward engine) and :mod:`onnxtrain.autodiff`.
+Main entry points: the scikit-learn estimators
+:class:`OrtGradientForwardBackwardOptimizer` (regression),
+:class:`OrtGradientForwardBackwardClassifier` and
+:class:`OrtGradientOptimizer` (graphs computing their own loss); the
+forward/backward engine :class:`OrtGradientForwardBackward`; the autodiff
+(:mod:`onnxtrain.autodiff`); the onnxruntime-training compatible
+:mod:`onnxtrain.onnxblock`, :mod:`onnxtrain.artifacts` and
+:mod:`onnxtrain.api`.
 """
 __version__ = "0.1.0"
 
-from .estimators import OrtGradientForwardBackwardOptimizer
+from .estimators import (OrtGradientForwardBackwardClassifier,
+                         OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer)
 from .exceptions import (ConvergenceError, ConvergenceWarning, DeviceError,
                          MissingVJPRuleError)
-from .losses import SquareLearningLoss
-from .models import get_train_initializer, to_onnx
-from .optim import LearningRateSGD
-from .penalties import NoLearningPenalty
+from .losses import (AbsoluteLearningLoss, CrossEntropyLearningLoss,
+                     ElasticLearningLoss, NegLogLearningLoss, PoissonLearningLoss,
+                     SquareLearningLoss)
+from .models import add_loss_output, get_train_initializer, to_onnx
+from .optim import (LearningRateAdam, LearningRateAdamW, LearningRateSGD,
+                    LearningRateSGDNesterov)
+from .penalties import ElasticLearningPenalty, NoLearningPenalty
+from .rewrite import prediction_graph, probability_graph, rewrite_ml_linear_ops
 from .runtime import OrtGradientForwardBackward
 
-__all__ = ["ConvergenceError", "ConvergenceWarning", "DeviceError",
-           "LearningRateSGD", "MissingVJPRuleError", "NoLearningPenalty",
-           "OrtGradientForwardBackward", "OrtGradientForwardBackwardOptimizer",
-           "SquareLearningLoss", "get_train_initializer", "to_onnx",
-           "__version__"]
+__all__ = [
+    "AbsoluteLearningLoss", "ConvergenceError", "ConvergenceWarning",
+    "CrossEntropyLearningLoss", "DeviceError", "ElasticLearningLoss",
+    "ElasticLearningPenalty", "LearningRateAdam", "LearningRateAdamW",
+    "LearningRateSGD", "LearningRateSGDNesterov", "MissingVJPRuleError",
+    "NegLogLearningLoss", "NoLearningPenalty", "OrtGradientForwardBackward",
+    "OrtGradientForwardBackwardClassifier", "OrtGradientForwardBackwardOptimizer",
+    "OrtGradientOptimizer", "PoissonLearningLoss", "SquareLearningLoss",
+    "add_loss_output", "get_train_initializer", "prediction_graph",
+    "probability_graph", "rewrite_ml_linear_ops", "to_onnx", "__version__"]

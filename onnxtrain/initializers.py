@@ -5,7 +5,7 @@ import numpy as np
 from onnx import helper
 from sklearn.utils import check_random_state
 
-__all__ = ["glorot_uniform_weights"]
+__all__ = ["glorot_uniform_weights", "bias_weights"]
 
 _MATRIX_OPS = ("MatMul", "Gemm")
 
@@ -77,3 +77,10 @@ def glorot_uniform_weights(model, names, random_state=None):
         values = rng.uniform(-bound, bound, shape if role else int(np.prod(shape)))
         result[name] = values.reshape(shape).astype(dtype, copy=False)
     return result
+
+
+def bias_weights(model, names):
+    """The names among ``names`` that MatMul/Gemm do not consume as an
+    operand (biases, scales): what penalties leave alone by default."""
+    roles = _roles(model, set(names))
+    return [name for name in names if name not in roles]

@@ -13,7 +13,7 @@ from .autodiff import trainable_initializers
 from .graph import FLOAT_TYPES
 
 __all__ = ["load_model", "select_weights", "get_train_initializer",
-           "replace_initializers", "to_onnx"]
+           "replace_initializers", "to_onnx", "add_loss_output"]
 
 
 def load_model(model):
@@ -151,3 +151,76 @@ def to_onnx(model, X=None, target_opset=None, black_op=None, options=None):
         raise ValueError(f"The converted graph contains the forbidden ops "
                          f"{banned} (black_op={sorted(black_op)}).")
     return onx
+
+
+def add_loss_output(model, loss="square_error", output_index=0,
+                    label_name="label", weight_name=None, loss_output_name="loss"):
+    """A training graph computing the loss of a prediction graph.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or str
+        Prediction graph; not modified.
+    loss : str or loss object, default="square_error"
+        See :func:`onnxtrain.losses.resolve_learning_loss`.
+    output_index : int, default=0
+        The output holding the prediction.
+    label_name : str, default="label"
+        New input receiving the expected values (shape of the prediction).
+    weight_name : str, default=None
+        New input receiving sample weights (shape (N,)), if given.
+    loss_output_name : str, default="loss"
+        The only output: the rank-0 batch loss.
+
+    Returns
+    -------
+    onnx.ModelProto
+        Inputs: the model's inputs, ``label_name`` (and ``weight_name``).
+
+    Raises
+    ------
+    ValueError
+        Names colliding with names of the model.
+    """
+    from .graph import infer_value_types, opset_of
+    from .losses import resolve_learning_loss
+
+    base = load_model(model)
+    prediction = base.graph.output[output_index].name
+    elem_type, shape = infer_value_types(base)[prediction]
+    taken = {i.name for i in base.graph.input} | {o.name for o in base.graph.output}
+    taken |= {o for n in base.graph.node for o in n.output}
+    taken |= {i.name for i in base.graph.initializer}
+    clash = [n for n in (label_name, weight_name, loss_output_name) if n in taken]
+    if clash:
+        raise ValueError(f"add_loss_output: names {clash} already exist in the model.")
+    loss_model = resolve_learning_loss(loss).build_onnx(
+        elem_type, max(opset_of(base) or 9, 9), weight_name=weight_name,
+        rank=2 if shape is None else len(shape))
+    prefix = "loss__"
+    loss_model = onnx.compose.add_prefix(loss_model, prefix)
+    rename = {f"{prefix}X1": label_name, f"{prefix}X2": prediction,
+              f"{prefix}Y": loss_output_name}
+    if weight_name:
+        rename[f"{prefix}{weight_name}"] = weight_name
+    nodes = []
+    for node in loss_model.graph.node:
+        node = onnx.helper.make_node(
+            node.op_type, [rename.get(i, i) for i in node.input],
+            [rename.get(o, o) for o in node.output], name=node.name,
+            domain=node.domain, **{a.name: onnx.helper.get_attribute_value(a)
+                                   for a in node.attribute})
+        nodes.append(node)
+    inputs = list(base.graph.input) + [
+        onnx.helper.make_value_info(rename[i.name], i.type)
+        for i in loss_model.graph.input if rename.get(i.name) != prediction]
+    output = [o for o in loss_model.graph.output
+              if rename.get(o.name) == loss_output_name][0]
+    graph = onnx.helper.make_graph(
+        list(base.graph.node) + nodes,
+        base.graph.name, inputs,
+        [onnx.helper.make_value_info(loss_output_name, output.type)],
+        list(base.graph.initializer) + list(loss_model.graph.initializer))
+    new = onnx.helper.make_model(graph, opset_imports=list(base.opset_import))
+    new.ir_version = base.ir_version
+    return new

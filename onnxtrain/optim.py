@@ -1,8 +1,18 @@
-"""Learning rates and weight updates.
+"""Learning rates and update rules (SGD, momentum, Nesterov, Adam, AdamW).
 
-A learning-rate object holds a schedule evaluated on the host (number of
-samples seen -> float) and builds the small ONNX graph applying the update
-to one weight. The learning rate is an input of that graph, never baked in.
+A learning-rate object has two halves:
+
+- a schedule evaluated on the host (``schedule(t) -> float``, updated at the
+  end of each epoch) and the scalars fed to the update graph at each step
+  (``step_scalars(step)``, e.g. Adam's bias-corrected step size);
+- the update graph (``build_onnx``), one small ONNX graph updating every
+  weight and its optimizer state (velocity, first and second moments), kept
+  as OrtValues on the device by the trainer.
+
+Formulas follow scikit-learn's ``sklearn/neural_network/_stochastic_optimizers.py``
+(SGD with momentum/Nesterov, Adam) so that loss curves overlay MLPRegressor's;
+AdamW follows Loshchilov & Hutter, "Decoupled Weight Decay Regularization"
+(2019), with the decay scaled by the learning rate as PyTorch's AdamW does.
 """
 from __future__ import annotations
 
@@ -14,22 +24,34 @@ from sklearn.base import BaseEstimator, clone
 
 from ._small import check_float_type, finish, new_builder, tensor_input
 
-__all__ = ["BaseLearningRate", "LearningRateSGD", "resolve_learning_rate"]
+__all__ = ["BaseLearningRate", "LearningRateSGD", "LearningRateSGDNesterov",
+           "LearningRateAdam", "LearningRateAdamW", "resolve_learning_rate"]
+
+_SCHEDULES = ("constant", "invscaling", "optimal", "adaptive")
 
 
 class BaseLearningRate(BaseEstimator):
-    """Schedule + update graph. Subclasses define :meth:`schedule` and
-    :meth:`_update`.
+    """Schedule + update graph.
+
+    Subclasses set :attr:`state_names` (per-weight optimizer state) and
+    define :meth:`_update` (nodes updating one weight); they may override
+    :meth:`schedule` and :meth:`step_scalars`.
 
     Attributes
     ----------
     value : float
-        Current learning rate (set by :meth:`init_learning_rate` and
-        :meth:`update_learning_rate`).
+        Current learning rate (:meth:`init_learning_rate`,
+        :meth:`update_learning_rate`, :meth:`trigger_stopping`).
     axpy_onnx_ : onnx.ModelProto
-        The update graph (after :meth:`build_onnx`).
+        The update graph built by :meth:`build_onnx`.
     """
 
+    #: Names of the per-weight state tensors (zeros at initialization).
+    state_names = ()
+    #: Names of the rank-0 inputs fed at each step (see step_scalars).
+    scalar_names = ("learning_rate",)
+
+    # ------------------------------------------------------------ schedule
     def init_learning_rate(self):
         """Reset the schedule: ``value`` becomes the initial learning rate."""
         self.value = self.schedule(0)
@@ -38,47 +60,98 @@ class BaseLearningRate(BaseEstimator):
     def update_learning_rate(self, t):
         """Set ``value`` for time step ``t`` (called at each epoch's end; the
         caller defines ``t``, see the schedule's documentation)."""
-        self.value = self.schedule(t)
+        if self._schedule_kind() != "adaptive":
+            self.value = self.schedule(t)
         return self
 
-    def schedule(self, t):
-        """Learning rate at time step ``t`` (float)."""
-        raise NotImplementedError
+    def _schedule_kind(self):
+        return getattr(self, "learning_rate", "constant")
 
-    def build_onnx(self, weights, elem_type=TensorProto.FLOAT, opset=None):
+    def schedule(self, t):
+        """Learning rate at time step ``t`` (float); constant by default."""
+        return float(self.eta0)
+
+    def trigger_stopping(self):
+        """Called when the loss stopped improving; True means stop training.
+
+        The 'adaptive' schedule divides the learning rate by 5 and asks to
+        stop once it is at most 1e-6 (scikit-learn's ``SGDOptimizer``);
+        every other schedule stops.
+        """
+        if self._schedule_kind() != "adaptive":
+            return True
+        if self.value <= 1e-6:
+            return True
+        self.value /= 5.0
+        return False
+
+    def step_scalars(self, step):
+        """Rank-0 values fed to the update graph at ``step`` (1-based)."""
+        return {"learning_rate": self.value}
+
+    # --------------------------------------------------------- update graph
+    def init_state(self, shape, dtype):
+        """Initial optimizer state of one weight: one array per state name."""
+        return [np.zeros(shape, dtype=dtype) for _ in self.state_names]
+
+    def build_onnx(self, weights, elem_type=TensorProto.FLOAT, opset=None,
+                   penalty=None, penalized=()):
         """Build and return ``axpy_onnx_``, the update of every weight.
 
         Parameters
         ----------
-        weights : list of (str, tuple of int)
+        weights : list of (str, tuple)
             Name and shape of each weight.
         elem_type : int, default=TensorProto.FLOAT
         opset : int, default=None (17)
+        penalty : BaseLearningPenalty, default=None
+            Its gradient joins the gradient of the weights in ``penalized``
+            before the update, and its value joins the loss.
+        penalized : collection of str, default=()
 
         Returns
         -------
         onnx.ModelProto
-            Inputs: ``alpha`` (rank 0), then for each weight ``w``: ``w``
-            and ``w_grad`` (plus the optimizer state the rule keeps);
-            outputs: ``w_new`` for each weight (plus the new state).
+            Inputs: the rank-0 ``scalar_names`` (``learning_rate``...),
+            ``loss`` and ``penalty_scale`` (1 / sum of the batch's sample
+            weights), then for each weight ``w``: ``w``, ``w_grad`` and
+            ``w_<state>`` for each state name. Outputs: for each weight
+            ``w_new`` and ``w_<state>_new``, then ``loss_total`` (the loss
+            plus the penalty of the current weights).
         """
         check_float_type(elem_type)
         g = new_builder(opset)
-        inputs = [tensor_input("alpha", elem_type, [])]
-        outputs = []
-        g.reserve("alpha")
+        scalars = list(self.scalar_names) + ["loss", "penalty_scale"]
+        for name in scalars + ["loss_total"]:
+            g.reserve(name)
+        inputs = [tensor_input(n, elem_type, []) for n in scalars]
+        outputs, penalties = [], []
         for name, shape in weights:
-            names = (name, f"{name}_grad", f"{name}_new")
-            for n in names:
+            states = [f"{name}_{s}" for s in self.state_names]
+            feeds = [name, f"{name}_grad"] + states
+            news = [f"{name}_new"] + [f"{s}_new" for s in states]
+            for n in feeds + news:
                 g.reserve(n)
-            inputs += [tensor_input(n, elem_type, shape) for n in names[:2]]
-            outputs.append(tensor_input(names[2], elem_type, shape))
-            self._update(g, *names, "alpha")
+            for n in feeds:
+                g.set_type(n, elem_type, shape)
+            inputs += [tensor_input(n, elem_type, shape) for n in feeds]
+            outputs += [tensor_input(n, elem_type, shape) for n in news]
+            grad = feeds[1]
+            if penalty is not None and name in penalized:
+                grad, value = penalty.penalize(g, name, grad, "penalty_scale")
+                if value is not None:
+                    penalties.append(value)
+            self._update(g, name, grad, states, news[0], news[1:])
+        total = "loss"
+        for value in penalties:
+            total = g.op("Add", total, value)
+        g.op("Identity", total, outputs=["loss_total"])
+        outputs.append(tensor_input("loss_total", elem_type, []))
         self.axpy_onnx_ = finish(g, f"{type(self).__name__}_update", inputs,
                                  outputs)
         return self.axpy_onnx_
 
-    def _update(self, g, weight, grad, new_weight, alpha):
+    def _update(self, g, weight, grad, states, new_weight, new_states):
         raise NotImplementedError
 
 
@@ -93,20 +166,21 @@ class LearningRateSGD(BaseLearningRate):
         Regularization constant of the 'optimal' schedule.
     power_t : float, default=0.25
         Exponent of the 'invscaling' schedule.
-    learning_rate : {'invscaling', 'constant', 'optimal'}, default='invscaling'
-        Schedule, updated at the end of each epoch with t the number of
-        epochs completed (onnxcustom's convention, which
-        ``OrtGradientForwardBackwardOptimizer`` follows; scikit-learn's MLP
-        counts samples seen instead):
-        'constant': eta0; 'invscaling': eta0 / (t + 1) ** power_t;
-        'optimal': eta0 * t0 / (t0 + t) with typw = sqrt(1 / sqrt(alpha)),
-        eta_h = typw / max(1, 2 * (1 + typw)), t0 = 1 / (eta_h * alpha)
-        (onnxcustom's definition, after Bottou's SGD heuristic).
+    learning_rate : {'invscaling', 'constant', 'optimal', 'adaptive'}, \
+            default='invscaling'
+        Schedule, updated at the end of each epoch with t the time step the
+        estimator passes (``OrtGradientForwardBackwardOptimizer``: epochs
+        completed, onnxcustom's convention; ``onnxtrain.neural_network``:
+        samples seen, scikit-learn MLP's): 'constant': eta0; 'invscaling':
+        eta0 / (t + 1) ** power_t; 'optimal': eta0 * t0 / (t0 + t) with
+        typw = sqrt(1 / sqrt(alpha)), eta_h = typw / max(1, 2 * (1 + typw)),
+        t0 = 1 / (eta_h * alpha) (onnxcustom's definition, after Bottou's
+        SGD heuristic); 'adaptive': eta0, divided by 5 each time the loss
+        stops improving (scikit-learn's MLP rule, see ``trigger_stopping``).
 
     Notes
     -----
-    ``axpy_onnx_`` computes ``w_new = alpha * w_grad + w`` (axpy) for each
-    weight, with ``alpha = -eta`` fed as a rank-0 input.
+    ``axpy_onnx_`` computes ``w_new = w - learning_rate * w_grad`` (axpy).
     """
 
     def __init__(self, eta0=0.01, alpha=0.0001, power_t=0.25,
@@ -118,7 +192,7 @@ class LearningRateSGD(BaseLearningRate):
 
     def schedule(self, t):
         kind = self.learning_rate
-        if kind == "constant":
+        if kind in ("constant", "adaptive"):
             return float(self.eta0)
         if kind == "invscaling":
             return float(self.eta0) / (t + 1) ** float(self.power_t)
@@ -127,18 +201,130 @@ class LearningRateSGD(BaseLearningRate):
             eta_h = typw / max(1.0, 2 * (1.0 + typw))
             t0 = 1.0 / (eta_h * self.alpha)
             return float(self.eta0 * t0 / (t0 + t))
-        raise ValueError(f"Unknown learning_rate schedule {kind!r}; expected "
-                         "'constant', 'invscaling' or 'optimal'.")
+        raise ValueError(f"Unknown learning_rate schedule {kind!r}; expected one "
+                         f"of {_SCHEDULES}.")
 
-    def _update(self, g, weight, grad, new_weight, alpha):
-        g.op("Add", g.op("Mul", grad, alpha), weight, outputs=[new_weight])
+    def _update(self, g, weight, grad, states, new_weight, new_states):
+        step = g.op("Mul", grad, "learning_rate")
+        g.op("Sub", weight, step, outputs=[new_weight])
+
+
+class LearningRateSGDNesterov(LearningRateSGD):
+    """SGD with momentum, Nesterov's or classical (scikit-learn's
+    ``SGDOptimizer``).
+
+    Parameters
+    ----------
+    eta0, alpha, power_t, learning_rate
+        As :class:`LearningRateSGD`.
+    momentum : float, default=0.9
+    nesterov : bool, default=True
+
+    Notes
+    -----
+    Velocity V (zeros at start): V <- momentum * V - eta * G; then
+    W <- W + V (classical) or W <- W + momentum * V - eta * G (Nesterov).
+    """
+
+    state_names = ("velocity",)
+
+    def __init__(self, eta0=0.01, alpha=0.0001, power_t=0.25,
+                 learning_rate="invscaling", momentum=0.9, nesterov=True):
+        super().__init__(eta0=eta0, alpha=alpha, power_t=power_t,
+                         learning_rate=learning_rate)
+        self.momentum = momentum
+        self.nesterov = nesterov
+
+    def _update(self, g, weight, grad, states, new_weight, new_states):
+        mu = g.const(self.momentum, g.elem_type(weight))
+        step = g.op("Mul", grad, "learning_rate")
+        velocity = g.op("Sub", g.op("Mul", states[0], mu), step,
+                        outputs=[new_states[0]])
+        if self.nesterov:
+            g.op("Sub", g.op("Add", weight, g.op("Mul", velocity, mu)), step,
+                 outputs=[new_weight])
+        else:
+            g.op("Add", weight, velocity, outputs=[new_weight])
+
+
+class LearningRateAdam(BaseLearningRate):
+    """Adam (Kingma & Ba, 2015) as scikit-learn's ``AdamOptimizer`` computes it.
+
+    Parameters
+    ----------
+    eta0 : float, default=0.001
+        Learning rate (scikit-learn's ``learning_rate_init``).
+    beta_1, beta_2 : float, default=0.9, 0.999
+        Decay rates of the first and second moment estimates.
+    epsilon : float, default=1e-8
+    weight_decay : float, default=0.0
+        Decoupled weight decay (AdamW): W <- W - eta * weight_decay * W at
+        each step, before the Adam step.
+
+    Notes
+    -----
+    At step t (1-based): m <- beta_1 m + (1 - beta_1) G; v <- beta_2 v +
+    (1 - beta_2) G**2; W <- W - eta_t m / (sqrt(v) + epsilon) with
+    eta_t = eta * sqrt(1 - beta_2**t) / (1 - beta_1**t), computed on the
+    host and fed as ``learning_rate``.
+    """
+
+    state_names = ("m", "v")
+    scalar_names = ("learning_rate", "decay")
+
+    def __init__(self, eta0=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 weight_decay=0.0):
+        self.eta0 = eta0
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.weight_decay = weight_decay
+
+    def step_scalars(self, step):
+        corrected = (self.value * np.sqrt(1 - self.beta_2 ** step)
+                     / (1 - self.beta_1 ** step))
+        return {"learning_rate": float(corrected),
+                "decay": float(self.value * self.weight_decay)}
+
+    def _update(self, g, weight, grad, states, new_weight, new_states):
+        elem_type = g.elem_type(weight)
+        b1, b2 = (g.const(b, elem_type) for b in (self.beta_1, self.beta_2))
+        one_b1 = g.const(1 - self.beta_1, elem_type)
+        one_b2 = g.const(1 - self.beta_2, elem_type)
+        m = g.op("Add", g.op("Mul", states[0], b1), g.op("Mul", grad, one_b1),
+                 outputs=[new_states[0]])
+        v = g.op("Add", g.op("Mul", states[1], b2),
+                 g.op("Mul", g.op("Mul", grad, grad), one_b2),
+                 outputs=[new_states[1]])
+        denominator = g.op("Add", g.op("Sqrt", v), g.const(self.epsilon, elem_type))
+        step = g.op("Mul", g.op("Div", m, denominator), "learning_rate")
+        decayed = g.op("Sub", weight, g.op("Mul", weight, "decay"))
+        g.op("Sub", decayed, step, outputs=[new_weight])
+
+
+class LearningRateAdamW(LearningRateAdam):
+    """:class:`LearningRateAdam` with decoupled weight decay (default 0.01)."""
+
+    def __init__(self, eta0=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 weight_decay=0.01):
+        super().__init__(eta0=eta0, beta_1=beta_1, beta_2=beta_2,
+                         epsilon=epsilon, weight_decay=weight_decay)
+
+
+_BY_NAME = {
+    "SGD": LearningRateSGD, "LearningRateSGD": LearningRateSGD,
+    "SGDNesterov": LearningRateSGDNesterov, "Nesterov": LearningRateSGDNesterov,
+    "LearningRateSGDNesterov": LearningRateSGDNesterov,
+    "Adam": LearningRateAdam, "LearningRateAdam": LearningRateAdam,
+    "AdamW": LearningRateAdamW, "LearningRateAdamW": LearningRateAdamW,
+}
 
 
 def resolve_learning_rate(value):
-    """A new learning-rate object from a float, 'SGD' or an object.
+    """A new learning-rate object from a float, a name or an object.
 
-    A float ``x`` means ``LearningRateSGD(eta0=x)``; 'SGD' (or
-    'LearningRateSGD') means ``LearningRateSGD()``.
+    A float ``x`` means ``LearningRateSGD(eta0=x)``; names: 'SGD',
+    'SGDNesterov' (or 'Nesterov'), 'Adam', 'AdamW' and the class names.
 
     Raises
     ------
@@ -154,9 +340,9 @@ def resolve_learning_rate(value):
             raise ValueError(f"learning_rate must be > 0, got {value!r}.")
         return LearningRateSGD(eta0=float(value))
     if isinstance(value, str):
-        if value in ("SGD", "LearningRateSGD"):
-            return LearningRateSGD()
+        if value in _BY_NAME:
+            return _BY_NAME[value]()
         raise ValueError(f"Unknown learning_rate {value!r}; accepted: a float, "
-                         "'SGD' or a learning-rate object.")
+                         f"{sorted(_BY_NAME)} or a learning-rate object.")
     raise TypeError(f"learning_rate must be a float, a str or a learning-rate "
                     f"object, not {type(value).__name__}.")

@@ -1,21 +1,76 @@
-"""Penalties on the weights (regularization)."""
+"""Penalties on the weights (regularization).
+
+A penalty emits, inside the update graph, its gradient (added to the
+weight's gradient, so the learning rate scales it) and its value (added to
+the reported loss). Both are multiplied by ``penalty_scale``, 1 / (sum of the
+batch's sample weights), as scikit-learn's MLP divides its ``alpha`` term by
+the batch size: ``ElasticLearningPenalty(l1=0, l2=alpha / 2)`` on the
+coefficients (biases excluded) reproduces ``MLPRegressor(alpha=alpha)``
+exactly (``sklearn/neural_network/_multilayer_perceptron.py``, ``_backprop``
+and ``_compute_loss_grad``).
+"""
 from __future__ import annotations
 
 from sklearn.base import BaseEstimator, clone
 
-__all__ = ["BaseLearningPenalty", "NoLearningPenalty", "resolve_learning_penalty"]
+__all__ = ["BaseLearningPenalty", "NoLearningPenalty", "ElasticLearningPenalty",
+           "resolve_learning_penalty"]
 
 
 class BaseLearningPenalty(BaseEstimator):
     """A penalty added to the loss; its gradient joins the weights' gradient."""
+
+    #: Whether biases (weights not multiplied by an input) are penalized.
+    exclude_bias = True
+
+    def penalize(self, g, weight, grad, scale):
+        """Emit nodes; return (new gradient name, penalty value name or None)."""
+        return grad, None
 
 
 class NoLearningPenalty(BaseLearningPenalty):
     """No penalty."""
 
 
+class ElasticLearningPenalty(BaseLearningPenalty):
+    """L1 + L2 penalty: ``scale * (l1 * sum|W| + l2 * sum W**2)``.
+
+    Parameters
+    ----------
+    l1 : float, default=0.5
+    l2 : float, default=0.5
+    exclude_bias : bool, default=True
+        Leave biases (weights not consumed by MatMul/Gemm as an operand)
+        unpenalized, as scikit-learn's MLP does.
+
+    Notes
+    -----
+    Gradient added to G: ``scale * (l1 * sign(W) + 2 * l2 * W)``, with
+    ``scale`` = 1 / (sum of the batch's sample weights).
+    """
+
+    def __init__(self, l1=0.5, l2=0.5, exclude_bias=True):
+        self.l1 = l1
+        self.l2 = l2
+        self.exclude_bias = exclude_bias
+
+    def penalize(self, g, weight, grad, scale):
+        elem_type = g.elem_type(weight)
+        l1, two_l2 = g.const(self.l1, elem_type), g.const(2 * self.l2, elem_type)
+        l2 = g.const(self.l2, elem_type)
+        abs_sum = g.reduce_sum(g.op("Abs", weight), None, keepdims=0)
+        square_sum = g.reduce_sum(g.op("Mul", weight, weight), None, keepdims=0)
+        value = g.op("Add", g.op("Mul", abs_sum, l1), g.op("Mul", square_sum, l2))
+        extra = g.op("Add", g.op("Mul", g.op("Sign", weight), l1),
+                     g.op("Mul", weight, two_l2))
+        new_grad = g.op("Add", grad, g.op("Mul", extra, scale))
+        return new_grad, g.op("Mul", value, scale)
+
+
 _PENALTIES = {"": NoLearningPenalty, "none": NoLearningPenalty,
-              "NoLearningPenalty": NoLearningPenalty}
+              "NoLearningPenalty": NoLearningPenalty,
+              "elastic": ElasticLearningPenalty, "l1l2": ElasticLearningPenalty,
+              "ElasticLearningPenalty": ElasticLearningPenalty}
 
 
 def resolve_learning_penalty(value):

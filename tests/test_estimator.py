@@ -146,7 +146,7 @@ def test_seed_004_code_path(capsys):
     axpy_graph = train_session.learning_rate.axpy_onnx_
     assert [o.name for o in loss_graph.graph.output] == ["Y", "Y_grad"]
     assert [o.name for o in axpy_graph.graph.output] == [
-        "coefficient_new", "intercepts_new"]
+        "coefficient_new", "intercepts_new", "loss_total"]
     assert onx.SerializeToString() == onx_bytes
     assert r2_score(y_test, train_session.predict(X_test)) > 0.9999
 

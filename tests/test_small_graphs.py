@@ -188,7 +188,7 @@ def test_learning_rate_defaults_and_unknown_schedule():
         0.01, 0.0001, 0.25, "invscaling")
     assert lr.schedule(15) == pytest.approx(0.01 / 16 ** 0.25)
     with pytest.raises(ValueError, match="adaptive"):
-        LearningRateSGD(learning_rate="adaptive").schedule(0)
+        LearningRateSGD(learning_rate="bogus").schedule(0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -201,10 +201,10 @@ def test_sgd_update_graph_matches_numpy(dtype):
     model = lr.build_onnx(shapes, ELEM[dtype], 17)
     assert model is lr.axpy_onnx_
     assert [i.name for i in model.graph.input] == [
-        "alpha", "coefficient", "coefficient_grad", "intercepts", "intercepts_grad",
-        "scalar", "scalar_grad"]
+        "learning_rate", "loss", "penalty_scale", "coefficient", "coefficient_grad",
+        "intercepts", "intercepts_grad", "scalar", "scalar_grad"]
     assert [o.name for o in model.graph.output] == [
-        "coefficient_new", "intercepts_new", "scalar_new"]
+        "coefficient_new", "intercepts_new", "scalar_new", "loss_total"]
     sess = _session(model)
     rng = np.random.RandomState(0)
     weights = {n: np.asarray(rng.randn(*s), dtype=dtype) for n, s in shapes}
@@ -212,12 +212,15 @@ def test_sgd_update_graph_matches_numpy(dtype):
     lr.init_learning_rate()
     for step in range(6):
         grads = {n: np.asarray(rng.randn(*s), dtype=dtype) for n, s in shapes}
-        feeds = {"alpha": np.array(-lr.value, dtype=dtype)}
+        feeds = {"learning_rate": np.array(lr.value, dtype=dtype),
+                 "loss": np.array(0.5, dtype=dtype),
+                 "penalty_scale": np.array(1.0, dtype=dtype)}
         for n in weights:
             feeds[n], feeds[f"{n}_grad"] = weights[n], grads[n]
             expected[n] = expected[n] - lr.value * grads[n].astype(np.float64)
         outputs = sess.run(None, feeds)
-        weights = dict(zip(weights, outputs))
+        assert outputs[-1] == pytest.approx(0.5)  # no penalty: the loss as is
+        weights = dict(zip(weights, outputs[:-1]))
         lr.update_learning_rate(step + 1)
     assert lr.value == pytest.approx(0.1 / np.sqrt(7))
     for n, w in weights.items():
@@ -242,7 +245,7 @@ def test_resolve_learning_rate():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="learning_rate"):
             resolve_learning_rate(bad)
-    with pytest.raises(ValueError, match="Adam"):
-        resolve_learning_rate("Adam")
+    with pytest.raises(ValueError, match="AdamX"):
+        resolve_learning_rate("AdamX")
     with pytest.raises(TypeError):
         resolve_learning_rate([0.1])

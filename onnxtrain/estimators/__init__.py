@@ -1,4 +1,7 @@
 """scikit-learn estimators training ONNX graphs."""
-from .forward_backward import OrtGradientForwardBackwardOptimizer
+from .forward_backward import (OrtGradientForwardBackwardClassifier,
+                               OrtGradientForwardBackwardOptimizer)
+from .loss_output import OrtGradientOptimizer
 
-__all__ = ["OrtGradientForwardBackwardOptimizer"]
+__all__ = ["OrtGradientForwardBackwardClassifier",
+           "OrtGradientForwardBackwardOptimizer", "OrtGradientOptimizer"]

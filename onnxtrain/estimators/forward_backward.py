@@ -1,71 +1,44 @@
-"""``OrtGradientForwardBackwardOptimizer``: train the weights of a prediction
-graph with gradients from :class:`~onnxtrain.OrtGradientForwardBackward`."""
+"""Estimators training the initializers of an ONNX graph with gradients from
+:class:`~onnxtrain.OrtGradientForwardBackward`: a regressor (the onnxcustom
+``OrtGradientForwardBackwardOptimizer``) and a classifier."""
 from __future__ import annotations
 
-import logging
-import numbers
-import warnings
-
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.utils import gen_batches
-from sklearn.utils.validation import check_is_fitted
-from tqdm.auto import tqdm
+from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.utils.multiclass import unique_labels
 
-from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..graph import elem_type_to_numpy, infer_value_types
-from ..initializers import glorot_uniform_weights
-from ..losses import resolve_learning_loss
-from ..models import load_model, replace_initializers, select_weights
-from ..optim import resolve_learning_rate
-from ..penalties import resolve_learning_penalty
-from ..runtime import OrtGradientForwardBackward, SessionRunner, to_ortvalue
-from ._validation import check_features, check_targets, validation_period
+from ..rewrite import (prediction_graph, probability_graph,
+                       rewrite_ml_linear_ops)
+from ._base import BaseOrtGradientEstimator, prediction_dtype
+from ._validation import check_targets
 
-__all__ = ["OrtGradientForwardBackwardOptimizer"]
+__all__ = ["OrtGradientForwardBackwardOptimizer",
+           "OrtGradientForwardBackwardClassifier"]
 
-logger = logging.getLogger("onnxtrain")
-
-
-class _Short:
-    """Placeholder whose repr summarizes a model in ``__repr__``."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
-
-
-class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
-    """Train the initializers of an ONNX prediction graph by mini-batch SGD.
-
-    The gradient graph is built by onnxtrain's own autodiff; the loss and its
-    gradient dE/dY, and the weight update, are small ONNX graphs run by
-    their own sessions; every tensor of the loop stays an OrtValue on
-    ``device`` and only the loss value is copied to the host per batch.
-
+_COMMON_PARAMETERS = """
     Parameters
     ----------
     model_onnx : onnx.ModelProto, bytes or str
-        Prediction graph; its first output is the prediction. Never modified.
+        The graph (never modified). {model}
     weights_to_train : list of str, default=None
-        Initializers to train. None: the float initializers that reach the
-        output through differentiable ops (never integer tensors such as
-        skl2onnx's ``shape_tensor`` nor rank-0 constants such as ``unity``).
+        Initializers to train. None: the float initializers of rank >= 1
+        reaching the output through differentiable ops (never integer
+        tensors such as skl2onnx's ``shape_tensor`` nor rank-0 constants
+        such as ``unity``). An unknown name raises a ValueError listing them.
     loss_output_name : str, default='loss'
-        Kept for compatibility with onnxcustom (graphs whose loss is an
-        output use ``OrtGradientOptimizer``); unused here.
+        Kept for compatibility with onnxcustom; see ``OrtGradientOptimizer``.
     max_iter : int, default=100
         Number of epochs.
-    training_optimizer_name : {'SGDOptimizer'}, default='SGDOptimizer'
+    training_optimizer_name : {{'SGDOptimizer'}}, default='SGDOptimizer'
     batch_size : int, default=10
         Rows per step, clipped to [1, n_samples]; the last batch of an epoch
         may be smaller and its gradient is the mean over its own rows.
     learning_rate : float, str or learning-rate object, default='SGD'
-        A float x means ``LearningRateSGD(eta0=x)`` ('invscaling' schedule);
-        'SGD' means ``LearningRateSGD()``.
-    device : {'cpu', 'cuda', 'cuda:N'}, default='cpu'
+        A float x means ``LearningRateSGD(eta0=x)`` ('invscaling' schedule,
+        t = epochs completed); names: 'SGD', 'SGDNesterov', 'Adam', 'AdamW';
+        or an object from :mod:`onnxtrain.optim`.
+    device : {{'cpu', 'cuda', 'cuda:N'}}, default='cpu'
     warm_start : bool, default=False
         False: every fit starts from weights drawn Glorot-uniform as
         scikit-learn's MLP draws them (``random_state``). True: from the
@@ -75,19 +48,39 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
     validation_every : int or float, default=0.1
         With ``X_val``: validation loss every this many epochs (an int), or
         every ``max(1, int(validation_every * max_iter))`` epochs (a float < 1).
-    learning_loss : str or loss object, default='square_error'
-        'square_error' (alias 'square', 'squared_error') or a loss object.
+    learning_loss : str or loss object, default={loss!r}
+        A name from :func:`onnxtrain.losses.resolve_learning_loss` or an object.
     enable_logging : bool, default=False
-        Log the loss of each epoch at INFO level on logger "onnxtrain".
+        Log each epoch's loss at INFO level on logger "onnxtrain".
     weight_name : str, default=None
         Name of the loss graph's sample-weight input (default 'weight').
     learning_penalty : None, str or penalty object, default=None
+        'elastic' or an :class:`~onnxtrain.penalties.ElasticLearningPenalty`;
+        its gradient is added to the weights' gradient (scaled by the
+        learning rate), biases excluded by default.
     exc : bool, default=True
         On a non-finite loss: raise ConvergenceError (True) or warn with a
         ConvergenceWarning and stop (False). The last finite weights are kept.
     random_state : int, RandomState instance or None, default=None
-        Seeds the initial weights.
+        Seeds the initial weights, the shuffling and the early-stopping split.
+    shuffle : bool, default=False
+        Shuffle the rows at each epoch (False: batches in row order).
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the data{stratified}, stop when
+        the validation score ({score}) has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs, and keep the best weights.
+    validation_fraction : float, default=0.1
+    n_iter_no_change : int, default=10
+    tol : float or None, default=None
+        Improvement threshold of the stopping rules. None: no stopping on the
+        training loss; early stopping and the 'adaptive' schedule then use
+        1e-4 (scikit-learn's default). With a float and no early stopping,
+        training stops (or the 'adaptive' schedule divides the learning rate
+        by 5) when the training loss has not decreased by ``tol`` for
+        ``n_iter_no_change`` epochs (scikit-learn's MLP rule).
+"""
 
+_COMMON_ATTRIBUTES = """
     Attributes
     ----------
     weights_to_train_ : list of str
@@ -95,35 +88,38 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
         One loss per epoch: the mean of the batch losses weighted by their
         rows (or sample weights), comparable to ``MLPRegressor.loss_curve_``.
     validation_losses_ : list of float or None
-        Loss on every row of ``X_val``, in order, every ``validation_every``
-        epochs; None without ``X_val``.
+        Loss on every row of the validation data, in order.
+    validation_scores_ : list of float or None
+        With early stopping: the validation score of each epoch.
+    best_validation_score_, best_loss_ : float
     n_iter_ : int
-        Epochs run by the last fit.
+        Epochs run by the last fit (partial_fit calls add up).
     t_ : int
         Samples seen since the weights were initialized.
     n_features_in_ : int
+    learning_rate_, learning_loss_, learning_penalty_
+        The resolved objects. After fit the parameters ``learning_rate``,
+        ``learning_loss`` and ``learning_penalty`` refer to them too, since
+        onnxcustom's API exposed ``learning_rate.axpy_onnx_`` and
+        ``learning_loss.loss_grad_onnx_`` (objects you pass are copied, never
+        modified).
     train_session_ : OrtGradientForwardBackward
         The engine (rebuilt lazily after unpickling).
-    learning_rate, learning_loss, learning_penalty
-        After fit, the resolved objects (copies: objects you passed are not
-        modified), holding ``axpy_onnx_`` and ``loss_grad_onnx_`` as the
-        original onnxcustom estimator exposed them.
+"""
 
-    Raises
-    ------
-    ValueError, TypeError
-        Invalid parameters or data, raised by ``fit`` before any step.
-    ConvergenceError
-        A non-finite loss while ``exc=True``.
-    """
+
+class _ForwardBackwardParams:
+    """The constructor shared by both estimators (seed 004's parameters,
+    then onnxtrain's additions)."""
 
     def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
                  max_iter=100, training_optimizer_name="SGDOptimizer",
                  batch_size=10, learning_rate="SGD", device="cpu",
                  warm_start=False, verbose=0, validation_every=0.1,
-                 learning_loss="square_error", enable_logging=False,
+                 learning_loss=None, enable_logging=False,
                  weight_name=None, learning_penalty=None, exc=True,
-                 random_state=None):
+                 random_state=None, shuffle=False, early_stopping=False,
+                 validation_fraction=0.1, n_iter_no_change=10, tol=None):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -141,74 +137,76 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
         self.learning_penalty = learning_penalty
         self.exc = exc
         self.random_state = random_state
+        self.shuffle = shuffle
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
 
-    # ------------------------------------------------------------------ repr
-    def __repr__(self, N_CHAR_MAX=700):
-        params = self.get_params(deep=False)
-        model = params["model_onnx"]
-        if hasattr(model, "graph"):
-            params["model_onnx"] = _Short(
-                f"<ModelProto {model.graph.name!r}: {len(model.graph.node)} nodes>")
-        shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
-        return f"{type(self).__name__}({shown})"
 
-    # ------------------------------------------------------------ validation
-    def _check_params(self):
-        def positive_int(name):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
-                    or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams,
+                                          BaseOrtGradientEstimator):
+    __doc__ = ("""Train the initializers of an ONNX regression graph by
+    mini-batch gradient descent on onnxruntime.
 
-        positive_int("max_iter")
-        positive_int("batch_size")
-        if self.training_optimizer_name != "SGDOptimizer":
-            raise ValueError("training_optimizer_name must be 'SGDOptimizer', got "
-                             f"{self.training_optimizer_name!r}.")
-        validation_period(self.validation_every, self.max_iter)
+    The gradient graph is built by onnxtrain's autodiff; the loss and its
+    gradient dE/dY, and the weight update, are small ONNX graphs run by
+    their own sessions; every tensor of the loop stays an OrtValue on
+    ``device`` and only the loss value is copied to the host per batch.
+    """ + _COMMON_PARAMETERS.format(
+        model="Its first output is the prediction; other outputs are ignored.",
+        loss="square_error", stratified="", score="R²") + _COMMON_ATTRIBUTES + """
+    Raises
+    ------
+    ValueError, TypeError
+        Invalid parameters or data, raised by ``fit`` before any step.
+    ConvergenceError
+        A non-finite loss while ``exc=True``.
+    """)
 
-    def _resolve(self, model, weighted):
-        """Resolve weights, loss, learning rate, penalty; build small graphs
-        (the loss graph takes sample weights when ``weighted``)."""
-        self.weights_to_train_ = select_weights(model, self.weights_to_train)
-        learning_rate = resolve_learning_rate(self.learning_rate)
-        learning_loss = resolve_learning_loss(self.learning_loss)
-        learning_penalty = resolve_learning_penalty(self.learning_penalty)
-        types = infer_value_types(model)
-        out_type, out_shape = types[model.graph.output[0].name]
-        self._elem_type = out_type
-        self._output_rank = 2 if out_shape is None else len(out_shape)
-        opset = 17
-        shapes = [(w, types[w][1]) for w in self.weights_to_train_]
-        learning_rate.build_onnx(shapes, out_type, opset)
-        learning_loss.build_onnx(
-            out_type, opset, weight_name=self._weight_input() if weighted else None,
-            rank=self._output_rank)
-        self._weighted = weighted
-        return learning_rate, learning_loss, learning_penalty
+    _default_loss = "square_error"
 
-    def _weight_input(self):
-        return self.weight_name or "weight"
+    def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
+                 max_iter=100, training_optimizer_name="SGDOptimizer",
+                 batch_size=10, learning_rate="SGD", device="cpu",
+                 warm_start=False, verbose=0, validation_every=0.1,
+                 learning_loss="square_error", enable_logging=False,
+                 weight_name=None, learning_penalty=None, exc=True,
+                 random_state=None, shuffle=False, early_stopping=False,
+                 validation_fraction=0.1, n_iter_no_change=10, tol=None):
+        super().__init__(
+            model_onnx, weights_to_train, loss_output_name, max_iter,
+            training_optimizer_name, batch_size, learning_rate, device,
+            warm_start, verbose, validation_every, learning_loss,
+            enable_logging, weight_name, learning_penalty, exc, random_state,
+            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol)
 
-    # -------------------------------------------------------------- sessions
-    def _compile(self, model, learning_rate, learning_loss):
-        engine = OrtGradientForwardBackward(model, self.weights_to_train_,
-                                            device=self.device)
-        self._engine = engine
-        self._loss_runner = SessionRunner(learning_loss.loss_grad_onnx_, engine.device)
-        self._update_runner = SessionRunner(learning_rate.axpy_onnx_, engine.device)
-        return engine
+    # ------------------------------------------------------------ graph
+    def _make_training_model(self, model):
+        model = rewrite_ml_linear_ops(model)
+        return model, prediction_graph(model)
 
-    def _initial_weights(self, model, engine, first_fit):
-        if self.warm_start and not first_fit:
-            return  # continue from the previous fit's weights
-        if self.warm_start:
-            return  # the graph's own initializers, already in the engine
-        drawn = glorot_uniform_weights(model, self.weights_to_train_,
-                                       self.random_state)
-        engine.set_weights(drawn)
+    # ---------------------------------------------------------- targets
+    def _encode_targets(self, y, n_samples, classes, first, name="y"):
+        y = check_targets(y, n_samples, name, prediction_dtype(self._training_model()))
+        if first:
+            self._y_ndim = y.ndim
+        rank = getattr(self, "_output_rank", None)
+        if rank is None:
+            from ..graph import infer_value_types
+            model = self._training_model()
+            shape = infer_value_types(model)[model.graph.output[0].name][1]
+            rank = 2 if shape is None else len(shape)
+        if rank == 2 and y.ndim == 1:
+            return y.reshape(-1, 1)
+        if rank == 1 and y.ndim == 2 and y.shape[1] == 1:
+            return y.reshape(-1)
+        return y
 
-    # ------------------------------------------------------------------- fit
+    def _validation_score(self, X_val, y_val):
+        return r2_score(y_val, self._trainer.predict(X_val))
+
+    # ------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
         """Train the weights.
 
@@ -219,6 +217,7 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             Numeric (integers accepted); cast to the prediction's type.
         sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative; rows are weighted in the loss and its gradient.
         X_val, y_val : array-like, default=None
             Validation data for ``validation_losses_``.
 
@@ -235,168 +234,13 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
         ConvergenceError
             A non-finite loss with ``exc=True``.
         """
-        self._check_params()
-        model = load_model(self.model_onnx)
-        X, y, sample_weight, X_val, y_val = self._validate_fit_data(
-            model, X, y, sample_weight, X_val, y_val)
-        learning_rate, learning_loss, learning_penalty = self._resolve(
-            model, sample_weight is not None)
-        first_fit = not hasattr(self, "train_losses_")
-        if first_fit or not self.warm_start:
-            engine = self._compile(model, learning_rate, learning_loss)
-            self.t_ = 0
-        else:
-            engine = self._ensure_engine()
-            self._loss_runner = SessionRunner(learning_loss.loss_grad_onnx_,
-                                              engine.device)
-            self._update_runner = SessionRunner(learning_rate.axpy_onnx_,
-                                                engine.device)
-        self._initial_weights(model, engine, first_fit)
-        self.learning_rate, self.learning_loss = learning_rate, learning_loss
-        self.learning_penalty = learning_penalty
-        self._train(X, y, sample_weight, X_val, y_val)
-        return self
+        return self._fit(X, y, sample_weight, X_val, y_val)
 
-    def _validate_fit_data(self, model, X, y, sample_weight, X_val, y_val):
-        X = check_features(model, X, "X")
-        y = check_targets(y, X.shape[0], "y", self._prediction_dtype(model))
-        if sample_weight is not None:
-            sample_weight = check_targets(sample_weight, X.shape[0],
-                                          "sample_weight", y.dtype, ndim=1)
-            if (sample_weight < 0).any():
-                raise ValueError("sample_weight has negative values.")
-            if not sample_weight.sum() > 0:
-                raise ValueError("sample_weight sums to zero: nothing to train on.")
-        if (X_val is None) != (y_val is None):
-            raise ValueError("X_val and y_val must be given together.")
-        if X_val is not None:
-            X_val = check_features(model, X_val, "X_val")
-            y_val = check_targets(y_val, X_val.shape[0], "y_val", y.dtype)
-        self.n_features_in_ = X.shape[1]
-        self._y_ndim = y.ndim
-        return X, y, sample_weight, X_val, y_val
-
-    @staticmethod
-    def _prediction_dtype(model):
-        types = infer_value_types(model)
-        return elem_type_to_numpy(types[model.graph.output[0].name][0])
-
-    def _as_prediction_shape(self, y):
-        """Targets shaped like the prediction: (n,) -> (n, 1) for a 2-D output."""
-        if self._output_rank == 2 and y.ndim == 1:
-            return y.reshape(-1, 1)
-        if self._output_rank == 1 and y.ndim == 2 and y.shape[1] == 1:
-            return y.reshape(-1)
-        return y
-
-    # ------------------------------------------------------------ the loop
-    def _train(self, X, y, sample_weight, X_val, y_val):
-        y = self._as_prediction_shape(y)
-        y_val = None if y_val is None else self._as_prediction_shape(y_val)
-        n_samples = X.shape[0]
-        batch_size = int(np.clip(self.batch_size, 1, n_samples))
-        period = validation_period(self.validation_every, self.max_iter)
-        self.train_losses_, self.n_iter_ = [], 0
-        self.learning_rate.init_learning_rate()
-        self.validation_losses_ = [] if X_val is not None else None
-        bar = tqdm(range(self.max_iter), disable=not self.verbose,
-                   desc=type(self).__name__)
-        for epoch in bar:
-            loss = self._run_epoch(X, y, sample_weight, batch_size)
-            if loss is None:
-                break
-            self.train_losses_.append(loss)
-            self.n_iter_ += 1
-            self.t_ += n_samples
-            self.learning_rate.update_learning_rate(self.n_iter_)
-            if X_val is not None and (epoch + 1) % period == 0:
-                self.validation_losses_.append(self._dataset_loss(X_val, y_val))
-            self._report(bar, epoch, loss)
-
-    def _report(self, bar, epoch, loss):
-        if self.verbose > 1:
-            bar.set_postfix(loss=f"{loss:.6g}", lr=f"{self.learning_rate.value:.3g}")
-        if self.enable_logging:
-            logger.info("epoch %d loss=%r lr=%r", epoch + 1, loss,
-                        self.learning_rate.value)
-
-    def _run_epoch(self, X, y, sample_weight, batch_size):
-        """One pass over the data in order; returns the epoch loss, or None
-        when a non-finite loss stopped training (``exc=False``)."""
-        alpha = to_ortvalue(np.array(-self.learning_rate.value, dtype=y.dtype),
-                            self._engine.device)
-        total, weight_total = 0.0, 0.0
-        for batch in gen_batches(X.shape[0], batch_size):
-            wb = None if sample_weight is None else sample_weight[batch]
-            if wb is not None and not wb.any():
-                continue  # no weight: no loss, no gradient (the mean is 0 / 0)
-            loss = self._train_step(X[batch], y[batch], wb, alpha)
-            if not np.isfinite(loss):
-                self._non_finite(loss)
-                return None
-            rows = float(batch.stop - batch.start) if wb is None else float(wb.sum())
-            total += loss * rows
-            weight_total += rows
-        return total / weight_total
-
-    def _train_step(self, X_batch, y_batch, w_batch, alpha):
-        """Forward, loss and dE/dY, backward, update; returns the batch loss."""
-        engine = self._engine
-        prediction = engine.forward([X_batch], training=True)[0]
-        feeds = {"X1": y_batch, "X2": prediction}
-        if w_batch is not None:
-            feeds[self._weight_input()] = w_batch
-        loss, grad = self._loss_runner(feeds)
-        loss = float(loss.numpy())
-        if not np.isfinite(loss):
-            return loss
-        grads = engine.backward([grad])
-        feeds = {"alpha": alpha}
-        feeds.update(zip(engine.weights_to_train, engine.weights))
-        feeds.update((f"{w}_grad", g) for w, g in zip(engine.weights_to_train, grads))
-        self._previous_weights = engine.weights
-        engine.weights = self._update_runner(feeds)
-        return loss
-
-    def _non_finite(self, loss):
-        """Keep the last finite weights, then raise or warn."""
-        engine = self._engine
-        if not all(np.isfinite(w).all() for w in engine.get_weights()):
-            engine.weights = self._previous_weights
-        message = (f"The loss became {loss} at epoch {self.n_iter_ + 1}; the "
-                   "last finite weights are kept. Lower the learning rate.")
-        if self.exc:
-            raise ConvergenceError(message)
-        warnings.warn(message, ConvergenceWarning)
-
-    def _dataset_loss(self, X, y):
-        """Loss on every row of (X, y), in one pass, in order."""
-        prediction = self._engine.forward([X], training=False)[0]
-        feeds = {"X1": y, "X2": prediction}
-        if self._weighted:
-            feeds[self._weight_input()] = np.ones(y.shape[0], dtype=y.dtype)
-        loss, _ = self._loss_runner(feeds)
-        return float(loss.numpy())
-
-    # ------------------------------------------------------------ inference
-    def _ensure_engine(self):
-        check_is_fitted(self, "train_losses_")
-        if getattr(self, "_engine", None) is None:
-            model = load_model(self.model_onnx)
-            engine = OrtGradientForwardBackward(model, self.weights_to_train_,
-                                                device=self.device)
-            engine.set_weights(self._pickled_weights)
-            self._engine = engine
-            self._loss_runner = SessionRunner(
-                self.learning_loss.loss_grad_onnx_, engine.device)
-            self._update_runner = SessionRunner(
-                self.learning_rate.axpy_onnx_, engine.device)
-        return self._engine
-
-    @property
-    def train_session_(self):
-        """The :class:`OrtGradientForwardBackward` engine of the fitted model."""
-        return self._ensure_engine()
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch over (X, y), continuing from the current weights (the
+        first call initializes them as ``fit`` does). Same arguments and
+        errors as :meth:`fit`."""
+        return self._fit(X, y, sample_weight, incremental=True)
 
     def predict(self, X):
         """Predictions of the trained graph.
@@ -408,11 +252,9 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
         Returns
         -------
         ndarray of shape (n_samples,) or (n_samples, n_outputs)
-            The shape of ``y`` seen in fit, in the prediction's dtype.
+            Shaped like the ``y`` seen in fit, in the prediction's dtype.
         """
-        engine = self._ensure_engine()
-        X = check_features(load_model(self.model_onnx), X, "X")
-        prediction = engine.forward([X], training=False)[0].numpy()
+        prediction = self._raw_predict(X)
         if self._y_ndim == 1 and prediction.ndim == 2 and prediction.shape[1] == 1:
             return prediction.reshape(-1)
         if self._y_ndim == 2 and prediction.ndim == 1:
@@ -423,50 +265,137 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseEstimator):
         """Loss of every row of (X, y), in order: ndarray of shape (n_samples,)."""
         prediction = self.predict(X)
         y = check_targets(y, prediction.shape[0], "y", prediction.dtype)
-        return self.learning_loss.loss_per_row(y, prediction)
+        return self.learning_loss_.loss_per_row(y, prediction)
 
-    # ----------------------------------------------------------------- state
-    def get_state(self):
-        """The trained weights: list of ndarray in ``weights_to_train_`` order."""
-        return self._ensure_engine().get_weights()
 
-    def set_state(self, state):
-        """Replace the trained weights (list, or dict name -> array).
+class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardParams,
+                                           BaseOrtGradientEstimator):
+    __doc__ = ("""Train the initializers of an ONNX classification graph.
+
+    The graph (from skl2onnx: MLPClassifier, LogisticRegression... with or
+    without ZipMap) is trained on its float probability tensor, never on the
+    label or ZipMap output; ai.onnx.ml LinearClassifier nodes are first
+    rewritten into MatMul/Add (+ Sigmoid/Softmax) with trainable
+    initializers (:func:`onnxtrain.rewrite.rewrite_ml_linear_ops`). The
+    classes are the sorted unique labels of ``y`` (or ``classes`` of the
+    first ``partial_fit``); their number must equal the probability width.
+    """ + _COMMON_PARAMETERS.format(
+        model="It outputs class probabilities of shape (N, n_classes).",
+        loss="cross_entropy", stratified=" (stratified)",
+        score="accuracy") + _COMMON_ATTRIBUTES + """
+    classes_ : ndarray of shape (n_classes,)
+        Labels, in the order of the probability columns.
+    """)
+
+    _default_loss = "cross_entropy"
+
+    def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
+                 max_iter=100, training_optimizer_name="SGDOptimizer",
+                 batch_size=10, learning_rate="SGD", device="cpu",
+                 warm_start=False, verbose=0, validation_every=0.1,
+                 learning_loss="cross_entropy", enable_logging=False,
+                 weight_name=None, learning_penalty=None, exc=True,
+                 random_state=None, shuffle=False, early_stopping=False,
+                 validation_fraction=0.1, n_iter_no_change=10, tol=None):
+        super().__init__(
+            model_onnx, weights_to_train, loss_output_name, max_iter,
+            training_optimizer_name, batch_size, learning_rate, device,
+            warm_start, verbose, validation_every, learning_loss,
+            enable_logging, weight_name, learning_penalty, exc, random_state,
+            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol)
+
+    def _make_training_model(self, model):
+        model = rewrite_ml_linear_ops(model)
+        return model, probability_graph(model)[0]
+
+    def _n_columns(self):
+        from ..graph import infer_value_types
+        model = self._training_model()
+        shape = infer_value_types(model)[model.graph.output[0].name][1]
+        return None if not shape or not isinstance(shape[-1], int) else shape[-1]
+
+    def _encode_targets(self, y, n_samples, classes, first, name="y"):
+        y = np.asarray(y)
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y.ravel()
+        if y.ndim != 1 or y.shape[0] != n_samples:
+            raise ValueError(f"{name} must have shape ({n_samples},), got {y.shape}.")
+        if y.dtype.kind == "f" and not np.isfinite(y).all():
+            raise ValueError(f"{name} contains NaN or infinity.")
+        if first:
+            self.classes_ = np.asarray(unique_labels(y) if classes is None
+                                       else unique_labels(classes))
+            width = self._n_columns()
+            if width is not None and width != len(self.classes_) and not (
+                    width == 1 and len(self.classes_) == 2):
+                raise ValueError(
+                    f"The graph outputs {width} probability columns but "
+                    f"{len(self.classes_)} classes were given: "
+                    f"{self.classes_.tolist()}.")
+        unseen = np.setdiff1d(y, self.classes_)
+        if unseen.size:
+            raise ValueError(f"{name} has labels unseen at fit time: "
+                             f"{unseen.tolist()}; known classes: {self.classes_.tolist()}.")
+        index = np.searchsorted(self.classes_, y)
+        dtype = prediction_dtype(self._training_model())
+        if self._n_columns() == 1:
+            return index.astype(dtype).reshape(-1, 1)
+        return np.eye(len(self.classes_), dtype=dtype)[index]
+
+    def _stratify(self, y):
+        return y.argmax(axis=1) if y.ndim == 2 and y.shape[1] > 1 else y.ravel()
+
+    def _validation_score(self, X_val, y_val):
+        proba = self._trainer.predict(X_val)
+        return accuracy_score(self._stratify(y_val), self._labels_index(proba))
+
+    @staticmethod
+    def _labels_index(proba):
+        if proba.ndim == 2 and proba.shape[1] > 1:
+            return proba.argmax(axis=1)
+        return (proba.ravel() > 0.5).astype(np.int64)
+
+    # ------------------------------------------------------------- API
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+        """Train the weights. Same arguments as the regressor's ``fit``; y
+        holds class labels (ints or strings) of shape (n_samples,)."""
+        return self._fit(X, y, sample_weight, X_val, y_val)
+
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch. ``classes`` (every label) is required on the first call
+        when ``y`` may not contain them all, as in scikit-learn."""
+        return self._fit(X, y, sample_weight, classes=classes, incremental=True)
+
+    def predict_proba(self, X):
+        """Probabilities: ndarray of shape (n_samples, n_classes)."""
+        proba = self._raw_predict(X)
+        if proba.ndim == 1 or proba.shape[1] == 1:
+            proba = proba.reshape(-1, 1)
+            return np.hstack([1 - proba, proba])
+        return proba
+
+    def predict(self, X):
+        """Labels (of the type seen in fit): ndarray of shape (n_samples,)."""
+        return self.classes_[self.predict_proba(X).argmax(axis=1)]
+
+    def score(self, X, y, sample_weight=None):
+        """Accuracy.
 
         Raises
         ------
         ValueError
-            Wrong number of tensors, unknown names or shapes.
+            Labels in ``y`` unseen at fit time.
         """
-        self._ensure_engine().set_weights(state)
-        return self
+        y = np.asarray(y).ravel()
+        unseen = np.setdiff1d(y, self.classes_)
+        if unseen.size:
+            raise ValueError(f"y has labels unseen at fit time: {unseen.tolist()}; "
+                             f"known classes: {self.classes_.tolist()}.")
+        return accuracy_score(y, self.predict(X), sample_weight=sample_weight)
 
-    def get_trained_onnx(self, model=None):
-        """The prediction graph with the trained weights as initializers.
+    def losses(self, X, y):
+        """Loss of every row: ndarray of shape (n_samples,)."""
+        proba = self._raw_predict(X)
+        target = self._encode_targets(y, proba.shape[0], None, False)
+        return self.learning_loss_.loss_per_row(target, proba)
 
-        Parameters
-        ----------
-        model : onnx.ModelProto, default=None
-            Graph to fill (default: ``model_onnx``); not modified.
-
-        Returns
-        -------
-        onnx.ModelProto
-        """
-        engine = self._ensure_engine()
-        base = load_model(self.model_onnx if model is None else model)
-        return replace_initializers(
-            base, dict(zip(engine.weights_to_train, engine.get_weights())))
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        engine = state.pop("_engine", None)
-        for key in ("_loss_runner", "_update_runner", "_previous_weights"):
-            state.pop(key, None)
-        if engine is not None:
-            state["_pickled_weights"] = engine.get_weights()
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._engine = None

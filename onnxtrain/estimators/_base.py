@@ -1,0 +1,394 @@
+"""What the forward/backward estimators share: parameters, the training loop
+(epochs, batches, validation, stopping), state and pickling."""
+from __future__ import annotations
+
+import logging
+import numbers
+import warnings
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.model_selection import train_test_split
+from sklearn.utils import check_random_state, gen_batches
+from sklearn.utils.validation import check_is_fitted
+from tqdm.auto import tqdm
+
+from ..exceptions import ConvergenceError, ConvergenceWarning
+from ..graph import elem_type_to_numpy, infer_value_types
+from ..initializers import bias_weights, glorot_uniform_weights
+from ..losses import resolve_learning_loss
+from ..models import load_model, replace_initializers, select_weights
+from ..optim import resolve_learning_rate
+from ..penalties import resolve_learning_penalty
+from ._trainer import Trainer
+from ._validation import check_features, check_targets, validation_period
+
+__all__ = ["BaseOrtGradientEstimator"]
+
+logger = logging.getLogger("onnxtrain")
+_OPSET = 17
+
+
+class _Short:
+    """Placeholder whose repr summarizes a model in ``__repr__``."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+class BaseOrtGradientEstimator(BaseEstimator):
+    """Base of the estimators training a graph with the forward/backward
+    engine. Subclasses define the training graph, the target encoding and
+    the validation score."""
+
+    _default_loss = "square_error"
+
+    # ---------------------------------------------------------------- repr
+    def __repr__(self, N_CHAR_MAX=700):
+        params = self.get_params(deep=False)
+        model = params["model_onnx"]
+        if hasattr(model, "graph"):
+            params["model_onnx"] = _Short(
+                f"<ModelProto {model.graph.name!r}: {len(model.graph.node)} nodes>")
+        shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        return f"{type(self).__name__}({shown})"
+
+    # --------------------------------------------------------- parameters
+    def _check_params(self):
+        for name in ("max_iter", "batch_size", "n_iter_no_change"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
+                    or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+        if self.training_optimizer_name != "SGDOptimizer":
+            raise ValueError("training_optimizer_name must be 'SGDOptimizer', got "
+                             f"{self.training_optimizer_name!r}.")
+        validation_period(self.validation_every, self.max_iter)
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError("validation_fraction must be in (0, 1), got "
+                             f"{self.validation_fraction!r}.")
+        if self.tol is not None and not (isinstance(self.tol, numbers.Real)
+                                         and self.tol >= 0):
+            raise ValueError(f"tol must be None or a float >= 0, got {self.tol!r}.")
+
+    def _stopping_tol(self):
+        """tol=None: no stopping, except early stopping and the 'adaptive'
+        schedule, which use scikit-learn's default 1e-4."""
+        if self.tol is not None:
+            return float(self.tol)
+        adaptive = getattr(self.learning_rate_, "learning_rate", None) == "adaptive"
+        return 1e-4 if (self.early_stopping or adaptive) else None
+
+    def _weight_input(self):
+        return self.weight_name or "weight"
+
+    # ------------------------------------------------------ training graph
+    def _training_model(self):
+        """The graph trained (cached while ``model_onnx`` stays the same)."""
+        cached = getattr(self, "_model_cache", None)
+        if cached is None or cached[0] is not self.model_onnx:
+            full, training = self._make_training_model(load_model(self.model_onnx))
+            cached = self._model_cache = (self.model_onnx, training, full)
+        return cached[1]
+
+    def _make_training_model(self, model):
+        """(model after rewrites, graph trained): subclasses choose."""
+        raise NotImplementedError
+
+    def _resolve(self, model):
+        """Weights, learning rate, loss, penalty and the small graphs."""
+        types = infer_value_types(model)
+        self.weights_to_train_ = select_weights(model, self.weights_to_train)
+        learning_rate = resolve_learning_rate(self.learning_rate)
+        loss = resolve_learning_loss(self.learning_loss or self._default_loss)
+        penalty = resolve_learning_penalty(self.learning_penalty)
+        out_type, out_shape = types[model.graph.output[0].name]
+        self._elem_type = out_type
+        self._output_rank = 2 if out_shape is None else len(out_shape)
+        penalized = set(self.weights_to_train_)
+        if getattr(penalty, "exclude_bias", True):
+            penalized -= set(bias_weights(model, self.weights_to_train_))
+        learning_rate.build_onnx([(w, types[w][1]) for w in self.weights_to_train_],
+                                 out_type, _OPSET, penalty, penalized)
+        self._loss_models = self._build_loss_models(loss, out_type)
+        self.learning_rate_, self.learning_loss_ = learning_rate, loss
+        self.learning_penalty_ = penalty
+
+    def _build_loss_models(self, loss, elem_type):
+        """(unweighted, weighted) loss graphs; ``loss.loss_grad_onnx_`` ends
+        as the unweighted one."""
+        weighted = loss.build_onnx(elem_type, _OPSET, weight_name=self._weight_input(),
+                                   rank=self._output_rank)
+        return loss.build_onnx(elem_type, _OPSET, rank=self._output_rank), weighted
+
+    def _new_trainer(self, model):
+        return Trainer(model, self.weights_to_train_, self.device,
+                       self._loss_models, self.learning_rate_.axpy_onnx_,
+                       self.learning_rate_, self._weight_input())
+
+    def _ensure_trainer(self):
+        """The trainer, rebuilt from numpy copies after unpickling."""
+        check_is_fitted(self, "weights_to_train_")
+        if getattr(self, "_trainer", None) is None:
+            trainer = self._new_trainer(self._training_model())
+            trainer.engine.set_weights(self._pickled["weights"])
+            trainer.set_state(self._pickled["state"], self._pickled["steps"])
+            self._trainer = trainer
+        return self._trainer
+
+    # --------------------------------------------------------------- fit
+    def _fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
+             classes=None, incremental=False):
+        """The one code path of fit and partial_fit."""
+        self._check_params()
+        model = self._training_model()
+        first = not hasattr(self, "weights_to_train_") or (
+            not incremental and not self.warm_start)
+        X, y, sample_weight = self._validate_data_for_fit(
+            model, X, y, sample_weight, classes, first)
+        X_val, y_val = self._validate_validation(model, X_val, y_val, y.dtype)
+        if first:
+            self._start(model)
+        else:
+            self._ensure_trainer()
+        if self.early_stopping and not incremental:
+            X, X_val, y, y_val, sample_weight = self._early_stopping_split(
+                X, y, sample_weight)
+        self._publish_objects()
+        self._epochs(X, y, sample_weight, X_val, y_val,
+                     1 if incremental else self.max_iter, incremental)
+        return self
+
+    def _start(self, model):
+        """First fit: resolve everything, draw or read the initial weights."""
+        self._rng = check_random_state(self.random_state)
+        self._resolve(model)
+        self._trainer = self._new_trainer(model)
+        if not self.warm_start:
+            self._trainer.engine.set_weights(glorot_uniform_weights(
+                model, self.weights_to_train_, self._rng))
+        self.t_ = 0
+        self.train_losses_ = []
+        self.n_iter_ = 0
+        self.validation_losses_ = None
+        self.validation_scores_ = [] if self.early_stopping else None
+        self.best_validation_score_ = -np.inf if self.early_stopping else None
+        self.best_loss_ = np.inf
+        self._no_improvement = 0
+        self._best_weights = None
+        self._order = None
+        self.learning_rate_.init_learning_rate()
+
+    def _publish_objects(self):
+        """The seed reads ``est.learning_rate.axpy_onnx_`` and
+        ``est.learning_loss.loss_grad_onnx_``: after fit those parameters
+        hold the resolved objects (copies; the caller's are not modified)."""
+        self.learning_rate = self.learning_rate_
+        self.learning_loss = self.learning_loss_
+        self.learning_penalty = self.learning_penalty_
+
+    def _validate_data_for_fit(self, model, X, y, sample_weight, classes, first):
+        X = check_features(model, X, "X")
+        y = self._encode_targets(y, X.shape[0], classes, first)
+        if sample_weight is not None:
+            sample_weight = check_targets(sample_weight, X.shape[0],
+                                          "sample_weight", y.dtype, ndim=1)
+            if (sample_weight < 0).any():
+                raise ValueError("sample_weight has negative values.")
+            if not sample_weight.sum() > 0:
+                raise ValueError("sample_weight sums to zero: nothing to train on.")
+        self.n_features_in_ = X.shape[1]
+        return X, y, sample_weight
+
+    def _validate_validation(self, model, X_val, y_val, dtype):
+        if (X_val is None) != (y_val is None):
+            raise ValueError("X_val and y_val must be given together.")
+        if X_val is None:
+            return None, None
+        X_val = check_features(model, X_val, "X_val")
+        return X_val, self._encode_targets(y_val, X_val.shape[0], None, False,
+                                           name="y_val")
+
+    def _early_stopping_split(self, X, y, sample_weight):
+        stratify = self._stratify(y)
+        arrays = [X, y] + ([] if sample_weight is None else [sample_weight])
+        parts = train_test_split(*arrays, random_state=self._rng,
+                                 test_size=self.validation_fraction,
+                                 stratify=stratify)
+        X, X_val, y, y_val = parts[:4]
+        return X, X_val, y, y_val, (parts[4] if sample_weight is not None else None)
+
+    def _stratify(self, y):
+        return None
+
+    # ------------------------------------------------------------ the loop
+    def _epochs(self, X, y, sample_weight, X_val, y_val, n_epochs, incremental):
+        n_samples = X.shape[0]
+        batch_size = int(np.clip(self.batch_size, 1, n_samples))
+        period = 1 if self.early_stopping else validation_period(
+            self.validation_every, self.max_iter)
+        if not incremental:
+            self.train_losses_, self.n_iter_ = [], 0
+            self.learning_rate_.update_learning_rate(self._schedule_time())
+        if X_val is not None and self.validation_losses_ is None:
+            self.validation_losses_ = []
+        bar = tqdm(range(n_epochs), disable=not self.verbose,
+                   desc=type(self).__name__)
+        for _ in bar:
+            loss = self._epoch(X, y, sample_weight, batch_size)
+            if loss is None:
+                break
+            self.train_losses_.append(loss)
+            self.n_iter_ += 1
+            self.t_ += n_samples
+            if X_val is not None and self.n_iter_ % period == 0:
+                self.validation_losses_.append(self._trainer.dataset_loss(X_val, y_val))
+            self._report(bar, loss)
+            stop = self._update_no_improvement(loss, X_val, y_val)
+            self.learning_rate_.update_learning_rate(self._schedule_time())
+            if stop:
+                break
+        if self.early_stopping and self._best_weights is not None:
+            self._trainer.engine.set_weights(self._best_weights)
+
+    def _schedule_time(self):
+        """Time step of the learning-rate schedule: epochs completed
+        (onnxcustom's convention)."""
+        return self.n_iter_
+
+    def _epoch(self, X, y, sample_weight, batch_size):
+        """One pass over the data; returns the epoch loss, or None when a
+        non-finite loss stopped training (``exc=False``)."""
+        order = self._shuffled_order(X.shape[0]) if self.shuffle else None
+        total = weight_total = 0.0
+        for batch in gen_batches(X.shape[0], batch_size):
+            index = batch if order is None else order[batch]
+            wb = None if sample_weight is None else sample_weight[index]
+            if wb is not None and not wb.sum() > 0:
+                continue  # a batch of zero weights carries no gradient
+            loss = self._trainer.step(X[index], y[index], wb, y.dtype)
+            if not np.isfinite(loss):
+                self._non_finite(loss)
+                return None
+            rows = float(batch.stop - batch.start) if wb is None else float(wb.sum())
+            total += loss * rows
+            weight_total += rows
+        return total / weight_total
+
+    def _shuffled_order(self, n_samples):
+        """Row order of the next epoch: the previous order shuffled again,
+        as scikit-learn's MLP does (``sample_idx = shuffle(sample_idx)``)."""
+        order = getattr(self, "_order", None)
+        if order is None or order.shape[0] != n_samples:
+            order = np.arange(n_samples)
+        self._order = order[self._rng.permutation(n_samples)]
+        return self._order
+
+    def _update_no_improvement(self, loss, X_val, y_val):
+        """scikit-learn's ``_update_no_improvement_count``; True means stop."""
+        tol = self._stopping_tol()
+        if self.early_stopping:
+            score = self._validation_score(X_val, y_val)
+            self.validation_scores_.append(score)
+            improved = score >= self.best_validation_score_ + tol
+            if score > self.best_validation_score_:
+                self.best_validation_score_ = score
+                self._best_weights = self._trainer.engine.get_weights()
+        else:
+            improved = tol is None or loss <= self.best_loss_ - tol
+            self.best_loss_ = min(self.best_loss_, loss)
+        self._no_improvement = 0 if improved else self._no_improvement + 1
+        if self._no_improvement > self.n_iter_no_change:
+            if self.learning_rate_.trigger_stopping():
+                return True
+            self._no_improvement = 0
+        return False
+
+    def _validation_score(self, X_val, y_val):
+        raise NotImplementedError
+
+    def _report(self, bar, loss):
+        if self.verbose > 1:
+            bar.set_postfix(loss=f"{loss:.6g}",
+                            lr=f"{self.learning_rate_.value:.3g}")
+        if self.enable_logging:
+            logger.info("epoch %d loss=%r lr=%r", self.n_iter_, loss,
+                        self.learning_rate_.value)
+
+    def _non_finite(self, loss):
+        message = (f"The loss became {loss} at epoch {self.n_iter_ + 1}; the "
+                   "last finite weights are kept. Lower the learning rate.")
+        if self.exc:
+            raise ConvergenceError(message)
+        warnings.warn(message, ConvergenceWarning)
+
+    # ------------------------------------------------------------ results
+    @property
+    def train_session_(self):
+        """The :class:`~onnxtrain.OrtGradientForwardBackward` engine."""
+        return self._ensure_trainer().engine
+
+    def _raw_predict(self, X):
+        trainer = self._ensure_trainer()
+        X = check_features(self._training_model(), X, "X")
+        return trainer.predict(X)
+
+    def get_state(self):
+        """The trained weights: list of ndarray in ``weights_to_train_`` order."""
+        return self._ensure_trainer().engine.get_weights()
+
+    def set_state(self, state):
+        """Replace the trained weights (list, or dict name -> array).
+
+        Raises
+        ------
+        ValueError
+            Wrong number of tensors, unknown names or shapes.
+        """
+        self._ensure_trainer().engine.set_weights(state)
+        return self
+
+    def get_trained_onnx(self, model=None):
+        """The graph with the trained weights as initializers.
+
+        Parameters
+        ----------
+        model : onnx.ModelProto, default=None
+            Graph to fill (default: ``model_onnx``, after the rewrites the
+            estimator applies); not modified.
+
+        Returns
+        -------
+        onnx.ModelProto
+        """
+        engine = self._ensure_trainer().engine
+        base = self._full_model() if model is None else load_model(model)
+        return replace_initializers(
+            base, dict(zip(engine.weights_to_train, engine.get_weights())))
+
+    def _full_model(self):
+        self._training_model()
+        return self._model_cache[2]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_model_cache", None)
+        trainer = state.pop("_trainer", None)
+        if trainer is not None:
+            state["_pickled"] = {"weights": trainer.engine.get_weights(),
+                                 "state": trainer.get_state(),
+                                 "steps": trainer.step_count}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._trainer = None
+
+
+def prediction_dtype(model):
+    """numpy dtype of the model's first output."""
+    types = infer_value_types(model)
+    return elem_type_to_numpy(types[model.graph.output[0].name][0])

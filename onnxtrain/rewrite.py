@@ -1,0 +1,640 @@
+"""Rewrite prediction graphs into forms onnxtrain can train.
+
+Pure graph utilities (no onnxruntime): every function takes a ModelProto
+and returns a new one, the caller's model is never modified.
+
+- :func:`rewrite_ml_linear_ops` replaces the ``ai.onnx.ml`` operators
+  ``LinearRegressor`` and ``LinearClassifier`` (whose coefficients live in
+  attributes, out of autodiff's reach) by standard ``MatMul``/``Add``
+  (+ ``Sigmoid``/``Softmax``) nodes with trainable float initializers.
+- :func:`probability_graph` keeps only the float probability tensor of a
+  classifier (dropping ``ZipMap`` and the label path).
+- :func:`prediction_graph` keeps only one output of a graph.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
+
+__all__ = ["rewrite_ml_linear_ops", "probability_graph", "prediction_graph"]
+
+ML_DOMAIN = "ai.onnx.ml"
+
+#: post_transform values the rewritten LinearClassifier reproduces.
+_CLASSIFIER_TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO")
+
+#: Lowest default-domain opset added to a model that has none.
+_MIN_ADDED_OPSET = 13
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+def _as_model(model):
+    """A ModelProto from a ModelProto, bytes or a path (never modified)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_model_from_string(bytes(model))
+    if isinstance(model, (str, os.PathLike)):
+        return onnx.load(os.fspath(model))
+    raise TypeError(f"model must be an onnx.ModelProto, bytes or a path, "
+                    f"not {type(model).__name__}.")
+
+
+def _copy(model):
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    return new
+
+
+def _replace(field, items):
+    """Set a repeated message field to copies of ``items`` (which may be
+    elements of that field)."""
+    copies = []
+    for item in items:
+        copy = type(item)()
+        copy.CopyFrom(item)
+        copies.append(copy)
+    del field[:]
+    field.extend(copies)
+
+
+def _attributes(node):
+    """``name -> python value`` of a node's attributes (strings decoded)."""
+    values = {}
+    for att in node.attribute:
+        value = helper.get_attribute_value(att)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8")
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode("utf-8") for v in value]
+        values[att.name] = value
+    return values
+
+
+def _node_label(node):
+    return f"{node.op_type} node {node.name!r}" if node.name else \
+        f"{node.op_type} node (outputs {list(node.output)})"
+
+
+def _subgraphs(node):
+    """Graphs held in a node's attributes (If, Loop, Scan bodies)."""
+    for att in node.attribute:
+        if att.type == onnx.AttributeProto.GRAPH:
+            yield att.g
+        elif att.type == onnx.AttributeProto.GRAPHS:
+            yield from att.graphs
+
+
+def _graph_names(graph, names=None):
+    """Every name used in ``graph`` (values, initializers, nodes), recursively."""
+    names = set() if names is None else names
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        names.add(vi.name)
+    for init in graph.initializer:
+        names.add(init.name)
+    for sparse in graph.sparse_initializer:
+        names.add(sparse.values.name)
+    for node in graph.node:
+        names.update(n for n in node.input if n)
+        names.update(n for n in node.output if n)
+        if node.name:
+            names.add(node.name)
+        for sub in _subgraphs(node):
+            _graph_names(sub, names)
+    return names
+
+
+def _subgraph_inputs(graph, names=None):
+    """Names read by the nodes of ``graph`` and its subgraphs (over-approximates
+    the values a subgraph captures from the outer scope)."""
+    names = set() if names is None else names
+    for node in graph.node:
+        names.update(n for n in node.input if n)
+        for sub in _subgraphs(node):
+            _subgraph_inputs(sub, names)
+    return names
+
+
+def _used_domains(model):
+    domains = set()
+
+    def visit(graph):
+        for node in graph.node:
+            domains.add(node.domain)
+            for sub in _subgraphs(node):
+                visit(sub)
+
+    visit(model.graph)
+    for function in model.functions:
+        domains.add(function.domain)
+        for node in function.node:
+            domains.add(node.domain)
+    return {"" if d == "ai.onnx" else d for d in domains}
+
+
+def _tidy_opsets(model):
+    """Drop the opset imports of non-default domains no node uses, and exact
+    duplicates. The default domain is always kept."""
+    used = _used_domains(model)
+    kept, seen = [], set()
+    for op in model.opset_import:
+        domain = "" if op.domain == "ai.onnx" else op.domain
+        if domain != "" and domain not in used:
+            continue
+        key = (op.domain, op.version)
+        if key in seen:
+            continue
+        seen.add(key)
+        kept.append(op)
+    _replace(model.opset_import, kept)
+
+
+def _companion_opset(ml_version):
+    """The default-domain opset onnx released together with ``ai.onnx.ml``
+    version ``ml_version`` (at least :data:`_MIN_ADDED_OPSET`)."""
+    default = None
+    for row in helper.VERSION_TABLE:
+        if row[3] == ml_version:
+            default = row[2]
+            break
+    if default is None:
+        default = onnx.defs.onnx_opset_version()
+    return max(int(default), _MIN_ADDED_OPSET)
+
+
+def _ensure_default_opset(model):
+    """The default-domain opset of ``model``, added when missing."""
+    version = opset_of(model, "")
+    if version is not None:
+        return version
+    version = _companion_opset(opset_of(model, ML_DOMAIN) or 1)
+    model.opset_import.append(helper.make_opsetid("", version))
+    try:
+        needed = helper.find_min_ir_version_for(list(model.opset_import),
+                                                ignore_unknown=True)
+    except Exception:  # pragma: no cover - opsets onnx does not know yet
+        needed = model.ir_version
+    model.ir_version = max(model.ir_version, needed)
+    return version
+
+
+def _make_float_initializer(builder, base, array):
+    name = builder.unique_name(base)
+    tensor = numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
+    builder.initializers.append(tensor)
+    builder.set_type(name, TensorProto.FLOAT, array.shape)
+    return name
+
+
+def _make_label_initializer(builder, labels, is_string):
+    name = builder.unique_name("classlabels")
+    if is_string:
+        tensor = helper.make_tensor(name, TensorProto.STRING, [len(labels)],
+                                    [str(v).encode("utf-8") for v in labels])
+    else:
+        tensor = numpy_helper.from_array(np.asarray(labels, dtype=np.int64), name)
+    builder.initializers.append(tensor)
+    return name
+
+
+# --------------------------------------------------------------------------
+# rewrite_ml_linear_ops
+# --------------------------------------------------------------------------
+def _float_input(builder, node, n_features):
+    """The node's input X as a float 2-D tensor (Cast/Reshape when needed)."""
+    x = node.input[0]
+    info = builder.types.get(x)
+    elem, shape = (None, None) if info is None else info
+    if shape is not None and len(shape) >= 2 and isinstance(shape[-1], int) \
+            and shape[-1] != n_features:
+        raise ValueError(
+            f"{_node_label(node)}: its coefficients expect {n_features} features, "
+            f"its input {x!r} has shape {shape}.")
+    if elem != TensorProto.FLOAT:
+        # onnxruntime computes these ops in float whatever the input type
+        x = builder.cast(x, TensorProto.FLOAT)
+    if shape is not None and len(shape) == 1:
+        # a single sample of shape (n_features,): onnxruntime treats it as (1, n)
+        x = builder.op("Reshape", x, builder.int64s([1, n_features]))
+    return x
+
+
+def _linear(builder, x, weights, bias, output=None):
+    """``x @ weights + bias`` with new trainable initializers."""
+    w = _make_float_initializer(builder, "coefficient", weights)
+    b = _make_float_initializer(builder, "intercepts", bias)
+    product = builder.op("MatMul", x, w)
+    return builder.op("Add", product, b,
+                      outputs=None if output is None else [output])
+
+
+def _rewrite_linear_regressor(builder, node):
+    attrs = _attributes(node)
+    post = attrs.get("post_transform", "NONE")
+    if post != "NONE":
+        raise NotImplementedError(
+            f"{_node_label(node)}: post_transform={post!r} is not supported by "
+            f"rewrite_ml_linear_ops (only 'NONE').")
+    targets = int(attrs.get("targets", 1))
+    coefficients = np.asarray(attrs.get("coefficients", []), dtype=np.float32)
+    if targets < 1 or coefficients.size == 0 or coefficients.size % targets:
+        raise ValueError(
+            f"{_node_label(node)}: {coefficients.size} coefficients cannot be "
+            f"split into targets={targets} rows.")
+    n_features = coefficients.size // targets
+    intercepts = np.asarray(attrs.get("intercepts", [0.0] * targets),
+                            dtype=np.float32)
+    if intercepts.size != targets:
+        raise ValueError(f"{_node_label(node)}: {intercepts.size} intercepts for "
+                         f"targets={targets}.")
+    # onnx layout: the coefficients of each target are contiguous
+    weights = coefficients.reshape(targets, n_features).T
+    x = _float_input(builder, node, n_features)
+    _linear(builder, x, np.ascontiguousarray(weights), intercepts.reshape(1, targets),
+            output=node.output[0])
+    return None
+
+
+def _softmax_zero(builder, scores, output):
+    """onnxruntime's SOFTMAX_ZERO: a softmax over the non-zero scores of each
+    row, zero scores (|s| <= 1e-7) stay (almost) zero."""
+    zero = builder.const(0.0, TensorProto.FLOAT)
+    eps = builder.const(1e-7, TensorProto.FLOAT)
+    row_max = builder.reduce("ReduceMax", scores, [1], keepdims=1)
+    exps = builder.op("Exp", builder.op("Sub", scores, row_max))
+    nonzero = builder.op("Greater", builder.op("Abs", scores), eps)
+    kept = builder.op("Where", nonzero, exps, zero)
+    small = builder.op("Mul", scores, builder.op("Exp", builder.op("Neg", row_max)))
+    numerator = builder.op("Where", nonzero, exps, small)
+    total = builder.reduce_sum(kept, [1], keepdims=1)
+    return builder.op("Div", numerator, total, outputs=[output])
+
+
+def _rewrite_linear_classifier(builder, node, tie_binary):
+    attrs = _attributes(node)
+    post = attrs.get("post_transform", "NONE")
+    if post not in _CLASSIFIER_TRANSFORMS:
+        raise NotImplementedError(
+            f"{_node_label(node)}: post_transform={post!r} is not supported by "
+            f"rewrite_ml_linear_ops (supported: {list(_CLASSIFIER_TRANSFORMS)}).")
+    ints = attrs.get("classlabels_ints")
+    strings = attrs.get("classlabels_strings")
+    if (ints is None) == (strings is None):
+        raise ValueError(f"{_node_label(node)}: exactly one of classlabels_ints and "
+                         f"classlabels_strings must be set.")
+    is_string = strings is not None
+    labels = list(strings if is_string else ints)
+    coefficients = np.asarray(attrs.get("coefficients", []), dtype=np.float32)
+    intercepts = attrs.get("intercepts")
+    if intercepts is not None:
+        n_rows = len(intercepts)
+    else:
+        info = builder.types.get(node.input[0])
+        n_feat = None if info is None or not info[1] else info[1][-1]
+        if isinstance(n_feat, int) and n_feat > 0 and coefficients.size % n_feat == 0:
+            n_rows = coefficients.size // n_feat
+        else:
+            n_rows = len(labels)
+        intercepts = [0.0] * n_rows
+    if n_rows < 1 or coefficients.size == 0 or coefficients.size % n_rows:
+        raise ValueError(f"{_node_label(node)}: {coefficients.size} coefficients "
+                         f"cannot be split into {n_rows} rows (one per intercept).")
+    n_features = coefficients.size // n_rows
+    rows = coefficients.reshape(n_rows, n_features)
+    intercepts = np.asarray(intercepts, dtype=np.float32)
+
+    if n_rows == 1:
+        if len(labels) != 2:
+            raise ValueError(f"{_node_label(node)}: one coefficient row needs exactly "
+                             f"2 class labels, got {labels}.")
+        mode = "one_row"
+    elif n_rows != len(labels):
+        raise ValueError(f"{_node_label(node)}: {n_rows} coefficient rows but "
+                         f"{len(labels)} class labels {labels}.")
+    elif (tie_binary and n_rows == 2 and np.array_equal(rows[0], -rows[1])
+          and intercepts[0] == -intercepts[1]):
+        mode = "tied"  # skl2onnx's binary LogisticRegression: rows (-w, w)
+    else:
+        mode = "rows"
+
+    x = _float_input(builder, node, n_features)
+    if mode == "rows":
+        raw = _linear(builder, x, np.ascontiguousarray(rows.T),
+                      intercepts.reshape(1, n_rows))
+    else:
+        # one score z for the positive class; the two columns are (-z, z)
+        z = _linear(builder, x, rows[-1].reshape(n_features, 1),
+                    intercepts[-1:].reshape(1, 1))
+    label_out = node.output[0] if len(node.output) > 0 else ""
+    score_out = node.output[1] if len(node.output) > 1 else ""
+    if mode != "rows" and (mode == "tied" or label_out):
+        # tied: the raw scores are (-z, z); one row: only the label needs them
+        raw = builder.op("Concat", builder.op("Neg", z), z, axis=1)
+
+    if label_out:
+        # onnxruntime takes the first maximum of the raw scores (for one row:
+        # the positive label when z > 0)
+        index = builder.op("ArgMax", raw, axis=1, keepdims=0)
+        classes = _make_label_initializer(builder, labels, is_string)
+        builder.op("Gather", classes, index, axis=0, outputs=[label_out])
+    if score_out:
+        transform = post
+        if mode == "one_row":
+            # onnxruntime writes (1 - s, s) where s = sigmoid(z) when LOGISTIC
+            # and s = z otherwise
+            s = builder.op("Sigmoid", z) if post == "LOGISTIC" else z
+            one = builder.const(1.0, TensorProto.FLOAT)
+            builder.op("Concat", builder.op("Sub", one, s), s, axis=1,
+                       outputs=[score_out])
+        elif transform == "NONE":
+            builder.op("Identity", raw, outputs=[score_out])
+        elif transform == "LOGISTIC":
+            builder.op("Sigmoid", raw, outputs=[score_out])
+        elif transform == "SOFTMAX":
+            builder.op("Softmax", raw, axis=1, outputs=[score_out])
+        else:
+            _softmax_zero(builder, raw, score_out)
+        return score_out
+    return None
+
+
+def _rewrite_l1_normalizer(builder, node):
+    """Normalizer(norm='L1') on 2-D scores: ``x / sum(|x|)`` per row, ``x``
+    itself for a row summing to zero."""
+    x = node.input[0]
+    zero = builder.const(0.0, TensorProto.FLOAT)
+    one = builder.const(1.0, TensorProto.FLOAT)
+    total = builder.reduce_sum(builder.op("Abs", x), [1], keepdims=1)
+    divisor = builder.op("Where", builder.op("Greater", total, zero), total, one)
+    builder.op("Div", x, divisor, outputs=[node.output[0]])
+
+
+def rewrite_ml_linear_ops(model, tie_binary=True):
+    """Replace ``ai.onnx.ml`` linear models by trainable standard ops.
+
+    Every ``LinearRegressor`` and ``LinearClassifier`` node of the main graph
+    becomes ``MatMul(X, W) + B`` (+ ``Sigmoid``/``Softmax``) where ``W``
+    (``n_features x n_outputs``) and ``B`` (``1 x n_outputs``) are new float32
+    initializers (named ``coefficient``, ``intercepts``, suffixed when the
+    name is taken) that :func:`onnxtrain.autodiff.trainable_initializers`
+    returns. The outputs keep their names, element types and shapes and
+    the values onnxruntime computes for the original nodes:
+
+    - LinearRegressor: ``X @ W + B`` of shape (N, targets) (onnx stores
+      the coefficients of each target contiguously: ``W`` is the transposed
+      ``(targets, n_features)`` attribute). ``post_transform`` must be NONE.
+      A missing ``intercepts`` attribute gives a zero ``B``.
+    - LinearClassifier: the raw scores ``X @ W + B``; the label output is
+      ``Gather(classlabels, ArgMax(raw scores))`` (int64 or string
+      initializer); the scores output applies ``post_transform`` (NONE,
+      LOGISTIC = Sigmoid, SOFTMAX = Softmax, SOFTMAX_ZERO). With a single
+      coefficient row ``z = X @ w + b`` (two labels), the label is the
+      second one when ``z > 0`` and the scores are ``(1 - s, s)`` with
+      ``s = Sigmoid(z)`` when LOGISTIC, ``s = z`` otherwise, as onnxruntime
+      computes them. With two rows ``(-w, w)`` and intercepts ``(-b, b)``
+      (what skl2onnx emits for a binary LogisticRegression) and
+      ``tie_binary``, only ``w`` and ``b`` become weights (``W`` of shape
+      (n_features, 1)) and the raw scores are ``(-z, z)``, so the two
+      probabilities keep summing to one during training.
+    - ``Normalizer(norm='L1')`` nodes reading the scores of a rewritten
+      LinearClassifier (skl2onnx's multiclass LogisticRegression) become
+      ``scores / ReduceSum(Abs(scores))``.
+
+    Inputs that are not float are cast to float (these ops compute in float
+    and output float in onnxruntime). The default-domain opset is added when
+    the model has none (the one released with its ``ai.onnx.ml`` opset, at
+    least 13); the ``ai.onnx.ml`` import is removed when no node uses that
+    domain any longer.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or str
+        Not modified.
+    tie_binary : bool, default=True
+        Tie the two rows of an antisymmetric binary LinearClassifier into
+        one weight column (see above). False keeps two independent rows.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A new model; an unchanged copy when the graph holds none of these
+        operators.
+
+    Raises
+    ------
+    NotImplementedError
+        An unsupported ``post_transform`` (named in the message).
+    ValueError
+        Inconsistent attributes (coefficient count, class labels) or a
+        feature count that does not match the input's shape.
+    """
+    source = _as_model(model)
+    new = _copy(source)
+    graph = new.graph
+    targets = {"LinearRegressor", "LinearClassifier"}
+    if not any(n.domain == ML_DOMAIN and n.op_type in targets for n in graph.node):
+        return new
+    opset = _ensure_default_opset(new)
+    builder = GraphBuilder(opset, used_names=_graph_names(graph),
+                           value_types=infer_value_types(source))
+    classifier_scores = set()
+    nodes = []
+    for node in graph.node:
+        start = len(builder.nodes)
+        if node.domain == ML_DOMAIN and node.op_type == "LinearRegressor":
+            _rewrite_linear_regressor(builder, node)
+        elif node.domain == ML_DOMAIN and node.op_type == "LinearClassifier":
+            scores = _rewrite_linear_classifier(builder, node, tie_binary)
+            if scores:
+                classifier_scores.add(scores)
+        elif (node.domain == ML_DOMAIN and node.op_type == "Normalizer"
+              and node.input[0] in classifier_scores
+              and _attributes(node).get("norm", "MAX") == "L1"):
+            _rewrite_l1_normalizer(builder, node)
+        else:
+            nodes.append(node)
+            continue
+        nodes.extend(builder.nodes[start:])
+    _replace(graph.node, nodes)
+    graph.initializer.extend(builder.initializers)
+    _tidy_opsets(new)
+    return new
+
+
+# --------------------------------------------------------------------------
+# prediction_graph / probability_graph
+# --------------------------------------------------------------------------
+def _describe_outputs(graph):
+    return ", ".join(f"{o.name!r}: {helper.printable_type(o.type)}"
+                     for o in graph.output) or "none"
+
+
+def _is_float_tensor(value_info):
+    return (value_info.type.HasField("tensor_type")
+            and value_info.type.tensor_type.elem_type in FLOAT_TYPES)
+
+
+def _keep_output(model, output_name, value_info=None):
+    """A copy of ``model`` whose only output is ``output_name``, without the
+    nodes, initializers, value infos and opset imports it does not need."""
+    new = _copy(model)
+    graph = new.graph
+    if value_info is None:
+        value_info = next(o for o in graph.output if o.name == output_name)
+    needed = {output_name}
+    kept = []
+    for node in reversed(list(graph.node)):
+        if any(o in needed for o in node.output if o):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+            for sub in _subgraphs(node):
+                _subgraph_inputs(sub, needed)
+    kept.reverse()
+    produced = {o for n in kept for o in n.output if o}
+    removed_inits = {i.name for i in graph.initializer if i.name not in needed}
+    inits = [i for i in graph.initializer if i.name in needed]
+    sparse = [s for s in graph.sparse_initializer if s.values.name in needed]
+    inputs = [i for i in graph.input if i.name not in removed_inits]
+    infos = [v for v in graph.value_info
+             if v.name != output_name and (v.name in produced or v.name in needed)]
+    for field, values in ((graph.node, kept), (graph.initializer, inits),
+                          (graph.sparse_initializer, sparse),
+                          (graph.input, inputs), (graph.value_info, infos),
+                          (graph.output, [value_info])):
+        _replace(field, values)
+    _tidy_opsets(new)
+    return new
+
+
+def _clean_shape(shape):
+    """``shape`` with the symbolic names shape inference invents dropped."""
+    if shape is None:
+        return None
+    return tuple(None if isinstance(d, str) and d.startswith("unk__") else d
+                 for d in shape)
+
+
+def _value_info_of(model, name, types=None):
+    """A ValueInfoProto for ``name`` (graph output or intermediate value)."""
+    for out in model.graph.output:
+        if out.name == name:
+            return out
+    types = infer_value_types(model) if types is None else types
+    if name not in types:
+        raise ValueError(f"The type of {name!r} cannot be inferred: it cannot "
+                         f"become a graph output.")
+    elem, shape = types[name]
+    return helper.make_tensor_value_info(name, elem, _clean_shape(shape))
+
+
+def prediction_graph(model, output_name=None):
+    """A copy of ``model`` keeping a single output.
+
+    Nodes not needed to compute that output (the label path of a
+    classifier, a ZipMap...) are removed with the initializers, value infos
+    and opset imports only they used. Graph inputs are kept.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or str
+        Not modified.
+    output_name : str, default=None
+        A graph output or an intermediate value of the main graph (whose
+        type shape inference must then find). None selects the first float
+        tensor output.
+
+    Returns
+    -------
+    onnx.ModelProto
+
+    Raises
+    ------
+    ValueError
+        ``output_name`` is not a value of the graph, or, when None, the
+        graph has no float tensor output.
+    """
+    source = _as_model(model)
+    graph = source.graph
+    if output_name is None:
+        floats = [o.name for o in graph.output if _is_float_tensor(o)]
+        if not floats:
+            raise ValueError(f"The model has no float tensor output "
+                             f"(outputs: {_describe_outputs(graph)}).")
+        output_name = floats[0]
+    produced = {o for n in graph.node for o in n.output if o}
+    known = produced | {o.name for o in graph.output} | {
+        i.name for i in graph.input} | {i.name for i in graph.initializer}
+    if output_name not in known:
+        raise ValueError(f"{output_name!r} is not a value of the graph "
+                         f"(outputs: {_describe_outputs(graph)}).")
+    return _keep_output(source, output_name, _value_info_of(source, output_name))
+
+
+def probability_graph(model):
+    """A copy of a classifier graph whose only output is its probabilities.
+
+    The probability tensor is the first float tensor output of rank 2 (or
+    of unknown rank), else the float tensor a ``ZipMap`` node turns into the
+    graph's list of dictionaries. It keeps its name; every node, initializer
+    and opset import only the other outputs need (labels, ZipMap) is
+    removed.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or str
+        Not modified. Graphs made of ``ai.onnx.ml`` LinearClassifier nodes
+        have nothing to train before :func:`rewrite_ml_linear_ops`.
+
+    Returns
+    -------
+    model : onnx.ModelProto
+        Its only output is a float tensor of shape (N, n_classes).
+    name : str
+        The name of that output.
+
+    Raises
+    ------
+    ValueError
+        The graph has no float probability tensor.
+    """
+    source = _as_model(model)
+    graph = source.graph
+    types = infer_value_types(source)
+    for out in graph.output:
+        if not _is_float_tensor(out):
+            continue
+        shape = types.get(out.name, (None, None))[1]
+        if shape is None or len(shape) == 2:
+            info = out
+            if shape is not None and not out.type.tensor_type.HasField("shape"):
+                info = helper.make_tensor_value_info(
+                    out.name, out.type.tensor_type.elem_type, _clean_shape(shape))
+            return _keep_output(source, out.name, info), out.name
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        if node.domain != ML_DOMAIN or node.op_type != "ZipMap" \
+                or node.output[0] not in outputs:
+            continue
+        name = node.input[0]
+        elem, shape = types.get(name, (None, None))
+        if elem is not None and elem not in FLOAT_TYPES:
+            continue
+        attrs = _attributes(node)
+        labels = attrs.get("classlabels_int64s") or attrs.get("classlabels_strings")
+        n_classes = len(labels) if labels else None
+        if shape is None or len(shape) != 2:
+            shape = (None, n_classes)
+        info = helper.make_tensor_value_info(name, elem or TensorProto.FLOAT,
+                                             _clean_shape(shape))
+        return _keep_output(source, name, info), name
+    raise ValueError(
+        f"The model has no float probability tensor: expected a float tensor "
+        f"output of shape (N, n_classes) or a ZipMap node fed by one "
+        f"(outputs: {_describe_outputs(graph)}).")
