@@ -370,9 +370,14 @@ def _rewrite_l1_normalizer(builder, node):
     itself for a row summing to zero."""
     x = node.input[0]
     zero = builder.const(0.0, TensorProto.FLOAT)
-    one = builder.const(1.0, TensorProto.FLOAT)
     total = builder.reduce_sum(builder.op("Abs", x), [1], keepdims=1)
-    divisor = builder.op("Where", builder.op("Greater", total, zero), total, one)
+    # total + (total == 0): the divisor is 1 on zero rows, written without
+    # Where so that the gradient only needs Add (comparisons and the Cast of
+    # a bool carry none); total >= 0, so Not(total > 0) means total == 0 and
+    # is valid at opset 9, where Equal takes no floats
+    is_zero = builder.cast(builder.op("Not", builder.op("Greater", total, zero)),
+                           TensorProto.FLOAT)
+    divisor = builder.op("Add", total, is_zero)
     builder.op("Div", x, divisor, outputs=[node.output[0]])
 
 
