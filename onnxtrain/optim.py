@@ -48,8 +48,10 @@ class BaseLearningRate(BaseEstimator):
 
     #: Names of the per-weight state tensors (zeros at initialization).
     state_names = ()
-    #: Names of the rank-0 inputs fed at each step (see step_scalars).
-    scalar_names = ("learning_rate",)
+    #: Names of the rank-0 inputs fed at each step (see step_scalars): the
+    #: schedule's learning rate (constant within an epoch) and the 1-based
+    #: step number (a float; rules that need it compute from it in-graph).
+    scalar_names = ("learning_rate", "step")
 
     # ------------------------------------------------------------ schedule
     def init_learning_rate(self):
@@ -87,7 +89,7 @@ class BaseLearningRate(BaseEstimator):
 
     def step_scalars(self, step):
         """Rank-0 values fed to the update graph at ``step`` (1-based)."""
-        return {"learning_rate": self.value}
+        return {"learning_rate": self.value, "step": float(step)}
 
     # --------------------------------------------------------- update graph
     def init_state(self, shape, dtype):
@@ -265,12 +267,12 @@ class LearningRateAdam(BaseLearningRate):
     -----
     At step t (1-based): m <- beta_1 m + (1 - beta_1) G; v <- beta_2 v +
     (1 - beta_2) G**2; W <- W - eta_t m / (sqrt(v) + epsilon) with
-    eta_t = eta * sqrt(1 - beta_2**t) / (1 - beta_1**t), computed on the
-    host and fed as ``learning_rate``.
+    eta_t = eta * sqrt(1 - beta_2**t) / (1 - beta_1**t), computed in the
+    graph from the ``step`` input (so an in-graph loop can advance it).
     """
 
     state_names = ("m", "v")
-    scalar_names = ("learning_rate", "decay")
+    scalar_names = ("learning_rate", "step", "decay")
 
     def __init__(self, eta0=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
                  weight_decay=0.0):
@@ -281,9 +283,7 @@ class LearningRateAdam(BaseLearningRate):
         self.weight_decay = weight_decay
 
     def step_scalars(self, step):
-        corrected = (self.value * np.sqrt(1 - self.beta_2 ** step)
-                     / (1 - self.beta_1 ** step))
-        return {"learning_rate": float(corrected),
+        return {"learning_rate": self.value, "step": float(step),
                 "decay": float(self.value * self.weight_decay)}
 
     def _update(self, g, weight, grad, states, new_weight, new_states):
@@ -297,9 +297,22 @@ class LearningRateAdam(BaseLearningRate):
                  g.op("Mul", g.op("Mul", grad, grad), one_b2),
                  outputs=[new_states[1]])
         denominator = g.op("Add", g.op("Sqrt", v), g.const(self.epsilon, elem_type))
-        step = g.op("Mul", g.op("Div", m, denominator), "learning_rate")
+        step = g.op("Mul", g.op("Div", m, denominator), self._corrected_rate(g, elem_type))
         decayed = g.op("Sub", weight, g.op("Mul", weight, "decay"))
         g.op("Sub", decayed, step, outputs=[new_weight])
+
+
+    def _corrected_rate(self, g, elem_type):
+        """eta * sqrt(1 - beta_2**step) / (1 - beta_1**step), once per graph."""
+        if "corrected_rate" not in g.types:
+            one = g.const(1.0, elem_type)
+            b1, b2 = (g.const(b, elem_type) for b in (self.beta_1, self.beta_2))
+            root = g.op("Sqrt", g.op("Sub", one, g.op("Pow", b2, "step")))
+            ratio = g.op("Div", root, g.op("Sub", one, g.op("Pow", b1, "step")))
+            g.reserve("corrected_rate")
+            g.op("Mul", "learning_rate", ratio, outputs=["corrected_rate"])
+            g.set_type("corrected_rate", elem_type, ())
+        return "corrected_rate"
 
 
 class LearningRateAdamW(LearningRateAdam):

@@ -201,7 +201,8 @@ def test_sgd_update_graph_matches_numpy(dtype):
     model = lr.build_onnx(shapes, ELEM[dtype], 17)
     assert model is lr.axpy_onnx_
     assert [i.name for i in model.graph.input] == [
-        "learning_rate", "loss", "penalty_scale", "coefficient", "coefficient_grad",
+        "learning_rate", "step", "loss", "penalty_scale", "coefficient",
+        "coefficient_grad",
         "intercepts", "intercepts_grad", "scalar", "scalar_grad"]
     assert [o.name for o in model.graph.output] == [
         "coefficient_new", "intercepts_new", "scalar_new", "loss_total"]
@@ -213,6 +214,7 @@ def test_sgd_update_graph_matches_numpy(dtype):
     for step in range(6):
         grads = {n: np.asarray(rng.randn(*s), dtype=dtype) for n, s in shapes}
         feeds = {"learning_rate": np.array(lr.value, dtype=dtype),
+                 "step": np.array(step + 1, dtype=dtype),
                  "loss": np.array(0.5, dtype=dtype),
                  "penalty_scale": np.array(1.0, dtype=dtype)}
         for n in weights:

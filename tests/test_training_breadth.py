@@ -106,7 +106,7 @@ def test_elastic_penalty_gradient_and_value():
     gW, gb = np.full((2, 2), 0.1), np.full(2, 0.2)
     scale = 0.25
     W_new, b_new, total = sess.run(None, {
-        "learning_rate": np.array(0.5), "loss": np.array(1.5),
+        "learning_rate": np.array(0.5), "step": np.array(1.0), "loss": np.array(1.5),
         "penalty_scale": np.array(scale), "W": W, "W_grad": gW, "b": b,
         "b_grad": gb})
     expected_grad = gW + scale * (0.3 * np.sign(W) + 2 * 0.2 * W)

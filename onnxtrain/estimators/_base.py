@@ -114,6 +114,10 @@ class BaseOrtGradientEstimator(BaseEstimator):
         learning_rate.build_onnx([(w, types[w][1]) for w in self.weights_to_train_],
                                  out_type, _OPSET, penalty, penalized)
         self._loss_models = self._build_loss_models(loss, out_type)
+        self._fused_spec = None if self._loss_models is None else {
+            "loss": loss, "penalty": penalty, "penalized": penalized,
+            "shapes": {w: types[w][1] for w in self.weights_to_train_},
+            "elem_type": out_type, "rank": self._output_rank}
         self.learning_rate_, self.learning_loss_ = learning_rate, loss
         self.learning_penalty_ = penalty
 
@@ -127,7 +131,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def _new_trainer(self, model):
         return Trainer(model, self.weights_to_train_, self.device,
                        self._loss_models, self.learning_rate_.axpy_onnx_,
-                       self.learning_rate_, self._weight_input())
+                       self.learning_rate_, self._weight_input(),
+                       self._fused_spec)
 
     def _ensure_trainer(self):
         """The trainer, rebuilt from numpy copies after unpickling."""
@@ -235,48 +240,147 @@ class BaseOrtGradientEstimator(BaseEstimator):
             self.learning_rate_.update_learning_rate(self._schedule_time())
         if X_val is not None and self.validation_losses_ is None:
             self.validation_losses_ = []
-        bar = tqdm(range(n_epochs), disable=not self.verbose,
+        path = self._choose_path(sample_weight, batch_size)
+        self.training_path_ = path
+        chunk = n_epochs if path == "loop" and self._one_run_allowed(
+            X_val, incremental) else 1
+        bar = tqdm(total=n_epochs, disable=not self.verbose,
                    desc=type(self).__name__)
-        for _ in bar:
-            loss = self._epoch(X, y, sample_weight, batch_size)
-            if loss is None:
-                break
-            self.train_losses_.append(loss)
-            self.n_iter_ += 1
-            self.t_ += n_samples
-            if X_val is not None and self.n_iter_ % period == 0:
-                self.validation_losses_.append(self._trainer.dataset_loss(X_val, y_val))
-            self._report(bar, loss)
-            stop = self._update_no_improvement(loss, X_val, y_val)
-            self.learning_rate_.update_learning_rate(self._schedule_time())
+        done = 0
+        while done < n_epochs:
+            losses = self._run_epochs(path, X, y, sample_weight, batch_size,
+                                      min(chunk, n_epochs - done))
+            stop = losses is None or len(losses) < min(chunk, n_epochs - done)
+            for loss in losses or ():
+                stop = self._end_of_epoch(loss, X_val, y_val, period, n_samples,
+                                          bar) or stop
+            done += chunk
             if stop:
                 break
+        bar.close()
         if self.early_stopping and self._best_weights is not None:
             self._trainer.engine.set_weights(self._best_weights)
 
-    def _schedule_time(self):
-        """Time step of the learning-rate schedule: epochs completed
-        (onnxcustom's convention)."""
-        return self.n_iter_
+    def _end_of_epoch(self, loss, X_val, y_val, period, n_samples, bar):
+        """Record an epoch; returns True to stop."""
+        self.train_losses_.append(loss)
+        self.n_iter_ += 1
+        self.t_ += n_samples
+        if X_val is not None and self.n_iter_ % period == 0:
+            self.validation_losses_.append(self._trainer.dataset_loss(X_val, y_val))
+        bar.update(1)
+        self._report(bar, loss)
+        stop = self._update_no_improvement(loss, X_val, y_val)
+        self.learning_rate_.update_learning_rate(self._schedule_time())
+        return stop
 
-    def _epoch(self, X, y, sample_weight, batch_size):
-        """One pass over the data; returns the epoch loss, or None when a
+    def _schedule_time(self, epochs_ahead=0, n_samples=0):
+        """Time step of the learning-rate schedule ``epochs_ahead`` epochs
+        from now: epochs completed (onnxcustom's convention)."""
+        return self.n_iter_ + epochs_ahead
+
+    # ----------------------------------------------------- execution paths
+    _PATHS = ("auto", "split", "fused", "loop")
+
+    def _choose_path(self, sample_weight, batch_size):
+        """'split' (the seed's: four graphs per step), 'fused' (one graph
+        per step) or 'loop' (an ONNX Loop over the batches): the requested
+        one, or with 'auto' the fastest available."""
+        path = getattr(self, "training_path", "auto")
+        if path not in self._PATHS:
+            raise ValueError(f"training_path must be one of {self._PATHS}, got "
+                             f"{path!r}.")
+        if path == "split":
+            return path
+        weighted = sample_weight is not None
+        zero_batch = weighted and any(
+            not sample_weight[b].sum() > 0
+            for b in gen_batches(sample_weight.shape[0], batch_size))
+        reason = self._trainer.fused_graph("step", weighted)
+        if isinstance(reason, str) or (path == "loop" and zero_batch):
+            if path == "auto":
+                return "split"
+            why = reason if isinstance(reason, str) else "a batch has zero weight"
+            raise ValueError(f"training_path={path!r} is not available: {why}.")
+        if path == "auto":
+            return "fused" if zero_batch else "loop"
+        return path
+
+    def _one_run_allowed(self, X_val, incremental):
+        """Whether every epoch can run in one session run: nothing the host
+        must do between epochs (validation, stopping rules, adaptive rate,
+        shuffling, progress, logging)."""
+        adaptive = getattr(self.learning_rate_, "learning_rate", None) == "adaptive"
+        return not (X_val is not None or self.early_stopping or adaptive
+                    or self._stopping_tol() is not None or self.shuffle
+                    or self.verbose or self.enable_logging or incremental)
+
+    def _run_epochs(self, path, X, y, sample_weight, batch_size, count):
+        """``count`` epochs; returns their losses, shorter (or None) when a
         non-finite loss stopped training (``exc=False``)."""
-        order = self._shuffled_order(X.shape[0]) if self.shuffle else None
+        if path != "loop":
+            loss = self._epoch(X, y, sample_weight, batch_size, path)
+            return None if loss is None else [loss]
+        if self.shuffle:
+            order = self._shuffled_order(X.shape[0])
+            X, y = X[order], y[order]
+            sample_weight = None if sample_weight is None else sample_weight[order]
+        rates = [self._scalars_ahead(j, X.shape[0]) for j in range(count)]
+        losses = self._trainer.loop_epochs(X, y, sample_weight, batch_size, rates)
+        if not np.isfinite(losses).all():  # replay step by step to stop exactly
+            results = []
+            for _ in range(count):
+                loss = self._epoch(X, y, sample_weight, batch_size, "fused",
+                                   reshuffle=False)
+                if loss is None:
+                    return results
+                results.append(loss)
+            return results
+        sizes = np.array([
+            (b.stop - b.start) if sample_weight is None else sample_weight[b].sum()
+            for b in gen_batches(X.shape[0], batch_size)], dtype=np.float64)
+        return list(losses.astype(np.float64) @ sizes / sizes.sum())
+
+    def _scalars_ahead(self, epochs_ahead, n_samples):
+        """The update rule's per-epoch scalars ``epochs_ahead`` epochs ahead."""
+        rate = self.learning_rate_
+        if epochs_ahead == 0:
+            return rate.step_scalars(1)
+        saved = rate.value
+        rate.value = rate.schedule(self._schedule_time(epochs_ahead, n_samples))
+        try:
+            return rate.step_scalars(1)
+        finally:
+            rate.value = saved
+
+    def _epoch(self, X, y, sample_weight, batch_size, path="split", reshuffle=True):
+        """One pass over the data, one session run (fused) or four (split) per
+        batch; returns the epoch loss, or None when a non-finite loss stopped
+        training (``exc=False``)."""
+        order = self._shuffled_order(X.shape[0]) if self.shuffle and reshuffle \
+            else None
+        step = self._trainer.fused_step if path == "fused" else self._trainer.step
         total = weight_total = 0.0
         for batch in gen_batches(X.shape[0], batch_size):
             index = batch if order is None else order[batch]
             wb = None if sample_weight is None else sample_weight[index]
             if wb is not None and not wb.sum() > 0:
                 continue  # a batch of zero weights carries no gradient
-            loss = self._trainer.step(X[index], y[index], wb, y.dtype)
+            loss = step(X[index], y[index], wb, y.dtype)
             if not np.isfinite(loss):
                 self._non_finite(loss)
                 return None
-            rows = float(batch.stop - batch.start) if wb is None else float(wb.sum())
+            rows = self._batch_rows(batch, wb)
             total += loss * rows
             weight_total += rows
         return total / weight_total
+
+    def _batch_rows(self, batch, sample_weight):
+        """Weight of a batch's loss in the epoch loss: the sum of its sample
+        weights, or its number of rows without weights."""
+        if sample_weight is None:
+            return float(batch.stop - batch.start)
+        return float(sample_weight.sum())
 
     def _shuffled_order(self, n_samples):
         """Row order of the next epoch: the previous order shuffled again,

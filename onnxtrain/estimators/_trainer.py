@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime import OrtGradientForwardBackward, SessionRunner, to_ortvalue
+from ..graph import opset_of
+from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
+                       to_ortvalue)
+from ..training_graphs import (build_epochs_loop, build_training_loop,
+                               build_training_step)
 
 __all__ = ["Trainer"]
 
@@ -28,10 +32,15 @@ class Trainer:
         Gives the per-step scalars and the state names.
     weight_input : str
         Name of the weighted loss graph's sample-weight input.
+    fused_spec : dict, default=None
+        What the fused paths need to rebuild the small graphs at the model's
+        opset: ``loss`` (loss object), ``penalty``, ``penalized``,
+        ``shapes`` (weight name -> shape), ``elem_type``, ``rank``. None
+        disables the fused paths.
     """
 
     def __init__(self, model, weights, device, loss_models, update_model,
-                 learning_rate, weight_input="weight"):
+                 learning_rate, weight_input="weight", fused_spec=None):
         outputs = None if loss_models else [model.graph.output[0].name]
         self.engine = OrtGradientForwardBackward(model, weights, device, outputs)
         self.device = self.engine.device
@@ -42,6 +51,9 @@ class Trainer:
         self.weight_input = weight_input
         self.step_count = 0
         self._scalars = {}
+        self.model = model
+        self.fused_spec = fused_spec
+        self._fused = {}
         self.reset_state()
 
     # ------------------------------------------------------------- state
@@ -137,3 +149,112 @@ class Trainer:
     def predict(self, X):
         """The graph's first output for X, as numpy."""
         return self.engine.forward([X], training=False)[0].numpy()
+
+    # ----------------------------------------------------------- fused paths
+    def fused_graph(self, kind, weighted):
+        """The fused graph ``kind`` ('step', 'loop' or 'epochs') as a
+        TrainingStep, or a str saying why it is unavailable."""
+        key = (kind, weighted)
+        if key not in self._fused:
+            self._fused[key] = self._build_fused(kind, weighted)
+        return self._fused[key]
+
+    def _build_fused(self, kind, weighted):
+        spec = self.fused_spec
+        if spec is None or spec.get("loss") is None:
+            return "the graph computes its own loss"
+        if kind != "step":
+            step = self.fused_graph("step", weighted)
+            if isinstance(step, str):
+                return step
+            loop = build_training_loop(step)
+            return loop if kind == "loop" else build_epochs_loop(loop)
+        opset = opset_of(self.model)
+        if opset is None or opset < 13:
+            return f"opset {opset} < 13"
+        from sklearn.base import clone
+        loss = clone(spec["loss"]).build_onnx(
+            spec["elem_type"], opset, weight_name="weight" if weighted else None,
+            rank=spec["rank"])
+        update = clone(self.learning_rate).build_onnx(
+            [(w, spec["shapes"][w]) for w in self.engine.weights_to_train],
+            spec["elem_type"], opset, spec["penalty"], spec["penalized"])
+        try:
+            return build_training_step(
+                self.model, self.engine.weights_to_train, loss, update,
+                self.learning_rate.state_names, self.learning_rate.scalar_names,
+                weighted)
+        except ValueError as exc:
+            return str(exc)
+
+    def _runner(self, kind, weighted):
+        key = ("runner", kind, weighted)
+        if key not in self._fused:
+            self._fused[key] = FusedRunner(self.fused_graph(kind, weighted),
+                                           self.device)
+        runner = self._fused[key]
+        flat = self._flat_parameters()
+        if runner.parameters is None or any(
+                a is not b for a, b in zip(runner.parameters, flat)):
+            runner.set_parameters(flat)
+        return runner
+
+    def _flat_parameters(self):
+        return [v for w, state in zip(self.engine.weights, self.state)
+                for v in [w] + list(state)]
+
+    def _take_parameters(self, runner):
+        width = 1 + len(self.learning_rate.state_names)
+        flat = runner.parameters
+        self.engine.weights = flat[::width]
+        self.state = [flat[i * width + 1:(i + 1) * width]
+                      for i in range(len(self.engine.weights))]
+
+    def _data(self, graph, X, y, sample_weight):
+        data = dict(zip(graph.data_inputs[:2], (X, y)))
+        if sample_weight is not None:
+            data[graph.data_inputs[2]] = sample_weight
+        return data
+
+    def fused_step(self, X, y, sample_weight, dtype):
+        """:meth:`step` as one graph run (forward, loss, backward, update)."""
+        weighted = sample_weight is not None
+        runner = self._runner("step", weighted)
+        step = self.step_count + 1
+        scalars = self.learning_rate.step_scalars(step)
+        rows = X.shape[0] if not weighted else float(np.sum(sample_weight))
+        scalars["penalty_scale"] = 1.0 / rows
+        loss = float(runner.run(self._data(runner.step, X, y, sample_weight),
+                                scalars))
+        if np.isfinite(loss):
+            self._take_parameters(runner)
+            self.step_count = step
+        return loss
+
+    def loop_epochs(self, X, y, sample_weight, batch_size, rates):
+        """``len(rates)`` epochs in one run of the in-graph loop.
+
+        Parameters
+        ----------
+        rates : list of dict
+            The learning-rate object's ``step_scalars`` of each epoch (only
+            the values that do not depend on the step are used).
+
+        Returns
+        -------
+        ndarray of shape (n_epochs, n_batches)
+            The batch losses; the parameters advance only if all are finite.
+        """
+        weighted = sample_weight is not None
+        runner = self._runner("epochs", weighted)
+        n_batches = -(-X.shape[0] // batch_size)
+        scalars = {"n_epochs": len(rates), "step__first": self.step_count + 1,
+                   "batch_size": batch_size}
+        for name in rates[0]:
+            if name != "step":
+                scalars[f"{name}__per_epoch"] = [r[name] for r in rates]
+        losses = runner.run(self._data(runner.step, X, y, sample_weight), scalars)
+        if np.isfinite(losses).all():
+            self._take_parameters(runner)
+            self.step_count += n_batches * len(rates)
+        return losses.reshape(len(rates), n_batches)

@@ -78,6 +78,15 @@ _COMMON_PARAMETERS = """
         training stops (or the 'adaptive' schedule divides the learning rate
         by 5) when the training loss has not decreased by ``tol`` for
         ``n_iter_no_change`` epochs (scikit-learn's MLP rule).
+    training_path : {{'auto', 'split', 'fused', 'loop'}}, default='auto'
+        How steps run: 'split' as onnxcustom did (forward, loss, backward
+        and update graphs, four session runs per batch); 'fused' (one graph
+        per batch doing all four); 'loop' (an ONNX Loop over the batches of
+        device-resident data: one run per epoch, or one run for every epoch
+        when nothing happens between epochs). 'auto' takes 'loop' when the
+        model allows it (opset >= 13, one input, a loss graph), else
+        'split'. All paths compute the same steps (same losses and weights
+        up to float rounding).
 """
 
 _COMMON_ATTRIBUTES = """
@@ -119,7 +128,8 @@ class _ForwardBackwardParams:
                  learning_loss=None, enable_logging=False,
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
-                 validation_fraction=0.1, n_iter_no_change=10, tol=None):
+                 validation_fraction=0.1, n_iter_no_change=10, tol=None,
+                 training_path="auto"):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -142,6 +152,7 @@ class _ForwardBackwardParams:
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
+        self.training_path = training_path
 
 
 class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams,
@@ -173,13 +184,15 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
                  learning_loss="square_error", enable_logging=False,
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
-                 validation_fraction=0.1, n_iter_no_change=10, tol=None):
+                 validation_fraction=0.1, n_iter_no_change=10, tol=None,
+                 training_path="auto"):
         super().__init__(
             model_onnx, weights_to_train, loss_output_name, max_iter,
             training_optimizer_name, batch_size, learning_rate, device,
             warm_start, verbose, validation_every, learning_loss,
             enable_logging, weight_name, learning_penalty, exc, random_state,
-            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol)
+            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
+            training_path)
 
     # ------------------------------------------------------------ graph
     def _make_training_model(self, model):
@@ -296,13 +309,15 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
                  learning_loss="cross_entropy", enable_logging=False,
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
-                 validation_fraction=0.1, n_iter_no_change=10, tol=None):
+                 validation_fraction=0.1, n_iter_no_change=10, tol=None,
+                 training_path="auto"):
         super().__init__(
             model_onnx, weights_to_train, loss_output_name, max_iter,
             training_optimizer_name, batch_size, learning_rate, device,
             warm_start, verbose, validation_every, learning_loss,
             enable_logging, weight_name, learning_penalty, exc, random_state,
-            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol)
+            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
+            training_path)
 
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model)

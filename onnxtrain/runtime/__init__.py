@@ -2,9 +2,10 @@
 forward/backward engine. The only package of onnxtrain importing onnxruntime."""
 from .devices import Device, parse_device
 from .engine import OrtGradientForwardBackward
+from .fused import FusedRunner
 from .sessions import (SessionRunner, default_session_options, make_session,
                        run_on_device, to_numpy, to_ortvalue)
 
-__all__ = ["Device", "OrtGradientForwardBackward", "SessionRunner",
+__all__ = ["Device", "FusedRunner", "OrtGradientForwardBackward", "SessionRunner",
            "default_session_options", "make_session", "parse_device",
            "run_on_device", "to_numpy", "to_ortvalue"]

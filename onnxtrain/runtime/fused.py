@@ -1,0 +1,97 @@
+"""Run fused training graphs (one step, or a Loop over an epoch) with the
+weights and optimizer state bound once through IOBinding, double buffered:
+the outputs of a run are written into the second buffer, which becomes the
+input of the next run. Only the loss is copied to the host."""
+from __future__ import annotations
+
+import numpy as np
+from onnxruntime import OrtValue
+
+from ..graph import elem_type_to_numpy
+from .devices import parse_device
+from .sessions import make_session, to_ortvalue
+
+__all__ = ["FusedRunner"]
+
+
+def _empty_like(value, device):
+    return OrtValue.ortvalue_from_shape_and_type(
+        list(value.shape()), _dtype_of(value), device.type, device.index)
+
+
+def _dtype_of(value):
+    return {"tensor(float)": np.float32, "tensor(double)": np.float64,
+            "tensor(float16)": np.float16}[value.data_type()]
+
+
+class FusedRunner:
+    """Runs a :class:`~onnxtrain.training_graphs.TrainingStep` graph.
+
+    Parameters
+    ----------
+    step : TrainingStep
+        A step graph (outputs: loss, new parameters) or a loop graph
+        (outputs: losses, final parameters).
+    device : str or Device
+
+    Attributes
+    ----------
+    parameters : list of OrtValue
+        Current weights and states, flat, in the graph's input order.
+    """
+
+    def __init__(self, step, device="cpu"):
+        self.step = step
+        self.device = parse_device(device)
+        self.session = make_session(step.model, self.device)
+        self.parameter_names = [n for w, group in zip(step.weights, step.states)
+                                for n in [w] + group]
+        outputs = [o.name for o in step.model.graph.output]
+        self.loss_name, self.parameter_outputs = outputs[0], outputs[1:]
+        self.dtypes = {i.name: elem_type_to_numpy(i.type.tensor_type.elem_type)
+                       for i in step.model.graph.input}
+        self.parameters = None
+        self._bindings = None
+
+    def set_parameters(self, parameters):
+        """Bind ``parameters`` (flat list of OrtValues) and a second buffer."""
+        self.parameters = list(parameters)
+        other = [_empty_like(v, self.device) for v in self.parameters]
+        self._buffers = [self.parameters, other]
+        self._bindings = [self._bind(self._buffers[0], self._buffers[1]),
+                          self._bind(self._buffers[1], self._buffers[0])]
+        self._current = 0
+
+    def _bind(self, inputs, outputs):
+        binding = self.session.io_binding()
+        binding.bind_output(self.loss_name, self.device.type, self.device.index)
+        for name, value in zip(self.parameter_names, inputs):
+            binding.bind_ortvalue_input(name, value)
+        for name, value in zip(self.parameter_outputs, outputs):
+            binding.bind_ortvalue_output(name, value)
+        return binding
+
+    def run(self, data, scalars):
+        """One run. ``data``: name -> array/OrtValue; ``scalars``: name -> float.
+
+        Returns
+        -------
+        numpy.ndarray
+            The loss (step graph: rank 0; loop graph: one per batch). The
+            parameters advance only when every loss is finite.
+        """
+        binding = self._bindings[self._current]
+        for name, value in data.items():
+            binding.bind_ortvalue_input(name, to_ortvalue(value, self.device,
+                                                          self.dtypes.get(name)))
+        for name, value in scalars.items():
+            binding.bind_ortvalue_input(name, self._scalar(name, value))
+        self.session.run_with_iobinding(binding)
+        loss = binding.get_outputs()[0].numpy()
+        if np.isfinite(loss).all():
+            self._current = 1 - self._current
+            self.parameters = self._buffers[self._current]
+        return loss
+
+    def _scalar(self, name, value):
+        return to_ortvalue(np.asarray(value, dtype=self.dtypes[name]), self.device)

@@ -1,0 +1,344 @@
+"""Fused training graphs: one ONNX graph per training step, and one ONNX
+``Loop`` running every step of an epoch.
+
+Both are assembled from the pieces the split path runs separately: the
+fused forward/backward graph (:func:`onnxtrain.autodiff.build_fused_model`),
+the loss graph (``loss_grad_onnx_``: X1, X2[, weight] -> Y, Y_grad) and the
+update graph (``axpy_onnx_``). The loss graph's ``Y_grad`` feeds the
+backward nodes, whose ``<w>_grad`` feed the update: nothing leaves the
+graph but the new weights, the new optimizer state and the loss.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx import TensorProto, helper
+
+from .autodiff import build_fused_model
+from .graph import GraphBuilder, infer_value_types, make_model, opset_of
+
+__all__ = ["TrainingStep", "build_training_step", "build_training_loop"]
+
+
+@dataclass
+class TrainingStep:
+    """A training-step (or training-loop) graph and its interface.
+
+    Attributes
+    ----------
+    model : onnx.ModelProto
+    data_inputs : list of str
+        Features, targets (and sample weights): one batch for the step
+        graph, every row for the loop graph.
+    scalar_inputs : list of str
+        Rank-0 inputs of the update rule (``learning_rate``, ``step``...),
+        then ``penalty_scale`` (step graph only).
+    weights : list of str
+        Weight inputs; ``states[i]`` are the optimizer-state inputs of
+        weight i. Outputs: ``loss`` (the loop: one loss per batch), then for
+        each weight its new value and new states, in input order.
+    """
+
+    model: object
+    data_inputs: list
+    scalar_inputs: list
+    weights: list
+    states: list
+
+
+def _inline(model, prefix, rename):
+    """Nodes and initializers of ``model`` with every name prefixed except
+    those in ``rename`` (mapped to the names of the enclosing graph)."""
+    def name(n):
+        return "" if not n else rename.get(n, prefix + n)
+
+    nodes = []
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes.append(helper.make_node(node.op_type, [name(i) for i in node.input],
+                                      [name(o) for o in node.output],
+                                      name=prefix + node.name, domain=node.domain,
+                                      **attrs))
+    inits = []
+    for init in model.graph.initializer:
+        copy = TensorProto()
+        copy.CopyFrom(init)
+        copy.name = name(init.name)
+        inits.append(copy)
+    return nodes, inits
+
+
+def _check_free(names, taken):
+    clash = sorted(set(names) & taken)
+    if clash:
+        raise ValueError(f"Training graph names {clash} collide with names of "
+                         "the model; rename them in the model.")
+
+
+def build_training_step(model, wrt, loss_model, update_model, state_names,
+                        scalar_names, weighted=False, target_name="target__",
+                        weight_name="sample_weight__"):
+    """One graph: forward, loss and dE/dY, backward, update.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Prediction graph (first output = prediction), one input.
+    wrt : list of str
+        Weights to train.
+    loss_model, update_model : onnx.ModelProto
+        The loss graph (with a ``weight`` input when ``weighted``) and the
+        update graph, built at the model's opset.
+    state_names, scalar_names : tuple of str
+        From the learning-rate object.
+    weighted : bool, default=False
+        Whether the step takes sample weights.
+    target_name, weight_name : str
+        Names of the target and sample-weight inputs.
+
+    Returns
+    -------
+    TrainingStep
+
+    Raises
+    ------
+    ValueError
+        Name collisions, or a model with several inputs.
+    """
+    if len(model.graph.input) - sum(i.name in set(wrt) for i in model.graph.input) != 1:
+        raise ValueError("The fused training step needs a model with one input.")
+    prediction = model.graph.output[0].name
+    fused, bg = build_fused_model(model, wrt, [prediction])
+    taken = {n for node in fused.graph.node for n in list(node.input) + list(node.output)}
+    taken |= {i.name for i in fused.graph.input} | {i.name for i in fused.graph.initializer}
+    scalars = list(scalar_names) + ["penalty_scale"]
+    states = [[f"{w}_{s}" for s in state_names] for w in wrt]
+    _check_free([target_name, weight_name, "loss"] + scalars
+                + [s for group in states for s in group], taken)
+
+    loss_rename = {"X1": target_name, "X2": prediction, "Y": "loss__Y",
+                   "Y_grad": bg.grad_output_names[0], "weight": weight_name}
+    loss_nodes, loss_inits = _inline(loss_model, "loss__", loss_rename)
+    update_rename = {n: n for n in scalars}
+    update_rename.update({"loss": "loss__Y", "loss_total": "loss"})
+    for w, grad, group in zip(wrt, bg.grad_names, states):
+        update_rename.update({w: w, f"{w}_grad": grad, f"{w}_new": f"{w}__new"})
+        for s in group:
+            update_rename.update({s: s, f"{s}_new": f"{s}__new"})
+    update_nodes, update_inits = _inline(update_model, "update__", update_rename)
+
+    types = infer_value_types(model)
+    elem_type, out_shape = types[prediction]
+    x = [i for i in model.graph.input if i.name not in set(wrt)][0]
+    inputs = [x, helper.make_tensor_value_info(target_name, elem_type,
+                                               _free_shape(out_shape))]
+    if weighted:
+        inputs.append(helper.make_tensor_value_info(weight_name, elem_type, [None]))
+    inputs += [helper.make_tensor_value_info(s, elem_type, []) for s in scalars]
+    outputs = [helper.make_tensor_value_info("loss", elem_type, [])]
+    for w, group in zip(wrt, states):
+        shape = types[w][1]
+        inputs.append(helper.make_tensor_value_info(w, elem_type, shape))
+        inputs += [helper.make_tensor_value_info(s, elem_type, shape) for s in group]
+        outputs.append(helper.make_tensor_value_info(f"{w}__new", elem_type, shape))
+        outputs += [helper.make_tensor_value_info(f"{s}__new", elem_type, shape)
+                    for s in group]
+    n_forward = len(model.graph.node)  # fused nodes: forward, then backward
+    nodes = (list(fused.graph.node[:n_forward]) + loss_nodes
+             + list(fused.graph.node[n_forward:]) + update_nodes)
+    graph = helper.make_graph(
+        nodes, "training_step",
+        inputs, outputs,
+        list(fused.graph.initializer) + loss_inits + update_inits)
+    step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
+    data = [x.name, target_name] + ([weight_name] if weighted else [])
+    return TrainingStep(step, data, scalars, list(wrt), states)
+
+
+def _free_shape(shape):
+    if shape is None:
+        return None
+    return [d if isinstance(d, int) and d > 0 else None for d in shape[:1]] + [
+        d if isinstance(d, int) else None for d in shape[1:]]
+
+
+def build_training_loop(step):
+    """Every step of an epoch in one ONNX ``Loop`` over device-resident data.
+
+    The loop slices batch ``i`` as rows ``[i * batch_size, min((i + 1) *
+    batch_size, n))`` (the last batch may be smaller), feeds ``step`` as
+    ``step0 + i`` and ``penalty_scale`` as 1 / rows (1 / sum of the batch's
+    sample weights), and carries the weights and optimizer state.
+
+    Parameters
+    ----------
+    step : TrainingStep
+        From :func:`build_training_step`.
+
+    Returns
+    -------
+    TrainingStep
+        Inputs: every row of the data inputs, then the scalar inputs except
+        ``penalty_scale`` (``step`` is the first step's number), then
+        ``batch_size`` (int64, rank 0), then the weights and states.
+        Outputs: ``losses`` (one per batch), then the final weights and
+        states.
+    """
+    model = step.model
+    graph = model.graph
+    opset = opset_of(model)
+    carried = [name for w, group in zip(step.weights, step.states)
+               for name in [w] + group]
+    g = GraphBuilder(opset, {n.name for n in graph.input} | {"losses", "batch_size"},
+                     prefix="epochloop__")
+    body = _loop_body(step, opset, carried)
+    rows = g.op("Gather", g.shape_of(step.data_inputs[0]), g.const(0, TensorProto.INT64))
+    n_batches = g.op("Div", g.op("Add", rows, g.op("Sub", "batch_size",
+                                                   g.const(1, TensorProto.INT64))),
+                     "batch_size")
+    finals = [f"{c}__final" for c in carried]
+    g.op("Loop", n_batches, "", *carried, body=body,
+         outputs=finals + ["losses"])
+    by_name = {i.name: i for i in graph.input}
+    elem_type = by_name[step.data_inputs[1]].type.tensor_type.elem_type
+    scalars = [s for s in step.scalar_inputs if s != "penalty_scale"]
+    inputs = [by_name[n] for n in step.data_inputs + scalars]
+    inputs.append(helper.make_tensor_value_info("batch_size", TensorProto.INT64, []))
+    inputs += [by_name[c] for c in carried]
+    outputs = [helper.make_tensor_value_info("losses", elem_type, [None])]
+    outputs += [helper.make_value_info(f, by_name[c].type)
+                for f, c in zip(finals, carried)]
+    loop_graph = g.make_graph("training_loop", inputs, outputs)
+    loop = make_model(loop_graph, list(model.opset_import), ir_version=model.ir_version)
+    states = [[f"{s}" for s in group] for group in step.states]
+    return TrainingStep(loop, list(step.data_inputs), scalars + ["batch_size"],
+                        list(step.weights), states)
+
+
+def _loop_body(step, opset, carried):
+    """The Loop body: slice batch i, compute the scalars, run the step."""
+    graph = step.model.graph
+    by_name = {i.name: i for i in graph.input}
+    taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
+    taken |= set(by_name) | {i.name for i in graph.initializer}
+    taken |= {f"{c}__in" for c in carried}
+    g = GraphBuilder(opset, taken | {"iter__", "cond__"}, prefix="loop__")
+    int64 = TensorProto.INT64
+    start = g.op("Mul", "iter__", "batch_size")
+    end = g.op("Min", g.op("Add", start, "batch_size"),
+               g.op("Gather", g.shape_of(step.data_inputs[0]), g.const(0, int64)))
+    starts, ends = g.unsqueeze(start, [0]), g.unsqueeze(end, [0])
+    rename = {}
+    for name in step.data_inputs:
+        rename[name] = g.op("Slice", name, starts, ends, g.int64s([0]))
+    elem_type = by_name[step.data_inputs[1]].type.tensor_type.elem_type
+    if len(step.data_inputs) > 2:
+        total = g.reduce_sum(rename[step.data_inputs[2]], None, keepdims=0)
+    else:
+        total = g.cast(g.op("Sub", end, start), elem_type)
+    rename["penalty_scale"] = g.op("Reciprocal", total)
+    rename["step"] = g.op("Add", "step", g.cast("iter__", elem_type))
+    rename.update({c: f"{c}__in" for c in carried})  # no outer-name shadowing
+    body_nodes = g.nodes + _renamed_nodes(graph.node, rename)
+    outputs = [helper.make_tensor_value_info("cond__out", TensorProto.BOOL, [])]
+    outputs += [helper.make_value_info(f"{c}__new", by_name[c].type) for c in carried]
+    outputs.append(helper.make_tensor_value_info("loss", elem_type, []))
+    body_nodes.append(helper.make_node("Identity", ["cond__"], ["cond__out"]))
+    inputs = [helper.make_tensor_value_info("iter__", int64, []),
+              helper.make_tensor_value_info("cond__", TensorProto.BOOL, [])]
+    inputs += [helper.make_value_info(f"{c}__in", by_name[c].type) for c in carried]
+    return helper.make_graph(body_nodes, "training_step_body", inputs, outputs,
+                             list(graph.initializer) + g.initializers)
+
+
+def _renamed_nodes(nodes, rename):
+    """Copies of ``nodes`` reading ``rename[name]`` instead of ``name``."""
+    out = []
+    for node in nodes:
+        copy = helper.make_node(node.op_type, [rename.get(i, i) for i in node.input],
+                                list(node.output), name=node.name, domain=node.domain)
+        copy.attribute.extend(node.attribute)
+        out.append(copy)
+    return out
+
+
+def build_epochs_loop(loop):
+    """Several epochs in one ONNX ``Loop`` around the epoch loop.
+
+    Every scalar input of the epoch loop but ``step`` and ``batch_size``
+    becomes a vector ``<name>__per_epoch`` indexed by the epoch (schedules
+    known in advance: constant, invscaling, optimal); ``step`` is the number
+    of the very first step and advances by the number of batches per epoch.
+
+    Parameters
+    ----------
+    loop : TrainingStep
+        From :func:`build_training_loop`.
+
+    Returns
+    -------
+    TrainingStep
+        Inputs: data, ``n_epochs`` (int64, rank 0), the per-epoch vectors,
+        ``step__first`` (the first step's number), ``batch_size``, the
+        parameters. Outputs: ``epoch_losses`` of
+        shape (n_epochs, n_batches), then the final parameters.
+    """
+    model = loop.model
+    graph = model.graph
+    opset = opset_of(model)
+    by_name = {i.name: i for i in graph.input}
+    carried = [name for w, group in zip(loop.weights, loop.states)
+               for name in [w] + group]
+    varying = [s for s in loop.scalar_inputs if s not in ("step", "batch_size")]
+    taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
+    taken |= set(by_name) | {"epoch__", "econd__", "n_epochs", "step__first"}
+    taken |= {f"{c}__ein" for c in carried}
+    taken -= {"step"} | set(varying)  # inputs of the epoch loop, not of this graph
+    g = GraphBuilder(opset, taken, prefix="epoch__")
+    int64 = TensorProto.INT64
+    elem_type = by_name[loop.data_inputs[1]].type.tensor_type.elem_type
+    rows = g.op("Gather", g.shape_of(loop.data_inputs[0]), g.const(0, int64))
+    n_batches = g.op("Div", g.op("Add", rows, g.op("Sub", "batch_size",
+                                                   g.const(1, int64))), "batch_size")
+    # the epoch loop's nested body reads these names from the enclosing
+    # scope: define them here (the outer graph names them differently)
+    for name in varying:
+        g.reserve(name)
+        g.op("Gather", f"{name}__per_epoch", "epoch__", outputs=[name])
+    offset = g.cast(g.op("Mul", "epoch__", n_batches), elem_type)
+    g.reserve("step")
+    g.op("Add", "step__first", offset, outputs=["step"])
+    rename = {c: f"{c}__ein" for c in carried}
+    body_nodes = g.nodes + _renamed_nodes(graph.node, rename)
+    finals = [o.name for o in graph.output[1:]]
+    outputs = [helper.make_tensor_value_info("econd__out", TensorProto.BOOL, [])]
+    outputs += [helper.make_value_info(f, by_name[c].type)
+                for f, c in zip(finals, carried)]
+    outputs.append(helper.make_tensor_value_info("losses", elem_type, [None]))
+    body_nodes.append(helper.make_node("Identity", ["econd__"], ["econd__out"]))
+    inputs = [helper.make_tensor_value_info("epoch__", int64, []),
+              helper.make_tensor_value_info("econd__", TensorProto.BOOL, [])]
+    inputs += [helper.make_value_info(f"{c}__ein", by_name[c].type) for c in carried]
+    body = helper.make_graph(body_nodes, "training_epoch_body", inputs, outputs,
+                             list(graph.initializer) + g.initializers)
+    outer = GraphBuilder(opset, taken | {f"{c}__all" for c in carried}
+                         | {"epoch_losses"}, prefix="epochs__")
+    outer.op("Loop", "n_epochs", "", *carried, body=body,
+             outputs=[f"{c}__all" for c in carried] + ["epoch_losses"])
+    inputs = [by_name[n] for n in loop.data_inputs]
+    inputs.append(helper.make_tensor_value_info("n_epochs", int64, []))
+    inputs += [helper.make_tensor_value_info(f"{s}__per_epoch", elem_type, [None])
+               for s in varying]
+    inputs += [helper.make_tensor_value_info("step__first", elem_type, []),
+               by_name["batch_size"]]
+    inputs += [by_name[c] for c in carried]
+    outputs = [helper.make_tensor_value_info("epoch_losses", elem_type,
+                                             [None, None])]
+    outputs += [helper.make_value_info(f"{c}__all", by_name[c].type) for c in carried]
+    epochs_graph = outer.make_graph("training_epochs", inputs, outputs)
+    epochs = make_model(epochs_graph, list(model.opset_import),
+                        ir_version=model.ir_version)
+    return TrainingStep(epochs, list(loop.data_inputs),
+                        ["n_epochs"] + [f"{s}__per_epoch" for s in varying]
+                        + ["step__first", "batch_size"], list(loop.weights),
+                        loop.states)
