@@ -137,3 +137,18 @@ def test_fused_graphs_are_valid_onnx(regression):
         assert domains <= {"", "ai.onnx"}
         if kind != "step":
             assert ops & {"Loop"}
+
+
+@pytest.mark.skipif(
+    "CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers(),
+    reason="needs onnxruntime-gpu and a CUDA device")
+@pytest.mark.parametrize("path", PATHS)
+def test_cuda_paths_match_cpu(regression, path):
+    """device='cuda' keeps the loop on the GPU and computes the CPU's steps."""
+    X, y, onx = regression
+    fits = [OrtGradientForwardBackwardOptimizer(
+        onx, learning_rate=0.02, max_iter=5, random_state=0, training_path=path,
+        device=device).fit(X, y) for device in ("cpu", "cuda")]
+    assert_allclose(fits[1].train_losses_, fits[0].train_losses_, rtol=1e-4)
+    for a, b in zip(fits[1].get_state(), fits[0].get_state()):
+        assert_allclose(a, b, rtol=1e-4, atol=1e-6)

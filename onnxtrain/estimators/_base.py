@@ -159,6 +159,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
             self._start(model)
         else:
             self._ensure_trainer()
+            if not incremental:  # a new fit starts a new optimizer, as
+                self._trainer.reset_state()  # scikit-learn's warm start does
         if self.early_stopping and not incremental:
             X, X_val, y, y_val, sample_weight = self._early_stopping_split(
                 X, y, sample_weight)
