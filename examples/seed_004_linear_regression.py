@@ -28,14 +28,28 @@ from onnxtrain.plotting import plot_loss_curves, plot_onnxs
 
 
 def main(output_dir="."):
-    """Run the seed; returns its key numbers (coefficients, losses)."""
-    matplotlib.use("Agg")
-    os.makedirs(output_dir, exist_ok=True)
+    """Run the seed in ``output_dir``.
 
-    def save(ax, name):
-        figure = numpy.atleast_1d(ax)[0].figure
-        figure.savefig(os.path.join(output_dir, name), dpi=80, bbox_inches="tight")
-        matplotlib.pyplot.close(figure)
+    Returns a dict: ``coef`` (the generating coefficients, the bias is 2),
+    ``trained_coef`` and ``trained_intercept``, ``losses`` (onnxtrain's
+    ``train_losses_``), ``sklearn_losses`` (``MLPRegressor.loss_curve_``),
+    ``final_loss``, ``test_r2``, ``node_counts`` and ``drawn_node_counts``
+    (nodes of each graph drawn, in the graph and in its drawing) and
+    ``pictures`` (the five PNG paths).
+    """
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(output_dir, exist_ok=True)
+    pictures, counts, drawn = {}, {}, {}
+
+    def save(ax, name, models=()):
+        axes = numpy.atleast_1d(ax)
+        for i, (model, one) in enumerate(zip(models, axes)):
+            counts[f"{name}[{i}]"] = len(model.graph.node)
+            drawn[f"{name}[{i}]"] = one.onnx_node_count
+        pictures[name] = os.path.join(output_dir, name)
+        axes[0].figure.savefig(pictures[name], dpi=80, bbox_inches="tight")
+        plt.close(axes[0].figure)
 
     X, y, coef = make_regression(n_features=2, bias=2, coef=True, random_state=0)
     X = X.astype(numpy.float32)
@@ -56,7 +70,7 @@ def main(output_dir="."):
     # The ONNX graph.
     onx = to_onnx(lr, X_train[:1].astype(numpy.float32), target_opset=15,
                   black_op={'LinearRegressor'})
-    save(plot_onnxs(onx, title="Linear Regression in ONNX"), "regression.png")
+    save(plot_onnxs(onx, title="Linear Regression in ONNX"), "regression.png", [onx])
 
     # The weights: every float initializer that reaches the output.
     inits = get_train_initializer(onx)
@@ -83,21 +97,25 @@ def main(output_dir="."):
     # The graphs the engine runs, and the two small graphs.
     onx_loss = train_session.train_session_.cls_type_._optimized_pre_grad_model
     save(plot_onnxs(onx, onx_loss, title=['regression', 'loss']),
-         "regression_and_loss.png")
+         "regression_and_loss.png", [onx, onx_loss])
     onx_gradient = train_session.train_session_.cls_type_._trained_onnx
     save(plot_onnxs(onx_loss, onx_gradient, title=['loss', 'gradient + loss']),
-         "gradient.png")
-    save(plot_onnxs(train_session.learning_loss.loss_grad_onnx_,
-                    train_session.learning_rate.axpy_onnx_,
-                    title=['error gradient + loss', 'gradient update']),
-         "small_graphs.png")
+         "gradient.png", [onx_loss, onx_gradient])
+    small = [train_session.learning_loss.loss_grad_onnx_,
+             train_session.learning_rate.axpy_onnx_]
+    save(plot_onnxs(*small, title=['error gradient + loss', 'gradient update']),
+         "small_graphs.png", small)
 
     trained_coef, trained_intercept = state_tensors
     print("generating coefficients:", coef, "bias: 2")
     return {"coef": coef, "trained_coef": trained_coef.ravel(),
             "trained_intercept": float(trained_intercept.ravel()[0]),
+            "losses": list(train_session.train_losses_),
+            "sklearn_losses": list(lr.loss_curve_),
             "final_loss": train_session.train_losses_[-1],
-            "test_r2": train_session.score(X_test, y_test)}
+            "test_r2": train_session.score(X_test, y_test),
+            "node_counts": counts, "drawn_node_counts": drawn,
+            "pictures": pictures}
 
 
 if __name__ == "__main__":
