@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from onnx import numpy_helper
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 
 from ..exceptions import MissingVJPRuleError
 from ..graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
@@ -31,6 +33,10 @@ class BackwardGraph:
         One gradient output per ``wrt`` (``<name>_grad``).
     types : dict
         ``name -> (elem_type, shape)`` of the forward values.
+    model : onnx.ModelProto or None
+        A copy of the model whose nodes name the optional outputs the rules
+        read (see ``register_vjp(saved_outputs=...)``); None when the
+        model already named them. The forward models are built from it.
     """
 
     builder: GraphBuilder
@@ -39,6 +45,7 @@ class BackwardGraph:
     grad_output_names: list
     grad_names: list
     types: dict = field(repr=False)
+    model: object = field(default=None, repr=False)
 
 
 def _subgraph_outer_inputs(node):
@@ -65,13 +72,25 @@ def _is_float(types, name):
     return info is None or info[0] in FLOAT_TYPES
 
 
+def constant_node_value(node):
+    """numpy value of a Constant node (None for sparse or string values)."""
+    for att in node.attribute:
+        if att.name == "value":
+            return numpy_helper.to_array(att.t)
+        if att.name in ("value_float", "value_floats"):
+            return np.asarray(helper.get_attribute_value(att), dtype=np.float32)
+        if att.name in ("value_int", "value_ints"):
+            return np.asarray(helper.get_attribute_value(att), dtype=np.int64)
+    return None
+
+
 def _constants(model):
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            for att in node.attribute:
-                if att.name == "value":
-                    values[node.output[0]] = numpy_helper.to_array(att.t)
+            value = constant_node_value(node)
+            if value is not None:
+                values[node.output[0]] = value
     return values
 
 
@@ -160,6 +179,19 @@ def _apply_rule(g, node, grads, upstream, constants):
         grads.setdefault(name, []).append(grad)
 
 
+def reverse_pass(g, path, grads, upstream, constants):
+    """Call the VJP rule of every node of ``path`` in reverse order.
+
+    ``grads`` maps a value to the list of gradient parts reaching it (filled
+    in place); ``upstream`` maps the values depending on the weights to the
+    weights upstream (see :func:`dependents`); ``constants`` maps constant
+    names to numpy values. Rules that expand an op into other ops (function
+    bodies) call it on their expansion.
+    """
+    for node in reversed(path):
+        _apply_rule(g, node, grads, upstream, constants)
+
+
 def _all_names(model):
     graph = model.graph
     names = {v.name for v in list(graph.input) + list(graph.output)}
@@ -200,9 +232,10 @@ def backward(model, wrt, outputs=None):
         A node on the path has no VJP rule (the message names op type,
         domain, node name and the weights upstream).
     """
+    model, named = _with_saved_outputs(model)
     graph = model.graph
     opset = opset_of(model) or 1
-    if opset < 9:
+    if opset < 9 and any(n.domain in ("", "ai.onnx") for n in graph.node):
         raise ValueError(f"The model's default-domain opset is {opset}; onnxtrain "
                          "differentiates opset 9 and newer (onnx.version_converter"
                          ".convert_version upgrades a model).")
@@ -233,12 +266,37 @@ def backward(model, wrt, outputs=None):
         g.set_type(name, *types.get(out, (None, None)))
         grad_output_names.append(name)
         grads[out] = [name]
-    constants = _constants(model)
-    for node in reversed(path):
-        _apply_rule(g, node, grads, upstream, constants)
+    reverse_pass(g, path, grads, upstream, _constants(model))
     grad_names = [_final_gradient(g, grads, w) for w in wrt]
     return BackwardGraph(g, list(wrt), list(outputs), grad_output_names,
-                         grad_names, types)
+                         grad_names, types, model if named else None)
+
+
+def _with_saved_outputs(model):
+    """``(model, False)``, or a copy naming the optional outputs rules read
+    (``saved_outputs``) and True."""
+    missing = []
+    for index, node in enumerate(model.graph.node):
+        rule = get_vjp_rule(node.op_type, node.domain)
+        for i in (rule.saved_outputs if rule else ()):
+            if i >= len(node.output) or not node.output[i]:
+                missing.append((index, i))
+    if not missing:
+        return model, False
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    used = _all_names(model)
+    for index, i in missing:
+        node = copy.graph.node[index]
+        while len(node.output) <= i:
+            node.output.append("")
+        name, k = f"{node.name or node.op_type}_saved{i}", 0
+        while name in used:
+            k += 1
+            name = f"{node.name or node.op_type}_saved{i}_{k}"
+        used.add(name)
+        node.output[i] = name
+    return copy, True
 
 
 def _final_gradient(g, grads, w):

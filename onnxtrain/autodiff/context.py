@@ -142,6 +142,11 @@ class VJPContext:
         """numpy value of an initializer or Constant output, None otherwise."""
         return None if not name else self._constants.get(name)
 
+    @property
+    def constants(self):
+        """``name -> numpy value`` of the initializers and Constant outputs."""
+        return self._constants
+
     def shape(self, name):
         """Known shape of a forward value (tuple of dims) or None."""
         return self.g.shape(name)

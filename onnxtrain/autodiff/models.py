@@ -117,6 +117,7 @@ def build_gradient_models(model, wrt, outputs=None):
         See :func:`onnxtrain.autodiff.backward`.
     """
     bg = backward(model, wrt, outputs)
+    model = bg.model or model  # outputs a rule reads (Dropout's mask) named
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     wrt_set = set(wrt)
@@ -163,6 +164,7 @@ def build_fused_model(model, wrt, outputs=None):
     (onnx.ModelProto, BackwardGraph)
     """
     bg = backward(model, wrt, outputs)
+    model = bg.model or model
     graph = model.graph
     wrt_set = set(wrt)
     types = dict(bg.types)

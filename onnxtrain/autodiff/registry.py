@@ -30,12 +30,16 @@ class VJPRule:
         True for multidirectional-broadcasting ops (Add, Mul...): every
         gradient the rule returns has the shape of output 0 and the backward
         pass reduces it to the input's shape with ``sum_to``.
+    saved_outputs : tuple of int
+        Optional outputs the rule reads (Dropout's mask): the backward pass
+        names them when the model leaves them out.
     """
 
     op_type: str
     domain: str
     fn: Callable
     unbroadcast: bool = False
+    saved_outputs: tuple = ()
 
 
 _RULES: dict = {}
@@ -46,8 +50,11 @@ def _normalize_domain(domain):
     return "" if domain in ("", "ai.onnx") else domain
 
 
-def register_vjp(op_type, domain="", unbroadcast=False):
+def register_vjp(op_type, domain="", unbroadcast=False, saved_outputs=()):
     """Decorator registering the VJP rule of ``op_type`` in ``domain``.
+
+    ``saved_outputs``: indices of optional outputs the rule reads; the
+    backward pass gives them names when a node leaves them out.
 
     Raises
     ------
@@ -59,7 +66,8 @@ def register_vjp(op_type, domain="", unbroadcast=False):
     def decorator(fn):
         if key in _RULES or key in _NONDIFFERENTIABLE:
             raise ValueError(f"A VJP rule for {key} is already registered.")
-        _RULES[key] = VJPRule(op_type, key[0], fn, unbroadcast)
+        _RULES[key] = VJPRule(op_type, key[0], fn, unbroadcast,
+                              tuple(saved_outputs))
         return fn
 
     return decorator

@@ -173,7 +173,8 @@ class GraphBuilder:
 
     def reshape_like(self, x, like):
         """Reshape ``x`` to the runtime shape of ``like``."""
-        return self.op("Reshape", x, self.shape_of(like))
+        allowzero = 1 if self.opset >= 14 else None  # a 0 in Shape is a 0
+        return self.op("Reshape", x, self.shape_of(like), allowzero=allowzero)
 
     def cast(self, x, elem_type):
         """Cast ``x`` to ``elem_type``."""

@@ -1,3 +1,4 @@
 """VJP rules, one module per op family; importing registers them."""
-from . import (activations, elementwise, linalg, nondifferentiable,  # noqa: F401
-               reductions, shape)
+from . import (activations, conv, elementwise, functions,  # noqa: F401
+               indexing, linalg, nn, nondifferentiable, normalization,
+               pooling, reductions, selection, shape, trigonometric)

@@ -1,4 +1,6 @@
 """VJP rules of activations and normalizing activations (softmax family)."""
+import math
+
 from ..registry import register_vjp
 
 
@@ -41,10 +43,16 @@ def _softmax_axes(ctx):
     return list(range(first, rank))
 
 
+def _nan_as_zero(ctx, y):
+    """A row of -inf makes a NaN softmax; ops such as Attention then mask
+    the row. Its gradient is zero, not NaN."""
+    return ctx.op("Where", ctx.op("IsNaN", y), ctx.const(0), y)
+
+
 @register_vjp("Softmax")
 def _softmax(ctx, gy):
     # dx = y * (gy - sum(gy * y, axes))
-    y = ctx.outputs[0]
+    y = _nan_as_zero(ctx, ctx.outputs[0])
     dot = ctx.g.reduce_sum(ctx.op("Mul", gy, y), _softmax_axes(ctx), keepdims=1)
     return ctx.op("Mul", y, ctx.op("Sub", gy, dot))
 
@@ -53,4 +61,152 @@ def _softmax(ctx, gy):
 def _log_softmax(ctx, gy):
     # dx = gy - exp(y) * sum(gy, axes)
     total = ctx.g.reduce_sum(gy, _softmax_axes(ctx), keepdims=1)
-    return ctx.op("Sub", gy, ctx.op("Mul", ctx.op("Exp", ctx.outputs[0]), total))
+    y = _nan_as_zero(ctx, ctx.outputs[0])
+    dx = ctx.op("Sub", gy, ctx.op("Mul", ctx.op("Exp", y), total))
+    return ctx.op("Where", ctx.op("IsNaN", ctx.outputs[0]), ctx.const(0), dx)
+
+
+def _where_positive(ctx, positive, negative):
+    """``positive`` where the input is > 0, else ``negative``."""
+    x = ctx.inputs[0]
+    return ctx.op("Where", ctx.op("Greater", x, ctx.const(0)), positive, negative)
+
+
+@register_vjp("Elu")
+def _elu(ctx, gy):
+    # x <= 0: y = alpha (e^x - 1), dy/dx = y + alpha
+    alpha = ctx.const(ctx.attr("alpha", 1.0))
+    slope = ctx.op("Add", ctx.outputs[0], alpha)
+    return _where_positive(ctx, gy, ctx.op("Mul", gy, slope))
+
+
+@register_vjp("Selu")
+def _selu(ctx, gy):
+    # x > 0: y = gamma x; x <= 0: y = gamma alpha (e^x - 1), dy/dx = y + gamma alpha
+    alpha = ctx.attr("alpha", 1.67326319217681884765625)
+    gamma = ctx.attr("gamma", 1.05070102214813232421875)
+    slope = ctx.op("Add", ctx.outputs[0], ctx.const(alpha * gamma))
+    return _where_positive(ctx, ctx.op("Mul", gy, ctx.const(gamma)),
+                           ctx.op("Mul", gy, slope))
+
+
+@register_vjp("Celu")
+def _celu(ctx, gy):
+    # x <= 0: y = alpha (e^(x/alpha) - 1), dy/dx = e^(x/alpha)
+    alpha = ctx.const(ctx.attr("alpha", 1.0))
+    slope = ctx.op("Exp", ctx.op("Div", ctx.inputs[0], alpha))
+    return _where_positive(ctx, gy, ctx.op("Mul", gy, slope))
+
+
+@register_vjp("PRelu", unbroadcast=True)
+def _prelu(ctx, gy):
+    # y = x (x > 0), slope x (x <= 0)
+    x, slope = ctx.inputs
+    zero = ctx.const(0)
+    gx = _where_positive(ctx, gy, ctx.op("Mul", gy, slope))
+    return gx, _where_positive(ctx, zero, ctx.op("Mul", gy, x))
+
+
+@register_vjp("ThresholdedRelu")
+def _thresholded_relu(ctx, gy):
+    alpha = ctx.const(ctx.attr("alpha", 1.0))
+    above = ctx.op("Greater", ctx.inputs[0], alpha)
+    return ctx.op("Where", above, gy, ctx.const(0))
+
+
+@register_vjp("Softplus")
+def _softplus(ctx, gy):
+    return ctx.op("Mul", gy, ctx.op("Sigmoid", ctx.inputs[0]))
+
+
+@register_vjp("Softsign")
+def _softsign(ctx, gy):
+    # y = x / (1 + |x|): dy/dx = 1 / (1 + |x|)^2
+    denominator = ctx.op("Add", ctx.const(1), ctx.op("Abs", ctx.inputs[0]))
+    return ctx.op("Div", gy, ctx.op("Mul", denominator, denominator))
+
+
+@register_vjp("HardSigmoid")
+def _hard_sigmoid(ctx, gy):
+    # y = max(0, min(1, alpha x + beta)): slope alpha strictly inside (0, 1)
+    alpha = ctx.attr("alpha", 0.2)
+    z = ctx.op("Add", ctx.op("Mul", ctx.inputs[0], ctx.const(alpha)),
+               ctx.const(ctx.attr("beta", 0.5)))
+    inside = ctx.op("And", ctx.op("Greater", z, ctx.const(0)),
+                    ctx.op("Less", z, ctx.const(1)))
+    return ctx.op("Where", inside, ctx.op("Mul", gy, ctx.const(alpha)),
+                  ctx.const(0))
+
+
+@register_vjp("HardSwish")
+def _hard_swish(ctx, gy):
+    # y = x max(0, min(1, x/6 + 1/2)): dy/dx = 0 (x < -3), x/3 + 1/2, 1 (x > 3)
+    x = ctx.inputs[0]
+    inner = ctx.op("Add", ctx.op("Div", x, ctx.const(3)), ctx.const(0.5))
+    slope = ctx.op("Where", ctx.op("Greater", x, ctx.const(3)), ctx.const(1),
+                   ctx.op("Where", ctx.op("Less", x, ctx.const(-3)),
+                          ctx.const(0), inner))
+    return ctx.op("Mul", gy, slope)
+
+
+@register_vjp("Shrink")
+def _shrink(ctx, gy):
+    lambd = ctx.attr("lambd", 0.5)
+    x = ctx.inputs[0]
+    outside = ctx.op("Or", ctx.op("Less", x, ctx.const(-lambd)),
+                     ctx.op("Greater", x, ctx.const(lambd)))
+    return ctx.op("Where", outside, gy, ctx.const(0))
+
+
+@register_vjp("Mish")
+def _mish(ctx, gy):
+    # y = x tanh(sp), sp = softplus(x): dy/dx = t + x sigmoid(x) (1 - t^2)
+    x = ctx.inputs[0]
+    t = ctx.op("Tanh", ctx.op("Softplus", x))
+    one_minus_t2 = ctx.op("Sub", ctx.const(1), ctx.op("Mul", t, t))
+    tail = ctx.op("Mul", ctx.op("Mul", x, ctx.op("Sigmoid", x)), one_minus_t2)
+    return ctx.op("Mul", gy, ctx.op("Add", t, tail))
+
+
+@register_vjp("Swish")
+def _swish(ctx, gy):
+    # y = x s, s = sigmoid(alpha x): dy/dx = s + alpha x s (1 - s)
+    x = ctx.inputs[0]
+    alpha = ctx.const(ctx.attr("alpha", 1.0))
+    s = ctx.op("Sigmoid", ctx.op("Mul", x, alpha))
+    tail = ctx.op("Mul", ctx.op("Mul", ctx.op("Mul", x, alpha), s),
+                  ctx.op("Sub", ctx.const(1), s))
+    return ctx.op("Mul", gy, ctx.op("Add", s, tail))
+
+
+def _gelu_tanh_slope(ctx, x, x2):
+    # y = x/2 (1 + t), t = tanh(u), u = c (x + 0.044715 x^3), c = sqrt(2/pi):
+    # dy/dx = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 0.044715 x^2)
+    c = math.sqrt(2 / math.pi)
+    cube = ctx.op("Mul", ctx.op("Mul", x2, x), ctx.const(0.044715))
+    t = ctx.op("Tanh", ctx.op("Mul", ctx.op("Add", x, cube), ctx.const(c)))
+    du = ctx.op("Mul", ctx.op("Add", ctx.const(1), ctx.op(
+        "Mul", x2, ctx.const(3 * 0.044715))), ctx.const(c))
+    one_minus_t2 = ctx.op("Sub", ctx.const(1), ctx.op("Mul", t, t))
+    tail = ctx.op("Mul", ctx.op("Mul", x, one_minus_t2), du)
+    return ctx.op("Mul", ctx.op("Add", ctx.op("Add", ctx.const(1), t), tail),
+                  ctx.const(0.5))
+
+
+def _gelu_exact_slope(ctx, x, x2):
+    # y = x Phi(x): dy/dx = Phi(x) + x phi(x)
+    cdf = ctx.op("Mul", ctx.op("Add", ctx.const(1), ctx.op(
+        "Erf", ctx.op("Mul", x, ctx.const(1 / math.sqrt(2))))), ctx.const(0.5))
+    pdf = ctx.op("Mul", ctx.op("Exp", ctx.op("Mul", x2, ctx.const(-0.5))),
+                 ctx.const(1 / math.sqrt(2 * math.pi)))
+    return ctx.op("Add", cdf, ctx.op("Mul", x, pdf))
+
+
+@register_vjp("Gelu")
+def _gelu(ctx, gy):
+    # Hendrycks and Gimpel 2016, exact and tanh approximation
+    x = ctx.inputs[0]
+    x2 = ctx.op("Mul", x, x)
+    if ctx.attr("approximate", "none") == "tanh":
+        return ctx.op("Mul", gy, _gelu_tanh_slope(ctx, x, x2))
+    return ctx.op("Mul", gy, _gelu_exact_slope(ctx, x, x2))

@@ -55,8 +55,9 @@ def _pow(ctx, gy):
     if ctx.needs_grad[0]:
         a_pow = ctx.op("Pow", a, ctx.op("Sub", b_float, ctx.const(1)))
         ga = ctx.op("Mul", gy, ctx.op("Mul", b_float, a_pow))
-    if ctx.needs_grad[1]:
+    if ctx.needs_grad[1]:  # 0 where y = 0 (a = 0, b > 0): log(a) is -inf
         gb = ctx.op("Mul", gy, ctx.op("Mul", y, ctx.op("Log", a)))
+        gb = ctx.op("Where", ctx.op("Equal", y, ctx.const(0)), ctx.const(0), gb)
     return ga, gb
 
 
@@ -94,3 +95,28 @@ def _cast(ctx, gy):
     if source not in FLOAT_TYPES:
         return None
     return ctx.g.cast(gy, source)
+
+
+@register_vjp("Sum", unbroadcast=True)
+def _sum(ctx, gy):
+    return (gy,) * len(ctx.inputs)
+
+
+@register_vjp("Mean", unbroadcast=True)
+def _mean(ctx, gy):
+    share = ctx.op("Div", gy, ctx.const(len(ctx.inputs)))
+    return (share,) * len(ctx.inputs)
+
+
+@register_vjp("CastLike")
+def _cast_like(ctx, gy):
+    return _cast(ctx, gy), None
+
+
+@register_vjp("Mod", unbroadcast=True)
+def _mod(ctx, gy):
+    # y = a - b q with q = trunc(a / b) (fmod=1) or floor(a / b) (fmod=0), an
+    # integer, constant between jumps: dy/da = 1, dy/db = -q, q = (a - y) / b
+    a, b = ctx.inputs
+    quotient = ctx.op("Div", ctx.op("Sub", a, ctx.outputs[0]), b)
+    return gy, ctx.op("Neg", ctx.op("Mul", gy, ctx.op("Round", quotient)))

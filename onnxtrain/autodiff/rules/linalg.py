@@ -80,3 +80,48 @@ def _gemm(ctx, gy):
         gc = gy if beta == 1.0 else ctx.op("Mul", gy, ctx.const(beta))
         gc = ctx.sum_to(gc, ctx.shape(ctx.outputs[0]), c)
     return (ga, gb, gc)[:len(ctx.inputs)]
+
+
+def _einsum_terms(equation):
+    """Operand subscripts and output subscripts (implicit output: the
+    letters used once, in alphabetical order, as numpy.einsum)."""
+    equation = equation.replace(" ", "")
+    lhs, arrow, out = equation.partition("->")
+    terms = lhs.split(",")
+    if not arrow:
+        letters = [c for c in lhs if c.isalpha()]
+        out = ("..." if "..." in lhs else "") + "".join(
+            sorted(c for c in set(letters) if letters.count(c) == 1))
+    return terms, out
+
+
+def _tokens(term):
+    return ["..."] + list(term.replace("...", "", 1)) if "..." in term else list(term)
+
+
+@register_vjp("Einsum")
+def _einsum(ctx, gy):
+    # d operand_i = einsum(dy, other operands -> subscripts of operand i);
+    # subscripts summed away from operand i alone come back by broadcasting
+    terms, out = _einsum_terms(ctx.attr("equation"))
+    grads = []
+    for i, x in enumerate(ctx.inputs):
+        mine = _tokens(terms[i])
+        if not ctx.needs_grad[i]:
+            grads.append(None)
+            continue
+        if len(set(mine)) != len(mine):
+            ctx.fail(f"repeated subscripts in {terms[i]!r} (a diagonal)")
+        if "..." in mine and len(terms) > 1:
+            ctx.fail("an ellipsis with several operands (broadcast dims)")
+        others = terms[:i] + terms[i + 1:]
+        seen = set(_tokens(out)).union(*[set(_tokens(t)) for t in others])
+        kept = "".join(t for t in mine if t in seen)
+        grad = ctx.op("Einsum", gy, *(ctx.inputs[:i] + ctx.inputs[i + 1:]),
+                      equation=",".join([out] + others) + "->" + kept)
+        missing = [k for k, t in enumerate(mine) if t not in seen]
+        if missing:
+            grad = ctx.op("Expand", ctx.g.unsqueeze(grad, missing),
+                          ctx.g.shape_of(x))
+        grads.append(grad)
+    return tuple(grads)

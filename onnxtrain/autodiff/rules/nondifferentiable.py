@@ -5,7 +5,7 @@ from ..registry import register_nondifferentiable
 register_nondifferentiable(
     "Shape", "Size", "ArgMax", "ArgMin", "Equal", "Less", "Greater",
     "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN",
-    "IsInf", "Sign", "Floor", "Ceil", "Round", "NonZero", "ConstantOfShape",
+    "IsInf", "Sign", "Hardmax", "Floor", "Ceil", "Round", "NonZero", "ConstantOfShape",
     "Constant", "EyeLike", "Range", "OneHot", "RandomNormal", "RandomUniform",
     "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
     "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot")

@@ -1,33 +1,140 @@
-"""VJP rules of reductions: ReduceSum and ReduceMean (axes as attribute or
-input, by opset)."""
+"""VJP rules of reductions (axes as attribute or input, by opset).
+
+Every rule broadcasts the output gradient back to the input's shape with
+:func:`_expand_back` (identity when ``noop_with_empty_axes`` leaves the
+input unreduced) and multiplies it by the local derivative.
+"""
+
 from ..registry import register_vjp
 
 
-def _expand_back(ctx, gy):
-    """Broadcast ``gy`` back to the input's shape; None if the op is a no-op."""
+def _axes_input(ctx):
+    """Name of an axes input (opset 13+ ReduceSum, 18+ others) or None."""
+    return None if "axes" in ctx.attributes else ctx.input(1)
+
+
+def _is_noop(ctx):
+    """Static no-op: no axes at all and ``noop_with_empty_axes=1``."""
+    return (ctx.attr("noop_with_empty_axes", 0) and not ctx.attr("axes")
+            and _axes_input(ctx) is None)
+
+
+def _reduce(ctx, op_type, v, keepdims):
+    """``op_type`` over the node's axes (attribute, constant or run-time
+    input), with its ``noop_with_empty_axes``."""
+    if _is_noop(ctx):
+        return v
+    name = _axes_input(ctx)
+    if name is None:
+        return ctx.g.reduce(op_type, v, ctx.attr("axes"), keepdims)
+    return ctx.op(op_type, v, name, keepdims=int(keepdims),
+                  noop_with_empty_axes=ctx.attr("noop_with_empty_axes", 0))
+
+
+def _expand_back(ctx, v):
+    """Broadcast ``v`` (shaped like the output) back to the input's shape.
+
+    With ``keepdims=0`` it first takes the shape of the reduction with
+    ``keepdims=1``, which holds for static and run-time axes alike.
+    """
+    if _is_noop(ctx):
+        return v
     x = ctx.inputs[0]
-    axes = ctx.axes()
-    if not axes and ctx.attr("noop_with_empty_axes", 0):
-        return None
-    if axes and not ctx.attr("keepdims", 1):
-        rank = ctx.rank(x, ctx.node.op_type)
-        gy = ctx.g.unsqueeze(gy, sorted(ctx.normalize_axes(axes, rank)))
-    return ctx.op("Expand", gy, ctx.g.shape_of(x))
+    if not ctx.attr("keepdims", 1):
+        kept = _reduce(ctx, "ReduceSum", x, keepdims=1)
+        v = ctx.op("Reshape", v, ctx.g.shape_of(kept))
+    return ctx.op("Expand", v, ctx.g.shape_of(x))
+
+
+def _reduce_like(ctx, v, op_type="ReduceSum"):
+    """``op_type`` of ``v`` over the node's axes, with its keepdims."""
+    return _reduce(ctx, op_type, v, ctx.attr("keepdims", 1))
 
 
 @register_vjp("ReduceSum")
 def _reduce_sum(ctx, gy):
-    gx = _expand_back(ctx, gy)
-    return gy if gx is None else gx
+    return _expand_back(ctx, gy)
 
 
 @register_vjp("ReduceMean")
 def _reduce_mean(ctx, gy):
     # each input element contributes 1 / (number of reduced elements)
-    gx = _expand_back(ctx, gy)
-    if gx is None:
-        return gy
     count = ctx.op("Div", ctx.op("Size", ctx.inputs[0]),
                    ctx.op("Size", ctx.outputs[0]))
-    return ctx.op("Div", gx, ctx.g.cast(count, ctx.dtype))
+    return ctx.op("Div", _expand_back(ctx, gy), ctx.g.cast(count, ctx.dtype))
+
+
+@register_vjp("ReduceSumSquare")
+def _reduce_sum_square(ctx, gy):
+    two_x = ctx.op("Mul", ctx.inputs[0], ctx.const(2))
+    return ctx.op("Mul", _expand_back(ctx, gy), two_x)
+
+
+@register_vjp("ReduceL1")
+def _reduce_l1(ctx, gy):
+    return ctx.op("Mul", _expand_back(ctx, gy), ctx.op("Sign", ctx.inputs[0]))
+
+
+@register_vjp("ReduceL2")
+def _reduce_l2(ctx, gy):
+    # d||x|| / dx = x / ||x||, taken as 0 where the norm is 0
+    y = _expand_back(ctx, ctx.outputs[0])
+    zero = ctx.const(0)
+    is_zero = ctx.op("Equal", y, zero)
+    safe = ctx.op("Where", is_zero, ctx.const(1), y)
+    ratio = ctx.op("Where", is_zero, zero, ctx.op("Div", ctx.inputs[0], safe))
+    return ctx.op("Mul", _expand_back(ctx, gy), ratio)
+
+
+@register_vjp("ReduceLogSum")
+def _reduce_log_sum(ctx, gy):
+    # y = log(sum(x)): dy/dx = 1 / sum(x) = exp(-y)
+    inv_sum = ctx.op("Exp", ctx.op("Neg", ctx.outputs[0]))
+    return _expand_back(ctx, ctx.op("Mul", gy, inv_sum))
+
+
+@register_vjp("ReduceLogSumExp")
+def _reduce_log_sum_exp(ctx, gy):
+    # dy/dx = exp(x - y), the softmax of x over the reduced axes
+    y = _expand_back(ctx, ctx.outputs[0])
+    weight = ctx.op("Exp", ctx.op("Sub", ctx.inputs[0], y))
+    return ctx.op("Mul", _expand_back(ctx, gy), weight)
+
+
+def _reduce_extremum(ctx, gy):
+    # the gradient goes to the elements equal to the extremum, shared
+    # equally between ties (a subgradient)
+    y = _expand_back(ctx, ctx.outputs[0])
+    hit = ctx.g.cast(ctx.op("Equal", ctx.inputs[0], y), ctx.dtype)
+    ties = _expand_back(ctx, _reduce_like(ctx, hit))
+    return ctx.op("Div", ctx.op("Mul", _expand_back(ctx, gy), hit), ties)
+
+
+register_vjp("ReduceMax")(_reduce_extremum)
+register_vjp("ReduceMin")(_reduce_extremum)
+
+
+@register_vjp("ReduceProd")
+def _reduce_prod(ctx, gy):
+    # d prod / dx_i = product of the other elements: prod(nonzero) / x_i with
+    # no zero, prod(nonzero) at the only zero, 0 with two zeros or more
+    x = ctx.inputs[0]
+    zero, one = ctx.const(0), ctx.const(1)
+    is_zero = ctx.op("Equal", x, zero)
+    nonzero_x = ctx.op("Where", is_zero, one, x)
+    prod = _expand_back(ctx, _reduce_like(ctx, nonzero_x, "ReduceProd"))
+    zeros = _expand_back(ctx, _reduce_like(ctx, ctx.g.cast(is_zero, ctx.dtype)))
+    others = ctx.op("Where", ctx.op("Equal", zeros, zero),
+                    ctx.op("Div", prod, nonzero_x),
+                    ctx.op("Where", ctx.op("And", is_zero, ctx.op(
+                        "Equal", zeros, one)), prod, zero))
+    return ctx.op("Mul", _expand_back(ctx, gy), others)
+
+
+@register_vjp("CumSum")
+def _cumsum(ctx, gy):
+    # the adjoint of a running sum is the running sum in the other direction
+    return ctx.op("CumSum", gy, ctx.inputs[1], exclusive=ctx.attr("exclusive", 0),
+                  reverse=1 - ctx.attr("reverse", 0))
+
 

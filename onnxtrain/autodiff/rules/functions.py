@@ -1,0 +1,247 @@
+"""VJP of ops the ONNX standard defines as a function of other ops.
+
+Attention, RMSNormalization, RotaryEmbedding, GroupNormalization... carry a
+function body in their schema (``OpSchema.get_function_with_opset_version``
+and its context-dependent twin). Their VJP expands the node into that body
+(taken at the model's opset, converted with ``onnx.version_converter`` when
+the body was written for an older one), recomputes the expansion in the
+gradient graph from the node's inputs and runs the reverse pass over it, so
+the gradient is exactly the one of the standard's definition, built from
+the rules of the primitive ops.
+"""
+from itertools import zip_longest
+
+import numpy as np
+import onnx
+import onnx.defs
+from onnx import AttributeProto, helper, numpy_helper, version_converter
+from onnx.reference import ReferenceEvaluator
+
+from ...graph import infer_value_types
+from ..backward import (_accumulate, _check_rules, _dependents, _path_nodes,
+                        constant_node_value, reverse_pass)
+from ..registry import register_vjp
+
+#: Ops differentiated through their function body (no closed-form rule).
+EXPANDED_OPS = (
+    "Attention", "RMSNormalization", "CausalConvWithState",
+    "GroupNormalization", "LayerNormalization", "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss")
+
+
+def _type_proto(ctx, name):
+    if not name or name not in ctx.g.types:
+        return onnx.TypeProto()
+    elem_type, shape = ctx.g.types[name]
+    return helper.make_tensor_type_proto(elem_type, shape)
+
+
+def _with_defaults(ctx, node, schema):
+    """Copy of ``node`` with the schema's default attributes filled in; a
+    ``stash_type`` below the input's precision is raised to it (float64
+    inputs are normalized in float64, as onnxruntime's kernels do)."""
+    full = onnx.NodeProto()
+    full.CopyFrom(node)
+    present = {a.name for a in node.attribute}
+    for name, attr in schema.attributes.items():
+        if name not in present and attr.default_value.name:
+            full.attribute.append(attr.default_value)
+    for att in full.attribute:
+        if (att.name in ("stash_type", "softmax_precision")
+                and ctx.dtype == onnx.TensorProto.DOUBLE):
+            att.i = onnx.TensorProto.DOUBLE
+    return full
+
+
+def _function_body(ctx):
+    """``(FunctionProto, node with defaults)`` valid for the model's opset."""
+    node = ctx.node
+    schema = onnx.defs.get_schema(node.op_type, ctx.opset, node.domain)
+    candidates = [(v, False) for v in schema.function_opset_versions]
+    candidates += [(v, True) for v in
+                   schema.context_dependent_function_opset_versions]
+    usable = [c for c in candidates if c[0] <= ctx.opset]
+    if not usable:
+        ctx.fail(f"the standard defines no function body for this op at "
+                 f"opset {ctx.opset} (bodies at {sorted(c[0] for c in candidates)})")
+    version, dependent = max(usable)
+    full = _with_defaults(ctx, node, schema)
+    if dependent:
+        types = [_type_proto(ctx, i).SerializeToString() for i in node.input]
+        data = schema.get_context_dependent_function_with_opset_version(
+            version, full.SerializeToString(), types)
+    else:
+        data = schema.get_function_with_opset_version(version)
+    function = onnx.FunctionProto()
+    function.ParseFromString(data)
+    return function, full
+
+
+def _renamer(ctx, function, node):
+    names = {f: a or "" for f, a in zip_longest(function.input, node.input)
+             if f}
+    prefix = f"{node.op_type}_fn"
+
+    def rename(name):
+        if not name:
+            return ""
+        if name not in names:
+            names[name] = ctx.g.unique_name(f"{prefix}_{name}")
+        return names[name]
+    return rename
+
+
+def _expanded_nodes(ctx, function, node):
+    """The body's nodes with fresh value names and attributes resolved;
+    returns ``(nodes, names of the body's outputs)``."""
+    rename = _renamer(ctx, function, node)
+    given = {a.name: a for a in function.attribute_proto}
+    given.update({a.name: a for a in node.attribute})
+    nodes = []
+    for body in function.node:
+        attrs = []
+        for att in body.attribute:
+            if att.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
+                ctx.fail("its function body holds subgraphs")
+            if att.ref_attr_name:
+                if att.ref_attr_name not in given:
+                    continue
+                new = AttributeProto()
+                new.CopyFrom(given[att.ref_attr_name])
+                new.name = att.name
+                att = new
+            attrs.append(att)
+        new_node = helper.make_node(
+            body.op_type, [rename(i) for i in body.input],
+            [rename(o) for o in body.output], domain=body.domain,
+            name=ctx.g.unique_name(f"{body.op_type}_node"))
+        new_node.attribute.extend(attrs)
+        nodes.append(new_node)
+    return nodes, [rename(o) for o in function.output]
+
+
+def _body_opset(function):
+    for op in function.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            return op.version
+    return None
+
+
+def _typed_model(ctx, nodes, inputs, outputs, opset):
+    vis = [helper.make_value_info(i, _type_proto(ctx, i))
+           for i in dict.fromkeys(inputs) if i]
+    graph = helper.make_graph(nodes, "expansion", vis,
+                              [helper.make_value_info(o, onnx.TypeProto())
+                               for o in outputs])
+    return helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", opset)])
+
+
+def _at_model_opset(ctx, nodes, inputs, outputs, opset):
+    """Convert the body's nodes to the model's opset when they differ."""
+    if opset is None or opset == ctx.opset:
+        return nodes
+    model = _typed_model(ctx, nodes, inputs, outputs, opset)
+    try:
+        converted = version_converter.convert_version(model, ctx.opset)
+    except Exception as exc:  # noqa: BLE001 - reported as unsupported
+        ctx.fail(f"its function body (opset {opset}) does not convert to "
+                 f"opset {ctx.opset}: {exc}")
+    return list(converted.graph.node)
+
+
+def _record_types(ctx, nodes, inputs, outputs):
+    model = _typed_model(ctx, nodes, inputs, outputs, ctx.opset)
+    for name, info in infer_value_types(model).items():
+        ctx.g.types.setdefault(name, info)
+
+
+def _fold(ctx, node, known, ranks):
+    """Values of the node's outputs when computable now, else None: shapes
+    and ranks of inputs whose types are static, and nodes whose inputs are
+    all constants (evaluated with onnx's reference implementation)."""
+    if node.op_type == "Constant":
+        return [constant_node_value(node)]
+    if node.op_type == "Shape" and node.input[0] not in known:
+        shape = ctx.g.shape(node.input[0])
+        if shape is None:
+            return None
+        attrs = {a.name: a.i for a in node.attribute}
+        dims = list(shape)[attrs.get("start", 0):attrs.get("end", len(shape))]
+        ranks[node.output[0]] = len(dims)
+        if not all(isinstance(d, int) for d in dims):
+            return None
+        return [np.array(dims, dtype=np.int64)]
+    if node.op_type == "Size" and node.input[0] in ranks:
+        return [np.array(ranks[node.input[0]], dtype=np.int64)]
+    inputs = [i for i in node.input if i]
+    if (node.domain or "Random" in node.op_type
+            or not all(i in known for i in inputs)):
+        return None
+    try:
+        evaluator = ReferenceEvaluator(node)
+        return evaluator.run(None, {i: known[i] for i in inputs})
+    except Exception:  # noqa: BLE001 - left to onnxruntime
+        return None
+
+
+def _fold_constants(ctx, nodes):
+    """Replace the expansion's computable nodes by Constants so that shape
+    inference and the rules (axes...) see their values."""
+    known = {i: ctx.constant_value(i) for i, need in zip(ctx.inputs, ctx.needs_grad)
+             if not need and ctx.constant_value(i) is not None}  # never a weight
+    ranks, folded = {}, []
+    for node in nodes:
+        values = _fold(ctx, node, known, ranks)
+        if values is None:
+            folded.append(node)
+            continue
+        for name, value in zip(node.output, values):
+            known[name] = np.asarray(value)
+            folded.append(helper.make_node(
+                "Constant", [], [name], name=ctx.g.unique_name("Constant_node"),
+                value=numpy_helper.from_array(np.asarray(value), name)))
+    return folded, known
+
+
+def _prune(g, start, count):
+    """Drop the expansion's nodes (``g.nodes[start:start + count]``) whose
+    outputs no gradient node reads."""
+    needed = {i for n in g.nodes[start + count:] for i in n.input}
+    kept = []
+    for node in reversed(g.nodes[start:start + count]):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    g.nodes[start:start + count] = kept[::-1]
+
+
+def vjp_by_expansion(ctx, *grad_outputs):
+    """Gradient of the node through its standard function body."""
+    function, node = _function_body(ctx)
+    nodes, outputs = _expanded_nodes(ctx, function, node)
+    nodes = _at_model_opset(ctx, nodes, node.input, outputs,
+                            _body_opset(function))
+    nodes, known = _fold_constants(ctx, nodes)
+    _record_types(ctx, nodes, node.input, outputs)
+    wrt = [i for i, need in zip(node.input, ctx.needs_grad) if need]
+    upstream = _dependents(nodes, wrt, ctx.g.types)
+    grads = {o: [gy] for o, gy in zip(outputs, grad_outputs) if gy and o}
+    path = _path_nodes(nodes, list(grads), upstream)
+    _check_rules(path, upstream)
+    constants = dict(ctx.constants)
+    constants.update(known)
+    start = len(ctx.g.nodes)
+    ctx.g.nodes.extend(nodes)  # the expansion, recomputed from the inputs
+    reverse_pass(ctx.g, path, grads, upstream, constants)
+    _prune(ctx.g, start, len(nodes))
+    result, seen = [], set()
+    for name, need in zip(node.input, ctx.needs_grad):
+        result.append(_accumulate(ctx.g, grads, name)
+                      if need and name not in seen else None)
+        seen.add(name)
+    return tuple(result)
+
+
+for _op in EXPANDED_OPS:
+    register_vjp(_op)(vjp_by_expansion)

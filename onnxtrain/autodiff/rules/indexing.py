@@ -1,0 +1,221 @@
+"""VJP rules of ops that copy input elements to the output: Gather family,
+Slice, Pad, Tile, DepthToSpace, Resize (nearest)...
+
+Most of them share :func:`copy_adjoint`: the op is run a second time on the
+positions of its data input (0, 1, 2... in the data's element type, exact
+below 2**24 elements in float32 and 2**53 in float64), which tells, for
+every output element, which input element it copies; the output gradient is
+then scatter-added back to those positions. The rule is thus exactly the
+forward op's own indexing, whatever its attributes.
+"""
+from onnx import TensorProto
+
+from ..registry import register_vjp
+
+_EXACT_BELOW = {TensorProto.FLOAT: 2 ** 24, TensorProto.DOUBLE: 2 ** 53}
+
+
+def _positions(ctx, x):
+    """One plus the flat position of every element of ``x`` (0 is left for
+    elements copied from nowhere, such as padding), in ``x``'s shape and
+    the node's element type."""
+    if ctx.dtype not in _EXACT_BELOW:
+        ctx.fail("the position trick needs float32 or float64 data "
+                 f"(element type {ctx.dtype})")
+    size = ctx.g.cast(ctx.op("Size", x), ctx.dtype)
+    flat = ctx.op("Range", ctx.const(1), ctx.op("Add", size, ctx.const(1)),
+                  ctx.const(1))
+    return ctx.g.reshape_like(flat, x)
+
+
+def _zeros_like(ctx, x):
+    return ctx.op("Expand", ctx.const(0), ctx.g.shape_of(x))
+
+
+def _scatter_add(ctx, x, positions, gy, unique):
+    """Sum ``gy`` into a zero tensor shaped like ``x`` at the 1-based flat
+    ``positions`` (position 0 copies nothing and is dropped)."""
+    keep = ctx.op("Greater", positions, ctx.const(0))
+    gy = ctx.op("Where", keep, gy, ctx.const(0))
+    index = ctx.g.cast(ctx.op("Max", ctx.op("Sub", positions, ctx.const(1)),
+                              ctx.const(0)), TensorProto.INT64)
+    minus_one = ctx.g.int64s([-1])
+    flat_zeros = ctx.op("Reshape", _zeros_like(ctx, x), minus_one)
+    args = (flat_zeros, ctx.op("Reshape", index, minus_one),
+            ctx.op("Reshape", gy, minus_one))
+    if ctx.opset >= 16:
+        flat = ctx.op("ScatterElements", *args, axis=0, reduction="add")
+    elif unique:
+        flat = ctx.op("ScatterElements", *args, axis=0)
+    else:
+        ctx.fail("elements copied several times need ScatterElements with "
+                 f"reduction='add' (opset >= 16, model opset {ctx.opset})")
+    return ctx.g.reshape_like(flat, x)
+
+
+def copy_adjoint(ctx, gy, unique=False, replace=None):
+    """Gradient of input 0 of an op whose outputs copy its elements.
+
+    ``replace`` maps input positions to names used instead in the second run
+    (Pad's constant value becomes 0: padded elements copy nothing).
+    """
+    x = ctx.inputs[0]
+    inputs = [_positions(ctx, x)] + list(ctx.inputs[1:])
+    for i, name in (replace or {}).items():
+        inputs[i] = name
+    positions = ctx.op(ctx.node.op_type, *inputs, **ctx.attributes)
+    return _scatter_add(ctx, x, positions, gy, unique)
+
+
+def _data_only(unique):
+    def rule(ctx, gy):
+        return copy_adjoint(ctx, gy, unique)
+    return rule
+
+
+for _op in ("Slice", "DepthToSpace", "SpaceToDepth", "Compress",
+            "ReverseSequence", "CenterCropPad"):
+    register_vjp(_op)(_data_only(unique=True))
+for _op in ("GatherND",):
+    register_vjp(_op)(_data_only(unique=False))
+
+
+def _one_hot(ctx, indices, x, axis, where):
+    """1.0 where ``indices`` equals k along a new axis at ``where`` (k runs
+    over the size of ``x`` along ``axis``; negative indices count from the
+    end), 0.0 elsewhere."""
+    depth = ctx.op("Gather", ctx.g.shape_of(x), ctx.g.int64s([axis]))
+    indices = ctx.g.cast(indices, TensorProto.INT64)
+    indices = ctx.op("Where", ctx.op("Less", indices, ctx.g.int64s([0])),
+                     ctx.op("Add", indices, depth), indices)
+    rank = ctx.rank(ctx.inputs[1], ctx.node.op_type) + 1
+    where = where % rank
+    k = ctx.op("Range", ctx.const(0, TensorProto.INT64), ctx.op("Squeeze", depth),
+               ctx.const(1, TensorProto.INT64))
+    k = ctx.op("Reshape", k, ctx.g.int64s([-1] + [1] * (rank - where - 1)))
+    hot = ctx.op("Equal", ctx.g.unsqueeze(indices, [where]), k)
+    return ctx.g.cast(hot, ctx.dtype)
+
+
+@register_vjp("Gather")
+def _gather(ctx, gy):
+    # before opset 16 (no scatter-add): dx = contraction of dy with one-hot
+    if ctx.opset >= 16:
+        return copy_adjoint(ctx, gy)
+    x, indices = ctx.inputs
+    rank, k = ctx.rank(x, "Gather"), ctx.rank(indices, "Gather")
+    axis = ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pre, idx, post = letters[:axis], letters[axis:axis + k], letters[
+        axis + k:rank + k - 1]
+    hot = _one_hot(ctx, indices, x, axis, -1)
+    return ctx.op("Einsum", gy, hot,
+                  equation=f"{pre}{idx}{post},{idx}Z->{pre}Z{post}")
+
+
+@register_vjp("GatherElements")
+def _gather_elements(ctx, gy):
+    # before opset 16: dx = sum over the indexed axis of one-hot(indices) dy,
+    # padded with zeros where indices is smaller than x
+    if ctx.opset >= 16:
+        return copy_adjoint(ctx, gy)
+    x, indices = ctx.inputs
+    rank = ctx.rank(x, "GatherElements")
+    axis = ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
+    hot = _one_hot(ctx, indices, x, axis, axis + 1)
+    spread = ctx.op("Mul", hot, ctx.g.unsqueeze(gy, [axis + 1]))
+    gx = ctx.g.reduce_sum(spread, [axis], keepdims=0)
+    missing = ctx.op("Sub", ctx.g.shape_of(x), ctx.g.shape_of(gx))
+    pads = ctx.op("Concat", ctx.g.int64s([0] * rank), missing, axis=0)
+    return ctx.op("Pad", gx, pads), None
+
+
+@register_vjp("Pad")
+def _pad(ctx, gy):
+    # the padded border copies the constant value (mode "constant")
+    mode = ctx.attr("mode", "constant")
+    replace = {}
+    if mode == "constant" and ctx.opset >= 11:
+        replace = {2: ctx.const(0)}
+    elif mode == "constant" and ctx.attr("value", 0.0) != 0.0:
+        ctx.fail("a non-zero constant 'value' attribute (opset < 11)")
+    gx = copy_adjoint(ctx, gy, unique=mode == "constant", replace=replace)
+    g_value = None
+    if len(ctx.needs_grad) > 2 and ctx.needs_grad[2]:
+        inside = ctx.g.reduce_sum(gx, keepdims=0)
+        g_value = ctx.op("Sub", ctx.g.reduce_sum(gy, keepdims=0), inside)
+        g_value = ctx.g.reshape_like(g_value, ctx.inputs[2])
+    return (gx, None, g_value)[:len(ctx.inputs)]
+
+
+@register_vjp("Resize")
+def _resize(ctx, gy):
+    if ctx.attr("mode", "nearest") != "nearest":
+        ctx.fail(f"mode={ctx.attr('mode')!r}: only mode 'nearest' is "
+                 "differentiated")
+    if any(ctx.needs_grad[1:]):
+        ctx.fail("the gradient of roi or scales (non-differentiable inputs)")
+    return copy_adjoint(ctx, gy)
+
+
+@register_vjp("Tile")
+def _tile(ctx, gy):
+    # view dy as (r0, d0, r1, d1, ...) and sum over the repeats r_k
+    x, repeats = ctx.inputs
+    rank = ctx.rank(x, "Tile")
+    pairs = ctx.op("Concat", ctx.g.unsqueeze(repeats, [1]),
+                   ctx.g.unsqueeze(ctx.g.shape_of(x), [1]), axis=1)
+    blocks = ctx.op("Reshape", gy, ctx.op("Reshape", pairs, ctx.g.int64s([-1])))
+    return ctx.g.reduce_sum(blocks, list(range(0, 2 * rank, 2)), keepdims=0), None
+
+
+@register_vjp("Expand", unbroadcast=True)
+def _expand(ctx, gy):
+    return gy
+
+
+@register_vjp("Split")
+def _split(ctx, *grad_outputs):
+    rank = ctx.rank(ctx.inputs[0], "Split")
+    axis = ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
+    parts = [gy if gy is not None else _zeros_like(ctx, out)
+             for gy, out in zip(grad_outputs, ctx.outputs)]
+    return ctx.op("Concat", *parts, axis=axis)
+
+
+@register_vjp("TopK")
+def _topk(ctx, g_values, g_indices=None):
+    # the values are GatherElements(x, indices, axis)
+    x, indices = ctx.inputs[0], ctx.outputs[1]
+    zeros = _zeros_like(ctx, x)
+    axis = ctx.attr("axis", -1)
+    return ctx.op("ScatterElements", zeros, indices, g_values, axis=axis), None
+
+
+@register_vjp("ScatterElements")
+def _scatter_elements(ctx, gy):
+    # none: data loses the overwritten positions, updates read them back;
+    # add: data passes gy through
+    data, indices, updates = ctx.inputs
+    reduction = ctx.attr("reduction", "none")
+    axis = ctx.attr("axis", 0)
+    if reduction not in ("none", "add"):
+        ctx.fail(f"reduction={reduction!r} (only 'none' and 'add')")
+    g_data = gy
+    if reduction == "none" and ctx.needs_grad[0]:
+        g_data = ctx.op("ScatterElements", gy, indices,
+                        _zeros_like(ctx, updates), axis=axis)
+    g_updates = ctx.op("GatherElements", gy, indices, axis=axis)
+    return g_data, None, g_updates
+
+
+@register_vjp("ScatterND")
+def _scatter_nd(ctx, gy):
+    data, indices, updates = ctx.inputs
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in ("none", "add"):
+        ctx.fail(f"reduction={reduction!r} (only 'none' and 'add')")
+    g_data = gy
+    if reduction == "none" and ctx.needs_grad[0]:
+        g_data = ctx.op("ScatterND", gy, indices, _zeros_like(ctx, updates))
+    return g_data, None, ctx.op("GatherND", gy, indices)

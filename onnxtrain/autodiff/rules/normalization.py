@@ -1,0 +1,123 @@
+"""VJP rules of BatchNormalization and InstanceNormalization.
+
+With xhat = (x - mean) / sqrt(var + eps) over the M elements of each
+normalized group and y = scale * xhat + B, when mean and var are the
+statistics of x itself (training-mode BatchNormalization, instance
+normalization; Ioffe and Szegedy 2015, section 3):
+
+    dx = scale / sqrt(var + eps) / M * (M dy - sum(dy) - xhat sum(dy xhat))
+
+and when they are given (inference-mode BatchNormalization) dx is simply
+scale / sqrt(var + eps) dy.
+"""
+from ..registry import register_vjp
+
+
+def _per_channel(ctx, v, rank):
+    """(C,) -> (C, 1, ..., 1) broadcasting against (N, C, spatial...)."""
+    return ctx.g.unsqueeze(v, list(range(1, rank - 1)))
+
+
+def _batch_statistics_backward(ctx, x, gy, scale, axes, eps):
+    """dx, and xhat, for statistics computed over ``axes`` of ``x``."""
+    mean = ctx.g.reduce("ReduceMean", x, axes, keepdims=1)
+    centered = ctx.op("Sub", x, mean)
+    var = ctx.g.reduce("ReduceMean", ctx.op("Mul", centered, centered), axes)
+    inv_std = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", var, ctx.const(eps))))
+    xhat = ctx.op("Mul", centered, inv_std)
+    g_hat = ctx.op("Mul", gy, scale)
+    mean_g = ctx.g.reduce("ReduceMean", g_hat, axes, keepdims=1)
+    mean_gx = ctx.g.reduce("ReduceMean", ctx.op("Mul", g_hat, xhat), axes, keepdims=1)
+    inner = ctx.op("Sub", ctx.op("Sub", g_hat, mean_g), ctx.op("Mul", xhat, mean_gx))
+    return ctx.op("Mul", inner, inv_std), xhat
+
+
+def _training_mode(ctx):
+    if ctx.opset >= 14:
+        return bool(ctx.attr("training_mode", 0))
+    if len([o for o in ctx.outputs if o]) > 1:
+        ctx.fail("training mode before opset 14 (outputs mean, var, saved_*)")
+    return False
+
+
+@register_vjp("BatchNormalization")
+def _batch_norm(ctx, gy, *g_stats):
+    x, scale, bias, mean, var = ctx.inputs[:5]
+    rank = ctx.rank(x, "BatchNormalization")
+    axes = [0] + list(range(2, rank))
+    eps = ctx.attr("epsilon", 1e-5)
+    scale_b = _per_channel(ctx, scale, rank)
+    if _training_mode(ctx):
+        gy = gy if gy is not None else ctx.op("Expand", ctx.const(0), ctx.g.shape_of(x))
+        gx, xhat = _batch_statistics_backward(ctx, x, gy, scale_b, axes, eps)
+        gx, g_mean, g_var = _running_statistics(ctx, gx, g_stats, axes, rank)
+        return gx, _sum(ctx, gy, xhat, axes), _sum(ctx, gy, None, axes), g_mean, g_var
+    if any(g is not None for g in g_stats):
+        ctx.fail("a gradient reaching the mean or variance outputs in inference mode")
+    inv_std = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", var, ctx.const(eps))))
+    inv_std_b = _per_channel(ctx, inv_std, rank)
+    centered = ctx.op("Sub", x, _per_channel(ctx, mean, rank))
+    xhat = ctx.op("Mul", centered, inv_std_b)
+    gx = ctx.op("Mul", gy, ctx.op("Mul", scale_b, inv_std_b))
+    g_bias = _sum(ctx, gy, None, axes)
+    g_mean = ctx.op("Neg", ctx.op("Mul", g_bias, ctx.op("Mul", scale, inv_std)))
+    g_var = ctx.op("Mul", _sum(ctx, gy, xhat, axes), ctx.op("Mul", ctx.op(
+        "Mul", scale, ctx.op("Mul", inv_std, inv_std)), ctx.const(-0.5)))
+    return gx, _sum(ctx, gy, xhat, axes), g_bias, g_mean, g_var
+
+
+def _running_statistics(ctx, gx, g_stats, axes, rank):
+    """Add the paths through running_mean = m input_mean + (1 - m) mean(x)
+    and running_var = m input_var + (1 - m) var(x) (ONNX BatchNormalization-15,
+    population variance) to dx; return dx, d input_mean, d input_var."""
+    x = ctx.inputs[0]
+    g_rm, g_rv = (list(g_stats) + [None, None])[:2]
+    momentum = ctx.attr("momentum", 0.9)
+    count = ctx.g.cast(ctx.op("Div", ctx.op("Size", x), ctx.op(
+        "Size", ctx.inputs[1])), ctx.dtype)
+    rest = ctx.op("Div", ctx.const(1 - momentum), count)
+    g_mean = g_var = None
+    if g_rm is not None:
+        gx = ctx.op("Add", gx, ctx.op("Mul", _per_channel(ctx, g_rm, rank), rest))
+        g_mean = ctx.op("Mul", g_rm, ctx.const(momentum))
+    if g_rv is not None:
+        centered = ctx.op("Sub", x, ctx.g.reduce("ReduceMean", x, axes, keepdims=1))
+        twice = ctx.op("Mul", ctx.op("Mul", centered, ctx.const(2)), rest)
+        gx = ctx.op("Add", gx, ctx.op("Mul", _per_channel(ctx, g_rv, rank), twice))
+        g_var = ctx.op("Mul", g_rv, ctx.const(momentum))
+    return gx, g_mean, g_var
+
+
+def _sum(ctx, gy, factor, axes):
+    """sum(gy * factor) over ``axes``, keeping only the channel axis."""
+    v = gy if factor is None else ctx.op("Mul", gy, factor)
+    return ctx.g.reduce_sum(v, axes, keepdims=0)
+
+
+@register_vjp("InstanceNormalization")
+def _instance_norm(ctx, gy):
+    x, scale, _ = ctx.inputs
+    rank = ctx.rank(x, "InstanceNormalization")
+    axes = list(range(2, rank))
+    scale_b = _per_channel(ctx, scale, rank)
+    gx, xhat = _batch_statistics_backward(ctx, x, gy, scale_b, axes,
+                                          ctx.attr("epsilon", 1e-5))
+    batch_axes = [0] + axes
+    return gx, _sum(ctx, gy, xhat, batch_axes), _sum(ctx, gy, None, batch_axes)
+
+
+@register_vjp("LpNormalization")
+def _lp_normalization(ctx, gy):
+    # y = x / ||x||_p along axis: dx = (dy - d sum(dy y)) / ||x||_p with
+    # d = y for p = 2 and d = sign(x) for p = 1
+    p, axis = ctx.attr("p", 2), ctx.attr("axis", -1)
+    if p not in (1, 2):
+        ctx.fail(f"p={p} (the standard allows 1 and 2)")
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    norm = ctx.g.reduce("ReduceL2" if p == 2 else "ReduceL1", x, [axis])
+    dot = ctx.g.reduce_sum(ctx.op("Mul", gy, y), [axis], keepdims=1)
+    direction = y if p == 2 else ctx.op("Sign", x)
+    is_zero = ctx.op("Equal", norm, ctx.const(0))  # y = 0 there: no gradient
+    safe = ctx.op("Where", is_zero, ctx.const(1), norm)
+    gx = ctx.op("Div", ctx.op("Sub", gy, ctx.op("Mul", direction, dot)), safe)
+    return ctx.op("Where", is_zero, ctx.const(0), gx)
