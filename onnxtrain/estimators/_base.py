@@ -339,7 +339,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 results.append(loss)
             return results
         sizes = np.array([
-            (b.stop - b.start) if sample_weight is None else sample_weight[b].sum()
+            self._batch_rows(b, None if sample_weight is None else sample_weight[b])
             for b in gen_batches(X.shape[0], batch_size)], dtype=np.float64)
         return list(losses.astype(np.float64) @ sizes / sizes.sum())
 

@@ -1,0 +1,871 @@
+"""MLPRegressor and MLPClassifier: scikit-learn's multi-layer perceptrons,
+trained on onnxruntime.
+
+The constructor parameters, their order and defaults, the fitted attributes
+and the training arithmetic are scikit-learn 1.9's
+(``sklearn/neural_network/_multilayer_perceptron.py``): with the same
+settings and ``random_state`` the initial weights, the batches, the updates
+and so ``loss_curve_`` are the same. The network is an ONNX graph built from
+the layer sizes at the first fit;
+:class:`~onnxtrain.neural_network._loop.MLPTrainingLoop` trains it with onnxtrain's forward/backward engine; ``to_onnx()`` returns the
+trained inference graph.
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import numpy as np
+import scipy.optimize
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.preprocessing import LabelBinarizer
+from sklearn.utils import check_random_state, column_or_1d
+from sklearn.utils._param_validation import Interval, Options, StrOptions
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import type_of_target, unique_labels
+from sklearn.utils.validation import (_check_sample_weight, check_is_fitted,
+                                      validate_data)
+
+from ..exceptions import ConvergenceWarning
+from ..losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
+                      PoissonLearningLoss, SquareLearningLoss)
+from ..optim import LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+from ..penalties import ElasticLearningPenalty, NoLearningPenalty
+from ._graph import (OUTPUT_FUNCTIONS, classifier_graph, init_layers,
+                     regressor_graph, training_graph, weight_names)
+from ._loop import MLPTrainingLoop
+
+__all__ = ["MLPRegressor", "MLPClassifier"]
+
+_STOCHASTIC_SOLVERS = ("sgd", "adam")
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class _BaseMLP(BaseEstimator):
+    """What both estimators share: validation, the first-fit construction
+    of the graphs, the one code path of fit and partial_fit, results."""
+
+    # scikit-learn 1.9's BaseMultilayerPerceptron._parameter_constraints,
+    # plus device and dtype.
+    _parameter_constraints: dict = {
+        "hidden_layer_sizes": ["array-like", Interval(numbers.Integral, 1, None,
+                                                      closed="left")],
+        "activation": [StrOptions({"identity", "logistic", "tanh", "relu"})],
+        "solver": [StrOptions({"lbfgs", "sgd", "adam"})],
+        "alpha": [Interval(numbers.Real, 0, None, closed="left")],
+        "batch_size": [StrOptions({"auto"}),
+                       Interval(numbers.Integral, 1, None, closed="left")],
+        "learning_rate": [StrOptions({"constant", "invscaling", "adaptive"})],
+        "learning_rate_init": [Interval(numbers.Real, 0, None, closed="neither")],
+        "power_t": [Interval(numbers.Real, 0, None, closed="left")],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "shuffle": ["boolean"],
+        "random_state": ["random_state"],
+        "tol": [Interval(numbers.Real, 0, None, closed="left")],
+        "verbose": ["verbose"],
+        "warm_start": ["boolean"],
+        "momentum": [Interval(numbers.Real, 0, 1, closed="both")],
+        "nesterovs_momentum": ["boolean"],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="left")],
+        "beta_1": [Interval(numbers.Real, 0, 1, closed="left")],
+        "beta_2": [Interval(numbers.Real, 0, 1, closed="left")],
+        "epsilon": [Interval(numbers.Real, 0, None, closed="neither")],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left"),
+                             Options(numbers.Real, {np.inf})],
+        "max_fun": [Interval(numbers.Integral, 1, None, closed="left")],
+        "device": [str],
+        "dtype": "no_validation",  # checked in fit: None, float32 or float64
+    }
+
+    # ------------------------------------------------------------ checks
+    def _check_solver(self):
+        """partial_fit exists only for the stochastic solvers (scikit-learn's
+        rule)."""
+        if self.solver not in _STOCHASTIC_SOLVERS:
+            raise AttributeError("partial_fit is only available for stochastic "
+                                 f"optimizers. {self.solver} is not stochastic.")
+        return True
+
+    def _check_fit_params(self, incremental):
+        self._validate_params()
+        if incremental and self.early_stopping:
+            raise ValueError("partial_fit does not support early_stopping=True")
+        hidden = self.hidden_layer_sizes
+        hidden = list(hidden) if hasattr(hidden, "__iter__") else [hidden]
+        if np.any(np.array(hidden) <= 0):
+            raise ValueError(f"hidden_layer_sizes must be > 0, got {hidden}.")
+        return [int(h) for h in hidden]
+
+    def _requested_dtype(self):
+        """None (follow X) or the float dtype asked for.
+
+        Raises
+        ------
+        ValueError
+            Anything but None, float32 or float64.
+        """
+        if self.dtype is None:
+            return None
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            dtype = None
+        if dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"dtype must be None, np.float32 or np.float64, got "
+                             f"{self.dtype!r}.")
+        return dtype
+
+    def _data_dtype(self, first):
+        """The dtype X is validated to: the graph's after the first fit."""
+        if not first:
+            return self._dtype
+        dtype = self._requested_dtype()
+        return (np.float64, np.float32) if dtype is None else dtype
+
+    # ---------------------------------------------------------------- fit
+    def _fit(self, X, y, sample_weight=None, incremental=False):
+        """The one code path of fit and partial_fit."""
+        hidden = self._check_fit_params(incremental)
+        first = not hasattr(self, "_loop") or (not self.warm_start
+                                               and not incremental)
+        X, y = self._validate_input(X, y, incremental, reset=first)
+        if sample_weight is not None:
+            sample_weight = _check_sample_weight(sample_weight, X, dtype=X.dtype)
+        random_state = check_random_state(self.random_state)
+        if first:
+            self._initialize(X, y, hidden, random_state)
+        elif y.shape[1] != self.n_outputs_:
+            raise ValueError(f"y has {y.shape[1]} outputs but the network was "
+                             f"built for {self.n_outputs_}.")
+        y = y.astype(self._dtype)
+        if self.solver == "lbfgs":
+            return self._fit_lbfgs(X, y, sample_weight)
+        if not first:
+            settings = self._loop_settings()
+            if incremental:  # partial_fit keeps the optimizer
+                del settings["learning_rate"], settings["learning_penalty"]
+            self._loop.restart(random_state, **settings)
+        return self._fit_stochastic(X, y, sample_weight, incremental)
+
+    def _fit_stochastic(self, X, y, sample_weight, incremental):
+        """scikit-learn's ``_fit_stochastic``: the loop's epochs (one for
+        partial_fit), then its results as scikit-learn's attributes."""
+        self._warn_batch_size(X.shape[0])
+        loop = self._loop
+        seen = len(getattr(loop, "train_losses_", ())) if incremental else 0
+        fit = loop.partial_fit if incremental else loop.fit
+        try:
+            fit(X, y, sample_weight)
+        finally:
+            if hasattr(loop, "train_losses_"):  # also after ConvergenceError
+                self._collect(seen, incremental)
+        if not incremental and loop.n_iter_ == self.max_iter and not loop.stopped:
+            warnings.warn(f"Stochastic Optimizer: Maximum iterations "
+                          f"({self.max_iter}) reached and the optimization "
+                          "hasn't converged yet.", ConvergenceWarning)
+        return self
+
+    def _fit_lbfgs(self, X, y, sample_weight):
+        """scikit-learn's ``_fit_lbfgs``: scipy's L-BFGS-B on the loss of all
+        the rows and its gradient (onnxruntime's forward and backward
+        passes) plus the ``alpha`` term, the weights packed as scikit-learn
+        packs them (every coefficient, then every intercept)."""
+        loop = self._loop.prepare()
+        shapes = [w.shape for w in loop.get_state()]
+        order = list(range(0, len(shapes), 2)) + list(range(1, len(shapes), 2))
+        ends = np.cumsum([int(np.prod(shapes[i])) for i in order])[:-1]
+        total = X.shape[0] if sample_weight is None else float(sample_weight.sum())
+
+        def pack(arrays):
+            return np.hstack([arrays[i].ravel() for i in order])
+
+        def unpack(packed):
+            weights = [None] * len(shapes)
+            for i, part in zip(order, np.split(packed, ends)):
+                weights[i] = part.reshape(shapes[i]).astype(self._dtype)
+            return weights
+
+        def loss_and_gradient(packed):
+            weights = unpack(packed)
+            loop.set_state(weights)
+            loss, gradients = loop.loss_and_gradients(X, y, sample_weight)
+            for i in range(0, len(weights), 2):  # coefficients only
+                coef = weights[i].ravel()
+                loss += 0.5 * self.alpha * float(np.dot(coef, coef)) / total
+                gradients[i] = gradients[i] + self.alpha * weights[i] / total
+            return loss, pack(gradients)
+
+        result = scipy.optimize.minimize(
+            loss_and_gradient, pack(loop.get_state()), method="L-BFGS-B", jac=True,
+            options={"maxfun": self.max_fun, "maxiter": self.max_iter,
+                     "gtol": self.tol})
+        self.n_iter_ = min(result.nit, self.max_iter)
+        if result.status != 0:
+            warnings.warn(f"lbfgs failed to converge after {self.n_iter_} "
+                          f"iteration(s) (status={result.status}):\n"
+                          f"{result.message}", ConvergenceWarning)
+        self.loss_ = float(result.fun)
+        loop.set_state(unpack(result.x))
+        return self
+
+    def _initialize(self, X, y, hidden, random_state):
+        """First fit: the layers, the initial weights (drawn from
+        ``random_state``, which then shuffles and splits), the graphs and
+        the training loop."""
+        self._dtype = X.dtype
+        self.n_outputs_ = y.shape[1]
+        layer_units = [X.shape[1]] + hidden + [self.n_outputs_]
+        self.n_layers_ = len(layer_units)
+        self.out_activation_ = self._output_activation()
+        coefs, intercepts = init_layers(layer_units, self.activation,
+                                        random_state, X.dtype)
+        self._inference_onnx = self._inference_graph(coefs, intercepts)
+        training = training_graph(coefs, intercepts, self.activation,
+                                  exp_output=self.out_activation_ == "exp")
+        self._loop = MLPTrainingLoop(
+            training, weight_names(len(coefs)), learning_loss=self._learning_loss(),
+            task="classification" if self._is_classifier() else "regression",
+            out_activation=self.out_activation_, device=self.device,
+            random_state=random_state, **self._loop_settings())
+        self.t_ = self.n_iter_ = 0
+        if self.solver in _STOCHASTIC_SOLVERS:
+            self.loss_curve_ = []
+
+    def _loop_settings(self):
+        """The training loop's parameters that a later fit reads again."""
+        return dict(
+            learning_rate=self._learning_rate(), learning_penalty=self._penalty(),
+            max_iter=self.max_iter,
+            batch_size=200 if self.batch_size == "auto" else self.batch_size,
+            shuffle=self.shuffle, early_stopping=self.early_stopping,
+            validation_fraction=self.validation_fraction,
+            n_iter_no_change=self.n_iter_no_change, tol=self.tol,
+            print_progress=bool(self.verbose))
+
+    def _is_classifier(self):
+        return False
+
+    def _learning_rate(self):
+        """scikit-learn's ``AdamOptimizer`` or ``SGDOptimizer`` as an
+        onnxtrain update rule (same formulas, see :mod:`onnxtrain.optim`)."""
+        if self.solver == "adam":
+            return LearningRateAdam(eta0=self.learning_rate_init, beta_1=self.beta_1,
+                                    beta_2=self.beta_2, epsilon=self.epsilon)
+        if self.momentum == 0:
+            return LearningRateSGD(eta0=self.learning_rate_init,
+                                   power_t=self.power_t,
+                                   learning_rate=self.learning_rate)
+        return LearningRateSGDNesterov(
+            eta0=self.learning_rate_init, power_t=self.power_t,
+            learning_rate=self.learning_rate, momentum=self.momentum,
+            nesterov=self.nesterovs_momentum)
+
+    def _penalty(self):
+        """``alpha`` as scikit-learn applies it: ``alpha / 2 * sum(coef**2)``
+        divided by the batch's sample-weight sum, intercepts excluded."""
+        if self.alpha == 0:
+            return NoLearningPenalty()
+        return ElasticLearningPenalty(l1=0.0, l2=self.alpha / 2)
+
+    def _warn_batch_size(self, n_samples):
+        if self.batch_size == "auto":
+            return
+        if self.early_stopping:
+            n_samples -= int(np.ceil(self.validation_fraction * n_samples))
+        if self.batch_size > n_samples:
+            warnings.warn("Got `batch_size` less than 1 or larger than sample "
+                          "size. It is going to be clipped")
+
+    def _collect(self, seen, incremental):
+        """Copy the loop's results into scikit-learn's attributes."""
+        loop = self._loop
+        self.__dict__.setdefault("loss_curve_", []).extend(loop.train_losses_[seen:])
+        self.loss_ = self.loss_curve_[-1] if self.loss_curve_ else None
+        self.n_iter_ = min(loop.n_iter_, 1) if incremental else loop.n_iter_
+        self.t_ = loop.t_
+        self.best_loss_ = None if self.early_stopping else loop.best_loss_
+        self.validation_scores_ = (None if loop.validation_scores_ is None
+                                   else list(loop.validation_scores_))
+        self.best_validation_score_ = loop.best_validation_score_
+
+    # ------------------------------------------------------------ results
+    def _output(self, X):
+        """The network's output (after the output activation), as
+        scikit-learn's ``_forward_pass_fast``: ndarray of shape
+        (n_samples, n_outputs) in the graph's dtype."""
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=self._dtype)
+        output = self._loop.output(X)
+        return OUTPUT_FUNCTIONS[self.out_activation_](output)
+
+    def _weights(self):
+        if "_loop" not in self.__dict__:
+            raise AttributeError(f"This {type(self).__name__} instance is not "
+                                 "fitted yet.")
+        return self._loop.get_state()
+
+    @property
+    def coefs_(self):
+        """list of ndarray of shape (fan_in, fan_out): the trained
+        coefficients of each layer (copies; assign a new list to change them)."""
+        return self._weights()[0::2]
+
+    @coefs_.setter
+    def coefs_(self, coefs):
+        weights = self._weights()
+        weights[0::2] = list(coefs)
+        self._loop.set_state(weights)
+
+    @property
+    def intercepts_(self):
+        """list of ndarray of shape (fan_out,): the trained intercepts of each
+        layer (copies; assign a new list to change them)."""
+        return self._weights()[1::2]
+
+    @intercepts_.setter
+    def intercepts_(self, intercepts):
+        weights = self._weights()
+        weights[1::2] = list(intercepts)
+        self._loop.set_state(weights)
+
+    def to_onnx(self):
+        """The trained inference graph.
+
+        Returns
+        -------
+        onnx.ModelProto
+            Input ``X`` of shape (n_samples, n_features) in the training
+            dtype (float32 or float64). The regressor outputs ``variable``
+            (n_samples, n_outputs); the classifier ``label`` (n_samples,)
+            and ``probabilities`` (n_samples, n_classes), as skl2onnx's
+            converters with ``options={'zipmap': False}``. Run by
+            ``onnxruntime.InferenceSession`` it gives ``predict`` /
+            ``predict_proba``.
+        """
+        check_is_fitted(self)
+        return self._loop.get_trained_onnx(self._inference_onnx)
+
+
+class MLPRegressor(RegressorMixin, _BaseMLP):
+    """Multi-layer perceptron regressor trained on onnxruntime.
+
+    scikit-learn's :class:`sklearn.neural_network.MLPRegressor` (1.9), with
+    the same parameters, attributes and results: with the same settings and
+    ``random_state``, the initial weights, the batches, every update and so
+    ``loss_curve_`` are scikit-learn's (up to float rounding). The network
+    is an ONNX graph (MatMul, Add and the activation per layer) trained by
+    onnxtrain's forward/backward engine on ``device``.
+
+    Parameters
+    ----------
+    loss : {'squared_error', 'poisson'}, default='squared_error'
+        'squared_error': half the mean squared error, identity output.
+        'poisson': half the Poisson deviance, exponential output (y >= 0).
+    hidden_layer_sizes : array-like of shape (n_layers - 2,) or int, default=(100,)
+        Number of units of each hidden layer.
+    activation : {'identity', 'logistic', 'tanh', 'relu'}, default='relu'
+        Activation of the hidden layers.
+    solver : {'adam', 'sgd', 'lbfgs'}, default='adam'
+        'sgd' (with momentum / Nesterov) and 'adam' train by mini-batches
+        (the epochs, batches and updates run on onnxruntime); 'lbfgs' is
+        scipy's L-BFGS-B on the loss of all the rows, whose value and
+        gradient onnxruntime computes (no ``loss_curve_``, no partial_fit).
+    alpha : float, default=0.0001
+        L2 penalty: ``alpha / 2 * sum(coef ** 2)`` (intercepts excluded)
+        divided by the batch's sample-weight sum, as scikit-learn adds it.
+    batch_size : int or 'auto', default='auto'
+        Rows per step; 'auto' is ``min(200, n_samples)``. Clipped to the
+        number of rows (with a warning). The last batch of an epoch may be
+        smaller.
+    learning_rate : {'constant', 'invscaling', 'adaptive'}, default='constant'
+        Schedule of the 'sgd' solver: 'constant'; 'invscaling':
+        ``learning_rate_init / (t + 1) ** power_t`` with t the number of
+        samples seen, updated after each epoch; 'adaptive': divided by 5
+        whenever the loss (or validation score) stops improving by ``tol``
+        for ``n_iter_no_change`` epochs, training stops below 1e-6.
+    learning_rate_init : float, default=0.001
+    power_t : float, default=0.5
+        Exponent of 'invscaling'.
+    max_iter : int, default=200
+        Maximum number of epochs ('lbfgs': of iterations); a
+        ConvergenceWarning when reached.
+    shuffle : bool, default=True
+        Shuffle the rows at each epoch, in scikit-learn's order.
+    random_state : int, RandomState instance or None, default=None
+        Initial weights, shuffling and the early-stopping split.
+    tol : float, default=1e-4
+        Improvement threshold of the stopping rule: training stops when
+        the training loss (or the validation score with early stopping)
+        has not improved by ``tol`` for ``n_iter_no_change`` epochs
+        ('lbfgs': scipy's ``gtol``).
+    verbose : bool or int, default=False
+        Print the loss of each epoch.
+    warm_start : bool, default=False
+        Start fit from the current weights (the optimizer restarts, as in
+        scikit-learn).
+    momentum : float, default=0.9
+        Momentum of 'sgd' (0 is plain SGD).
+    nesterovs_momentum : bool, default=True
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the rows, stop when their R²
+        stops improving, keep the best weights.
+    validation_fraction : float, default=0.1
+    beta_1, beta_2 : float, default=0.9, 0.999
+        Adam's decay rates.
+    epsilon : float, default=1e-8
+        Adam's numerical stability constant.
+    n_iter_no_change : int or np.inf, default=10
+    max_fun : int, default=15000
+        Maximum number of loss evaluations of 'lbfgs'.
+    device : str, default='cpu'
+        'cpu', 'cuda' or 'cuda:N' (onnxruntime's CUDA provider).
+    dtype : None, np.float32 or np.float64, default=None
+        Floating type of the graph. None follows X as scikit-learn does
+        (float32 stays float32, float64 and integers give float64).
+
+    Attributes
+    ----------
+    loss_ : float
+        Loss of the last epoch (penalty included).
+    best_loss_ : float or None
+        Smallest epoch loss; None with early stopping.
+    loss_curve_ : list of float
+        Loss of each epoch (of every fit since the weights were drawn).
+    validation_scores_ : list of float or None
+        R² of the validation rows at each epoch (early stopping only).
+    best_validation_score_ : float or None
+    t_ : int
+        Number of training samples seen since the weights were drawn.
+    coefs_ : list of ndarray of shape (fan_in, fan_out)
+    intercepts_ : list of ndarray of shape (fan_out,)
+    n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Set when X has string column names (a DataFrame).
+    n_iter_ : int
+        Epochs of the last fit (1 after partial_fit).
+    n_layers_ : int
+    n_outputs_ : int
+    out_activation_ : {'identity', 'exp'}
+
+    Raises
+    ------
+    sklearn.utils._param_validation.InvalidParameterError
+        (a ValueError) Invalid parameter, at fit.
+    onnxtrain.exceptions.ConvergenceError
+        The loss became NaN or infinite (the last finite weights are kept).
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_diabetes
+    >>> from onnxtrain.neural_network import MLPRegressor
+    >>> X, y = load_diabetes(return_X_y=True)
+    >>> reg = MLPRegressor(hidden_layer_sizes=(20,), max_iter=5, random_state=0)
+    >>> reg = reg.fit(X, y)
+    >>> onx = reg.to_onnx()  # input 'X' (float64), output 'variable'
+    """
+
+    _parameter_constraints: dict = {
+        **_BaseMLP._parameter_constraints,
+        "loss": [StrOptions({"squared_error", "poisson"})],
+    }
+
+    def __init__(self, loss="squared_error", hidden_layer_sizes=(100,),
+                 activation="relu", *, solver="adam", alpha=0.0001,
+                 batch_size="auto", learning_rate="constant",
+                 learning_rate_init=0.001, power_t=0.5, max_iter=200,
+                 shuffle=True, random_state=None, tol=1e-4, verbose=False,
+                 warm_start=False, momentum=0.9, nesterovs_momentum=True,
+                 early_stopping=False, validation_fraction=0.1, beta_1=0.9,
+                 beta_2=0.999, epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
+                 device="cpu", dtype=None):
+        self.loss = loss
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
+        self.device = device
+        self.dtype = dtype
+
+    def _output_activation(self):
+        return "exp" if self.loss == "poisson" else "identity"
+
+    def _learning_loss(self):
+        """scikit-learn's ``squared_loss`` or ``poisson_loss`` (on the
+        exponential output)."""
+        return PoissonLearningLoss() if self.loss == "poisson" else \
+            SquareLearningLoss()
+
+    def _inference_graph(self, coefs, intercepts):
+        return regressor_graph(coefs, intercepts, self.activation,
+                               self.out_activation_)
+
+    def _validate_input(self, X, y, incremental, reset):
+        """X and y validated as scikit-learn does; y as (n, n_outputs)."""
+        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True,
+                             dtype=self._data_dtype(reset), reset=reset)
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = column_or_1d(y, warn=True)
+        if self.loss == "poisson" and (y < 0).any():
+            raise ValueError("Some value(s) of y are negative which is not "
+                             "allowed for the 'poisson' loss.")
+        return X, (y.reshape(-1, 1) if y.ndim == 1 else y)
+
+    def fit(self, X, y, sample_weight=None):
+        """Train the network on (X, y).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Dense numeric data (a sparse matrix raises TypeError).
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the rows in the loss and its gradient.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Bad parameters or data (NaN, shapes, negative y with 'poisson').
+        onnxtrain.exceptions.ConvergenceError
+            A non-finite loss.
+        """
+        return self._fit(X, y, sample_weight, incremental=False)
+
+    @available_if(lambda est: est._check_solver())
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch over (X, y) from the current weights (the first call
+        draws them). Same arguments and errors as :meth:`fit`; early
+        stopping is refused (ValueError)."""
+        return self._fit(X, y, sample_weight, incremental=True)
+
+    def predict(self, X):
+        """Predictions.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_outputs)
+            (n_samples,) for one output, in the graph's dtype.
+        """
+        output = self._output(X)
+        return output.ravel() if output.shape[1] == 1 else output
+
+
+class MLPClassifier(ClassifierMixin, _BaseMLP):
+    """Multi-layer perceptron classifier trained on onnxruntime.
+
+    scikit-learn's :class:`sklearn.neural_network.MLPClassifier` (1.9), with
+    the same parameters, attributes and results: binary (one logistic
+    output), multiclass (softmax) and multilabel (one logistic output per
+    label) targets; with the same settings and ``random_state`` the initial
+    weights, batches, updates and ``loss_curve_`` are scikit-learn's. The
+    network trains on its logits with the log loss computed from them
+    (:class:`~onnxtrain.losses.CrossEntropyLearningLoss` with
+    ``from_logits=True``, :class:`~onnxtrain.losses.NegLogLearningLoss` on
+    the raw score), whose gradient is scikit-learn's ``probability - y``.
+
+    Parameters
+    ----------
+    hidden_layer_sizes : array-like of shape (n_layers - 2,) or int, default=(100,)
+        Number of units of each hidden layer.
+    activation : {'identity', 'logistic', 'tanh', 'relu'}, default='relu'
+        Activation of the hidden layers.
+    solver : {'adam', 'sgd', 'lbfgs'}, default='adam'
+        'sgd' (with momentum / Nesterov) and 'adam' train by mini-batches
+        (the epochs, batches and updates run on onnxruntime); 'lbfgs' is
+        scipy's L-BFGS-B on the loss of all the rows, whose value and
+        gradient onnxruntime computes (no ``loss_curve_``, no partial_fit).
+    alpha : float, default=0.0001
+        L2 penalty: ``alpha / 2 * sum(coef ** 2)`` (intercepts excluded)
+        divided by the batch's sample-weight sum, as scikit-learn adds it.
+    batch_size : int or 'auto', default='auto'
+        Rows per step; 'auto' is ``min(200, n_samples)``.
+    learning_rate : {'constant', 'invscaling', 'adaptive'}, default='constant'
+        Schedule of the 'sgd' solver: 'constant'; 'invscaling':
+        ``learning_rate_init / (t + 1) ** power_t`` with t the number of
+        samples seen, updated after each epoch; 'adaptive': divided by 5
+        whenever the loss (or validation score) stops improving by ``tol``
+        for ``n_iter_no_change`` epochs, training stops below 1e-6.
+    learning_rate_init : float, default=0.001
+    power_t : float, default=0.5
+    max_iter : int, default=200
+        Maximum number of epochs ('lbfgs': of iterations); a
+        ConvergenceWarning when reached.
+    shuffle : bool, default=True
+    random_state : int, RandomState instance or None, default=None
+        Initial weights, shuffling and the early-stopping split.
+    tol : float, default=1e-4
+        Improvement threshold of the stopping rule (see MLPRegressor).
+    verbose : bool or int, default=False
+    warm_start : bool, default=False
+        Start fit from the current weights; y must have the same classes.
+    momentum : float, default=0.9
+    nesterovs_momentum : bool, default=True
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the rows (stratified for
+        binary and multiclass targets), stop when their accuracy stops
+        improving, keep the best weights.
+    validation_fraction : float, default=0.1
+    beta_1, beta_2 : float, default=0.9, 0.999
+    epsilon : float, default=1e-8
+    n_iter_no_change : int or np.inf, default=10
+    max_fun : int, default=15000
+        Maximum number of loss evaluations of 'lbfgs'.
+    device : str, default='cpu'
+        'cpu', 'cuda' or 'cuda:N'.
+    dtype : None, np.float32 or np.float64, default=None
+        Floating type of the graph; None follows X.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        The labels (0 .. n_labels - 1 for multilabel targets).
+    loss_ : float
+    best_loss_ : float or None
+    loss_curve_ : list of float
+    validation_scores_ : list of float or None
+        Accuracy of the validation rows at each epoch (early stopping).
+    best_validation_score_ : float or None
+    t_ : int
+    coefs_ : list of ndarray of shape (fan_in, fan_out)
+    intercepts_ : list of ndarray of shape (fan_out,)
+    n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+    n_iter_ : int
+    n_layers_ : int
+    n_outputs_ : int
+        1 for binary targets, else the number of classes or labels.
+    out_activation_ : {'logistic', 'softmax'}
+
+    Raises
+    ------
+    sklearn.utils._param_validation.InvalidParameterError
+        (a ValueError) Invalid parameter, at fit.
+    onnxtrain.exceptions.ConvergenceError
+        The loss became NaN or infinite.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from onnxtrain.neural_network import MLPClassifier
+    >>> X, y = load_digits(return_X_y=True)
+    >>> clf = MLPClassifier((30,), max_iter=5, random_state=0).fit(X / 16, y)
+    >>> onx = clf.to_onnx()  # outputs 'label' (int64), 'probabilities'
+    """
+
+    def __init__(self, hidden_layer_sizes=(100,), activation="relu", *,
+                 solver="adam", alpha=0.0001, batch_size="auto",
+                 learning_rate="constant", learning_rate_init=0.001,
+                 power_t=0.5, max_iter=200, shuffle=True, random_state=None,
+                 tol=1e-4, verbose=False, warm_start=False, momentum=0.9,
+                 nesterovs_momentum=True, early_stopping=False,
+                 validation_fraction=0.1, beta_1=0.9, beta_2=0.999,
+                 epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
+                 device="cpu", dtype=None):
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
+        self.device = device
+        self.dtype = dtype
+
+    def _is_classifier(self):
+        return True
+
+    def _output_activation(self):
+        return "softmax" if self._label_binarizer.y_type_ == "multiclass" \
+            else "logistic"
+
+    def _learning_loss(self):
+        """scikit-learn's ``log_loss`` (softmax) or ``binary_log_loss``
+        (logistic), computed from the logits."""
+        if self.out_activation_ == "softmax":
+            return CrossEntropyLearningLoss(from_logits=True)
+        return NegLogLearningLoss(probability_function="sigmoid")
+
+    def _inference_graph(self, coefs, intercepts):
+        multilabel = self._label_binarizer.y_type_.startswith("multilabel")
+        return classifier_graph(coefs, intercepts, self.activation,
+                                self.out_activation_, self.classes_, multilabel)
+
+    def _validate_input(self, X, y, incremental, reset):
+        """scikit-learn's ``MLPClassifier._validate_input``: X, and y
+        binarized (n, n_outputs); defines or checks ``classes_``.
+
+        Raises
+        ------
+        ValueError
+            Classes that differ from the previous fit (warm start) or that
+            were not declared (partial_fit).
+        """
+        X, y = validate_data(self, X, y, multi_output=True,
+                             dtype=self._data_dtype(reset), reset=reset)
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = column_or_1d(y, warn=True)
+        if not hasattr(self, "classes_") or (not self.warm_start
+                                             and not incremental):
+            self._label_binarizer = LabelBinarizer().fit(y)
+            self.classes_ = self._label_binarizer.classes_
+        else:
+            classes = unique_labels(y)
+            if self.warm_start:
+                if set(classes) != set(self.classes_):
+                    raise ValueError(
+                        "warm_start can only be used where `y` has the same "
+                        "classes as in the previous call to fit. Previously "
+                        f"got {self.classes_}, `y` has {classes}")
+            elif len(np.setdiff1d(classes, self.classes_, assume_unique=True)):
+                raise ValueError("`y` has classes not in `self.classes_`. "
+                                 f"`self.classes_` has {self.classes_}. 'y' "
+                                 f"has {classes}.")
+        return X, self._label_binarizer.transform(y).astype(bool)
+
+    def fit(self, X, y, sample_weight=None):
+        """Train the network on (X, y).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Dense numeric data (a sparse matrix raises TypeError).
+        y : array-like of shape (n_samples,) or (n_samples, n_labels)
+            Class labels (ints, strings...), or a multilabel indicator matrix.
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Bad parameters or data (NaN, shapes, continuous y).
+        onnxtrain.exceptions.ConvergenceError
+            A non-finite loss.
+        """
+        return self._fit(X, y, sample_weight, incremental=False)
+
+    @available_if(lambda est: est._check_solver())
+    def partial_fit(self, X, y, sample_weight=None, classes=None):
+        """One epoch over (X, y) from the current weights.
+
+        Parameters
+        ----------
+        X, y, sample_weight
+            As :meth:`fit`.
+        classes : array-like of shape (n_classes,), default=None
+            Every class; required on the first call (y may lack some),
+            ignored for multilabel y.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            No ``classes`` on the first call, ``classes`` that changed,
+            labels outside them, or ``early_stopping=True``.
+        """
+        if getattr(self, "classes_", None) is None:
+            if classes is None:
+                raise ValueError("classes must be passed on the first call to "
+                                 "partial_fit.")
+            self._label_binarizer = LabelBinarizer()
+            multilabel = type_of_target(y).startswith("multilabel")
+            self._label_binarizer.fit(y if multilabel else classes)
+            self.classes_ = self._label_binarizer.classes_
+        elif classes is not None and not np.array_equal(
+                self.classes_, unique_labels(classes)):
+            raise ValueError(f"`classes={classes!r}` is not the same as on last "
+                             f"call to partial_fit, was: {self.classes_!r}")
+        return self._fit(X, y, sample_weight, incremental=True)
+
+    def predict(self, X):
+        """Class labels.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_labels)
+            Labels of ``classes_``' type; a 0/1 indicator for multilabel.
+        """
+        output = self._output(X)
+        if self.n_outputs_ == 1:
+            output = output.ravel()
+        return self._label_binarizer.inverse_transform(output)
+
+    def predict_proba(self, X):
+        """Probability of each class.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Columns in ``classes_`` order ((1 - p, p) for binary targets;
+            independent label probabilities for multilabel).
+        """
+        output = self._output(X)
+        if self.n_outputs_ == 1:
+            output = output.ravel()
+            return np.vstack([1 - output, output]).T
+        return output
+
+    def predict_log_proba(self, X):
+        """``log(predict_proba(X))``: ndarray of shape (n_samples, n_classes)."""
+        return np.log(self.predict_proba(X))
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_label = True
+        return tags
