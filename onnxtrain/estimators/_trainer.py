@@ -187,11 +187,13 @@ class Trainer:
         except ValueError as exc:
             return str(exc)
 
-    def _runner(self, kind, weighted):
+    def _runner(self, kind, weighted, rows):
         key = ("runner", kind, weighted)
         if key not in self._fused:
+            # forward + backward: about 6 flops per weight and row
+            flops = 6.0 * rows * sum(int(np.prod(w.shape())) for w in self.weights)
             self._fused[key] = FusedRunner(self.fused_graph(kind, weighted),
-                                           self.device)
+                                           self.device, flops)
         runner = self._fused[key]
         flat = self._flat_parameters()
         if runner.parameters is None or any(
@@ -219,7 +221,7 @@ class Trainer:
     def fused_step(self, X, y, sample_weight, dtype):
         """:meth:`step` as one graph run (forward, loss, backward, update)."""
         weighted = sample_weight is not None
-        runner = self._runner("step", weighted)
+        runner = self._runner("step", weighted, X.shape[0])
         step = self.step_count + 1
         scalars = self.learning_rate.step_scalars(step)
         rows = X.shape[0] if not weighted else float(np.sum(sample_weight))
@@ -246,7 +248,7 @@ class Trainer:
             The batch losses; the parameters advance only if all are finite.
         """
         weighted = sample_weight is not None
-        runner = self._runner("epochs", weighted)
+        runner = self._runner("epochs", weighted, min(batch_size, X.shape[0]))
         n_batches = -(-X.shape[0] // batch_size)
         scalars = {"n_epochs": len(rates), "step__first": self.step_count + 1,
                    "batch_size": batch_size}

@@ -9,7 +9,7 @@ from onnxruntime import OrtValue
 
 from ..graph import elem_type_to_numpy
 from .devices import parse_device
-from .sessions import make_session, to_ortvalue
+from .sessions import default_session_options, make_session, to_ortvalue
 
 __all__ = ["FusedRunner"]
 
@@ -24,6 +24,10 @@ def _dtype_of(value):
             "tensor(float16)": np.float16}[value.data_type()]
 
 
+#: Steps cheaper than this (in floating-point operations) run on one thread.
+SMALL_STEP_FLOPS = 5e7
+
+
 class FusedRunner:
     """Runs a :class:`~onnxtrain.training_graphs.TrainingStep` graph.
 
@@ -33,6 +37,10 @@ class FusedRunner:
         A step graph (outputs: loss, new parameters) or a loop graph
         (outputs: losses, final parameters).
     device : str or Device
+    flops_per_step : float, default=None
+        Estimated work of one step; below :data:`SMALL_STEP_FLOPS` the session
+        runs on one thread (waking a thread pool for every small kernel
+        costs more than it saves).
 
     Attributes
     ----------
@@ -40,10 +48,12 @@ class FusedRunner:
         Current weights and states, flat, in the graph's input order.
     """
 
-    def __init__(self, step, device="cpu"):
+    def __init__(self, step, device="cpu", flops_per_step=None):
         self.step = step
         self.device = parse_device(device)
-        self.session = make_session(step.model, self.device)
+        small = flops_per_step is not None and flops_per_step < SMALL_STEP_FLOPS
+        options = default_session_options(1 if small else None)
+        self.session = make_session(step.model, self.device, options)
         self.parameter_names = [n for w, group in zip(step.weights, step.states)
                                 for n in [w] + group]
         outputs = [o.name for o in step.model.graph.output]
