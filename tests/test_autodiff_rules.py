@@ -501,7 +501,7 @@ def _check_split(model, wrt, feeds, outputs=None, grad_outputs=None):
     return grads, grad_outputs
 
 
-@pytest.mark.parametrize("op, domain", [("LRN", ""),
+@pytest.mark.parametrize("op, domain", [("Unique", ""),
                                         ("Custom", "my.ops")])
 def test_missing_rule_names_op_domain_node_and_weights(op, domain):
     model = _model(

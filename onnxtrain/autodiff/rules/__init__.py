@@ -1,4 +1,4 @@
 """VJP rules, one module per op family; importing registers them."""
 from . import (activations, conv, elementwise, functions,  # noqa: F401
                indexing, linalg, nn, nondifferentiable, normalization,
-               pooling, reductions, selection, shape, trigonometric)
+               pooling, reductions, sampling, selection, shape, trigonometric)

@@ -1,4 +1,6 @@
-"""VJP rules of Conv.
+"""VJP rules of Conv, ConvTranspose (its adjoint: Conv for dX, the Conv weight
+gradient with X and dY swapped for dW) and Col2Im (adjoint: im2col as a Conv
+by one-hot kernels).
 
 With stride s, dilation d and padding (b, e) on every spatial axis:
 
@@ -10,6 +12,8 @@ With stride s, dilation d and padding (b, e) on every spatial axis:
   with stride d and dilation s, cropped to the kernel size;
 - dB is dY summed over every axis but the channels.
 """
+from onnx import TensorProto
+
 from ..registry import register_vjp
 
 
@@ -20,7 +24,7 @@ def conv_geometry(ctx, x, w):
     """
     rank = ctx.rank(x, ctx.node.op_type)
     n = rank - 2
-    kernel = ctx.attr("kernel_shape") or list(ctx.shape(w)[2:])
+    kernel = ctx.attr("kernel_shape") or list((ctx.shape(w) or ())[2:])
     if not all(isinstance(k, int) for k in kernel):
         ctx.fail("the kernel size must be static")
     strides = ctx.attr("strides") or [1] * n
@@ -102,3 +106,73 @@ def _conv(ctx, gy):
     if len(ctx.inputs) > 2 and ctx.needs_grad[2]:
         gb = ctx.g.reduce_sum(gy, [0] + list(range(2, rank)), keepdims=0)
     return (gx, gw, gb)[:len(ctx.inputs)]
+
+
+def _conv_transpose_pads(ctx, x, kernel, strides, dilations):
+    """``(begins, ends)`` cropped from the full transposed convolution
+    (SAME_UPPER puts the odd pixel at the end, as onnxruntime does)."""
+    n = len(kernel)
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    out = list(ctx.attr("output_shape") or [])[-n:]
+    if auto_pad == "VALID" or (auto_pad == "NOTSET" and not out):
+        pads = ctx.attr("pads") or [0] * (2 * n)
+        return list(pads[:n]), list(pads[n:])
+    sizes = ctx.shape(x)[2:]
+    if not all(isinstance(v, int) for v in sizes):
+        ctx.fail(f"auto_pad={auto_pad} or output_shape with symbolic sizes")
+    adj = ctx.attr("output_padding") or [0] * n
+    begins, ends = [], []
+    for i, (size, k, s, d) in enumerate(zip(sizes, kernel, strides, dilations)):
+        target = out[i] if out else size * s
+        total = max(0, (size - 1) * s + adj[i] + (k - 1) * d + 1 - target)
+        head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        begins.append(head)
+        ends.append(total - head)
+    return begins, ends
+
+
+@register_vjp("ConvTranspose")
+def _conv_transpose(ctx, gy):
+    # Y = crop(full), full[i s + k d] += X[i] W[k]: dX is the Conv of dY
+    # (padded back by the crop) with W, dW the Conv weight gradient with
+    # the roles of X and dY swapped
+    x, w = ctx.inputs[:2]
+    rank = ctx.rank(x, "ConvTranspose")
+    kernel, strides, dilations, _, _ = conv_geometry(ctx, x, w)
+    begins, ends = _conv_transpose_pads(ctx, x, kernel, strides, dilations)
+    if min(begins + ends) < 0:
+        ctx.fail(f"negative pads {begins + ends}")
+    gx = gw = gb = None
+    if ctx.needs_grad[0]:
+        gx = ctx.op("Conv", gy, w, strides=strides, dilations=dilations,
+                    group=ctx.attr("group", 1), pads=begins + ends)
+        gx = crop_spatial(ctx, gx, [0] * len(kernel), x, rank)
+    if ctx.needs_grad[1]:
+        gw = _conv_weight_grad(ctx, gy, x, kernel, strides, dilations,
+                               begins + ends, rank)
+    if len(ctx.inputs) > 2 and ctx.needs_grad[2]:
+        gb = ctx.g.reduce_sum(gy, [0] + list(range(2, rank)), keepdims=0)
+    return (gx, gw, gb)[:len(ctx.inputs)]
+
+
+@register_vjp("Col2Im")
+def _col2im(ctx, gy):
+    # the adjoint of Col2Im (summing blocks into the image) is im2col: a
+    # Conv of every image channel by the K = prod(block_shape) one-hot
+    # kernels, whose output (N C, K, L...) is the (N, C K, L) input layout
+    x, image_shape, block_shape = ctx.inputs
+    i64 = TensorProto.INT64
+    count = ctx.op("ReduceProd", block_shape, keepdims=1)
+    k = ctx.op("Range", ctx.const(0, i64), ctx.op("Squeeze", count),
+               ctx.const(1, i64))
+    eye = ctx.g.cast(ctx.op("Equal", ctx.g.unsqueeze(k, [1]),
+                            ctx.g.unsqueeze(k, [0])), ctx.dtype)
+    kernel = ctx.op("Reshape", eye, ctx.op("Concat", count, ctx.g.int64s([1]),
+                                           block_shape, axis=0))
+    rest = ctx.op("Slice", ctx.g.shape_of(gy), ctx.g.int64s([2]),
+                  ctx.g.int64s([2 ** 31]))
+    images = ctx.op("Reshape", gy, ctx.op("Concat", ctx.g.int64s([-1, 1]),
+                                          rest, axis=0))
+    cols = ctx.op("Conv", images, kernel, strides=ctx.attr("strides"),
+                  dilations=ctx.attr("dilations"), pads=ctx.attr("pads"))
+    return ctx.g.reshape_like(cols, x), None, None

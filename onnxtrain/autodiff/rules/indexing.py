@@ -8,9 +8,11 @@ every output element, which input element it copies; the output gradient is
 then scatter-added back to those positions. The rule is thus exactly the
 forward op's own indexing, whatever its attributes.
 """
+import numpy as np
 from onnx import TensorProto
 
 from ..registry import register_vjp
+from .sampling import resize_interpolation_vjp
 
 _EXACT_BELOW = {TensorProto.FLOAT: 2 ** 24, TensorProto.DOUBLE: 2 ** 53}
 
@@ -22,9 +24,40 @@ def _positions(ctx, x):
     if ctx.dtype not in _EXACT_BELOW:
         ctx.fail("the position trick needs float32 or float64 data "
                  f"(element type {ctx.dtype})")
+    if ctx.opset < 11:  # no Range: static shapes only
+        return ctx.const(_static_arange(ctx, x).reshape(ctx.shape(x)))
     size = ctx.g.cast(ctx.op("Size", x), ctx.dtype)
     flat = ctx.op("Range", ctx.const(1), ctx.op("Add", size, ctx.const(1)),
                   ctx.const(1))
+    return ctx.g.reshape_like(flat, x)
+
+
+def _static_arange(ctx, x):
+    """1, 2, ... Size(x) as a numpy vector (static shape of ``x`` needed)."""
+    shape = ctx.shape(x)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        ctx.fail(f"opset {ctx.opset} (no Range) with a symbolic shape of {x!r}")
+    return np.arange(1, int(np.prod(shape)) + 1)
+
+
+def _dense_scatter_add(ctx, x, positions, gy):
+    """Sum of ``gy`` at 1-based flat ``positions`` without a scatter-add
+    (opset < 16): ``gy`` times the one-hot matrix [positions == p], which
+    holds Size(x) * Size(gy) elements (static shapes, at most 2**26)."""
+    out = ctx.shape(ctx.outputs[0])
+    sizes = [_static_arange(ctx, x).size,
+             None if out is None or not all(isinstance(d, int) for d in out)
+             else int(np.prod(out))]
+    if sizes[1] is None or sizes[0] * sizes[1] > 2 ** 26:
+        ctx.fail("elements copied several times need ScatterElements with "
+                 f"reduction='add' (opset >= 16, model opset {ctx.opset}) or "
+                 "small static shapes")
+    p = ctx.g.int64s(_static_arange(ctx, x))
+    index = ctx.g.cast(ctx.op("Reshape", positions, ctx.g.int64s([-1, 1])),
+                       TensorProto.INT64)
+    hot = ctx.op("Equal", index, ctx.op("Reshape", p, ctx.g.int64s([1, -1])))
+    flat = ctx.op("MatMul", ctx.op("Reshape", gy, ctx.g.int64s([1, -1])),
+                  ctx.g.cast(hot, ctx.dtype))
     return ctx.g.reshape_like(flat, x)
 
 
@@ -35,6 +68,8 @@ def _zeros_like(ctx, x):
 def _scatter_add(ctx, x, positions, gy, unique):
     """Sum ``gy`` into a zero tensor shaped like ``x`` at the 1-based flat
     ``positions`` (position 0 copies nothing and is dropped)."""
+    if ctx.opset < 16 and not unique:
+        return _dense_scatter_add(ctx, x, positions, gy)
     keep = ctx.op("Greater", positions, ctx.const(0))
     gy = ctx.op("Where", keep, gy, ctx.const(0))
     index = ctx.g.cast(ctx.op("Max", ctx.op("Sub", positions, ctx.const(1)),
@@ -45,11 +80,9 @@ def _scatter_add(ctx, x, positions, gy, unique):
             ctx.op("Reshape", gy, minus_one))
     if ctx.opset >= 16:
         flat = ctx.op("ScatterElements", *args, axis=0, reduction="add")
-    elif unique:
-        flat = ctx.op("ScatterElements", *args, axis=0)
     else:
-        ctx.fail("elements copied several times need ScatterElements with "
-                 f"reduction='add' (opset >= 16, model opset {ctx.opset})")
+        flat = ctx.op("ScatterElements" if ctx.opset >= 11 else "Scatter",
+                      *args, axis=0)
     return ctx.g.reshape_like(flat, x)
 
 
@@ -78,6 +111,16 @@ for _op in ("Slice", "DepthToSpace", "SpaceToDepth", "Compress",
     register_vjp(_op)(_data_only(unique=True))
 for _op in ("GatherND",):
     register_vjp(_op)(_data_only(unique=False))
+
+
+@register_vjp("Upsample")
+def _upsample(ctx, gy):
+    # opsets 7 to 9 (Resize's predecessor)
+    if len(ctx.needs_grad) > 1 and ctx.needs_grad[1]:
+        ctx.fail("the gradient of scales (a non-differentiable input)")
+    if ctx.attr("mode", "nearest") != "nearest":
+        ctx.fail(f"mode={ctx.attr('mode')!r}: only mode 'nearest'")
+    return (copy_adjoint(ctx, gy), None)[:len(ctx.inputs)]
 
 
 def _one_hot(ctx, indices, x, axis, where):
@@ -150,11 +193,10 @@ def _pad(ctx, gy):
 
 @register_vjp("Resize")
 def _resize(ctx, gy):
-    if ctx.attr("mode", "nearest") != "nearest":
-        ctx.fail(f"mode={ctx.attr('mode')!r}: only mode 'nearest' is "
-                 "differentiated")
     if any(ctx.needs_grad[1:]):
         ctx.fail("the gradient of roi or scales (non-differentiable inputs)")
+    if ctx.attr("mode", "nearest") != "nearest":
+        return resize_interpolation_vjp(ctx, gy)
     return copy_adjoint(ctx, gy)
 
 
@@ -192,6 +234,19 @@ def _topk(ctx, g_values, g_indices=None):
     return ctx.op("ScatterElements", zeros, indices, g_values, axis=axis), None
 
 
+def _scatter_extremum(ctx, gy, gather, scatter_add):
+    """reduction='max' or 'min': dy goes to the data element and the updates
+    equal to the output, shared equally between ties (as ReduceMax)."""
+    data, _, updates = ctx.inputs
+    y = ctx.outputs[0]
+    hit_data = ctx.g.cast(ctx.op("Equal", data, y), ctx.dtype)
+    hit_updates = ctx.g.cast(ctx.op("Equal", updates, gather(y)), ctx.dtype)
+    ties = ctx.op("Add", hit_data, scatter_add(_zeros_like(ctx, data), hit_updates))
+    share = ctx.op("Div", gy, ctx.op("Max", ties, ctx.const(1)))
+    return (ctx.op("Mul", share, hit_data), None,
+            ctx.op("Mul", gather(share), hit_updates))
+
+
 @register_vjp("ScatterElements")
 def _scatter_elements(ctx, gy):
     # none: data loses the overwritten positions, updates read them back;
@@ -199,8 +254,12 @@ def _scatter_elements(ctx, gy):
     data, indices, updates = ctx.inputs
     reduction = ctx.attr("reduction", "none")
     axis = ctx.attr("axis", 0)
+    if reduction in ("max", "min"):
+        return _scatter_extremum(ctx, gy, lambda v: ctx.op(
+            "GatherElements", v, indices, axis=axis), lambda z, v: ctx.op(
+            "ScatterElements", z, indices, v, axis=axis, reduction="add"))
     if reduction not in ("none", "add"):
-        ctx.fail(f"reduction={reduction!r} (only 'none' and 'add')")
+        ctx.fail(f"reduction={reduction!r} (only 'none', 'add', 'max', 'min')")
     g_data = gy
     if reduction == "none" and ctx.needs_grad[0]:
         g_data = ctx.op("ScatterElements", gy, indices,
@@ -213,9 +272,36 @@ def _scatter_elements(ctx, gy):
 def _scatter_nd(ctx, gy):
     data, indices, updates = ctx.inputs
     reduction = ctx.attr("reduction", "none")
+    if reduction in ("max", "min"):
+        return _scatter_extremum(ctx, gy, lambda v: ctx.op(
+            "GatherND", v, indices), lambda z, v: ctx.op(
+            "ScatterND", z, indices, v, reduction="add"))
     if reduction not in ("none", "add"):
-        ctx.fail(f"reduction={reduction!r} (only 'none' and 'add')")
+        ctx.fail(f"reduction={reduction!r} (only 'none', 'add', 'max', 'min')")
     g_data = gy
     if reduction == "none" and ctx.needs_grad[0]:
         g_data = ctx.op("ScatterND", gy, indices, _zeros_like(ctx, updates))
     return g_data, None, ctx.op("GatherND", gy, indices)
+
+
+@register_vjp("Scatter")
+def _scatter(ctx, gy):
+    # opsets 9 and 10 (ScatterElements without reduction); no GatherElements
+    # there: updates read dy at flat positions computed from static shapes
+    data, indices, updates = ctx.inputs
+    dshape, ishape = ctx.shape(data), ctx.shape(indices)
+    if not all(s is not None and all(isinstance(d, int) for d in s)
+               for s in (dshape, ishape)):
+        ctx.fail("symbolic shapes of data or indices (opset < 11)")
+    axis = ctx.normalize_axes([ctx.attr("axis", 0)], len(dshape))[0]
+    g_data = ctx.op("Scatter", gy, indices, _zeros_like(ctx, updates), axis=axis)
+    strides = np.cumprod([1] + list(dshape[::-1]))[:-1][::-1]
+    coords = np.indices(ishape)
+    base = sum(c * s for i, (c, s) in enumerate(zip(coords, strides)) if i != axis)
+    index = ctx.g.cast(indices, TensorProto.INT64)
+    index = ctx.op("Where", ctx.op("Less", index, ctx.g.int64s(0)), ctx.op(
+        "Add", index, ctx.g.int64s(dshape[axis])), index)
+    flat = ctx.op("Add", ctx.const(np.asarray(base, np.int64), TensorProto.INT64),
+                  ctx.op("Mul", index, ctx.g.int64s(int(strides[axis]))))
+    g_updates = ctx.op("Gather", ctx.op("Reshape", gy, ctx.g.int64s([-1])), flat)
+    return g_data, None, g_updates

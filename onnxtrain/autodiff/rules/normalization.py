@@ -1,4 +1,5 @@
-"""VJP rules of BatchNormalization and InstanceNormalization.
+"""VJP rules of BatchNormalization, InstanceNormalization, LpNormalization
+and LRN (closed form over a channel band matrix).
 
 With xhat = (x - mean) / sqrt(var + eps) over the M elements of each
 normalized group and y = scale * xhat + B, when mean and var are the
@@ -10,6 +11,8 @@ normalization; Ioffe and Szegedy 2015, section 3):
 and when they are given (inference-mode BatchNormalization) dx is simply
 scale / sqrt(var + eps) dy.
 """
+from onnx import TensorProto
+
 from ..registry import register_vjp
 
 
@@ -121,3 +124,30 @@ def _lp_normalization(ctx, gy):
     safe = ctx.op("Where", is_zero, ctx.const(1), norm)
     gx = ctx.op("Div", ctx.op("Sub", gy, ctx.op("Mul", direction, dot)), safe)
     return ctx.op("Where", is_zero, ctx.const(0), gx)
+
+
+@register_vjp("LRN")
+def _lrn(ctx, gy):
+    # y = x s^-b, s_c = bias + alpha/size sum of x^2 over the channel window
+    # W(c) = [c - lo, c + hi]: band matrix B[c, c'] = [c' in W(c)]
+    x = ctx.inputs[0]
+    if ctx.opset < 12:
+        ctx.fail(f"the channel window sums need Einsum (opset >= 12, model "
+                 f"opset {ctx.opset})")
+    size = ctx.attr("size")
+    alpha, beta = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75)
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    i64 = TensorProto.INT64
+    c = ctx.op("Range", ctx.const(0, i64), ctx.op("Squeeze", ctx.op(
+        "Gather", ctx.g.shape_of(x), ctx.g.int64s([1]))), ctx.const(1, i64))
+    d = ctx.op("Sub", ctx.g.unsqueeze(c, [0]), ctx.g.unsqueeze(c, [1]))
+    band = ctx.g.cast(ctx.op("And", ctx.op("Greater", d, ctx.const(-lo - 1, i64)),
+                             ctx.op("Less", d, ctx.const(hi + 1, i64))), ctx.dtype)
+    window = ctx.op("Einsum", band, ctx.op("Mul", x, x), equation="cd,nd...->nc...")
+    s = ctx.op("Add", ctx.const(ctx.attr("bias", 1.0)),
+               ctx.op("Mul", ctx.const(alpha / size), window))
+    s_pow = ctx.op("Pow", s, ctx.const(-beta))
+    inner = ctx.op("Mul", ctx.op("Mul", gy, x), ctx.op("Div", s_pow, s))
+    back = ctx.op("Einsum", band, inner, equation="cd,nc...->nd...")
+    return ctx.op("Sub", ctx.op("Mul", gy, s_pow), ctx.op("Mul", ctx.op(
+        "Mul", ctx.const(2 * alpha * beta / size), x), back))

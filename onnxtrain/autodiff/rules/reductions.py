@@ -5,6 +5,9 @@ Every rule broadcasts the output gradient back to the input's shape with
 input unreduced) and multiplies it by the local derivative.
 """
 
+import numpy as np
+from onnx import TensorProto
+
 from ..registry import register_vjp
 
 
@@ -138,3 +141,35 @@ def _cumsum(ctx, gy):
                   reverse=1 - ctx.attr("reverse", 0))
 
 
+
+
+@register_vjp("CumProd")
+def _cumprod(ctx, gy):
+    # y_j = prod of x_k over k in S(j): dy_j/dx_i = [i in S(j)] times the
+    # product over S(j) without x_i, the CumProd (same attributes) of x with
+    # x_i set to 1, one copy per i along a new leading axis (no division:
+    # exact at zeros); [i in S(j)] is the CumSum of the one-hot of i. The
+    # axis may be computed at run time.
+    x, axis = ctx.inputs
+    i64 = TensorProto.INT64
+    ones = ctx.op("Expand", ctx.const(1), ctx.g.shape_of(x))
+    position = ctx.g.cast(ctx.op("CumSum", ones, axis, exclusive=1), i64)
+    rank = ctx.op("Size", ctx.g.shape_of(x))
+    shifted = ctx.op("Add", ctx.op("Mod", ctx.op("Add", ctx.g.cast(axis, i64),
+                                                 rank), rank), ctx.const(1, i64))
+    n = ctx.op("Gather", ctx.g.shape_of(x), ctx.op("Sub", shifted,
+                                                   ctx.const(1, i64)))
+    k = ctx.op("Range", ctx.const(0, i64), n, ctx.const(1, i64))
+    k = ctx.op("Reshape", k, ctx.op("Concat", ctx.g.int64s([-1]), ctx.op(
+        "Expand", ctx.g.int64s([1]), ctx.op("Reshape", rank, ctx.g.int64s([1]))),
+        axis=0))
+    hot = ctx.op("Equal", k, ctx.g.unsqueeze(position, [0]))
+    attrs = dict(exclusive=ctx.attr("exclusive", 0), reverse=ctx.attr("reverse", 0))
+    others = ctx.op("CumProd", ctx.op("Where", hot, ctx.const(1),
+                                      ctx.g.unsqueeze(x, [0])), shifted, **attrs)
+    member = ctx.op("CumSum", ctx.g.cast(hot, ctx.dtype), shifted, **attrs)
+    terms = ctx.op("Mul", ctx.op("Mul", others, member), ctx.g.unsqueeze(gy, [0]))
+    per_i = ctx.op("ReduceSum", terms, ctx.op("Reshape", shifted,
+                                               ctx.g.int64s([1])), keepdims=1)
+    picked = ctx.op("Mul", per_i, ctx.g.cast(hot, ctx.dtype))
+    return ctx.g.reduce_sum(picked, [0], keepdims=0), None
