@@ -14,6 +14,29 @@ from ..training_graphs import (build_epochs_loop, build_training_loop,
 __all__ = ["Trainer"]
 
 
+def _softmax_cross_entropy_on_logits(model, loss):
+    """Cross-entropy on the probabilities of a final Softmax, rewritten as
+    cross-entropy on its logits for the fused paths: the gradient w.r.t. the
+    logits is softmax(z) - y (per row, weighted), skipping the Softmax VJP
+    and the clipped log. The value differs from the clipped one only where
+    a probability is below the loss's ``eps``. Returns (model, loss)."""
+    from ..losses import CrossEntropyLearningLoss
+    from ..rewrite import prediction_graph
+
+    if not isinstance(loss, CrossEntropyLearningLoss) or loss.from_logits:
+        return model, loss
+    output = model.graph.output[0].name
+    producers = {o: n for n in model.graph.node for o in n.output}
+    node = producers.get(output)
+    while node is not None and node.op_type == "Identity":
+        node = producers.get(node.input[0])
+    axis = None if node is None else next(
+        (a.i for a in node.attribute if a.name == "axis"), -1)
+    if node is None or node.op_type != "Softmax" or axis not in (-1, 1):
+        return model, loss
+    return prediction_graph(model, node.input[0]), loss.set_params(from_logits=True)
+
+
 class Trainer:
     """Forward, loss and dE/dY, backward, update: one step per batch.
 
@@ -173,7 +196,8 @@ class Trainer:
         if opset is None or opset < 13:
             return f"opset {opset} < 13"
         from sklearn.base import clone
-        loss = clone(spec["loss"]).build_onnx(
+        model, loss = _softmax_cross_entropy_on_logits(self.model, clone(spec["loss"]))
+        loss = loss.build_onnx(
             spec["elem_type"], opset, weight_name="weight" if weighted else None,
             rank=spec["rank"])
         update = clone(self.learning_rate).build_onnx(
@@ -181,19 +205,23 @@ class Trainer:
             spec["elem_type"], opset, spec["penalty"], spec["penalized"])
         try:
             return build_training_step(
-                self.model, self.engine.weights_to_train, loss, update,
+                model, self.engine.weights_to_train, loss, update,
                 self.learning_rate.state_names, self.learning_rate.scalar_names,
                 weighted)
         except ValueError as exc:
             return str(exc)
 
+    def flops_per_step(self, rows):
+        """Estimated work of a step on ``rows`` rows: forward and backward
+        cost about 6 floating-point operations per weight and row."""
+        return 6.0 * rows * sum(int(np.prod(w.shape())) for w in self.weights)
+
     def _runner(self, kind, weighted, rows):
         key = ("runner", kind, weighted)
         if key not in self._fused:
-            # forward + backward: about 6 flops per weight and row
-            flops = 6.0 * rows * sum(int(np.prod(w.shape())) for w in self.weights)
             self._fused[key] = FusedRunner(self.fused_graph(kind, weighted),
-                                           self.device, flops)
+                                           self.device, self.flops_per_step(rows),
+                                           kind != "step")
         runner = self._fused[key]
         flat = self._flat_parameters()
         if runner.parameters is None or any(

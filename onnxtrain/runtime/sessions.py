@@ -13,13 +13,15 @@ __all__ = ["make_session", "to_ortvalue", "to_numpy", "run_on_device",
            "SessionRunner", "default_session_options"]
 
 
-def default_session_options(intra_op_num_threads=None):
-    """Session options suited to training loops: full graph optimization and
-    no busy spinning between the many short runs of a training loop."""
+def default_session_options(intra_op_num_threads=None, spinning=False):
+    """Session options suited to training: full graph optimization, and no
+    busy spinning between the many short runs of a training loop unless
+    ``spinning`` (for one long run holding many steps)."""
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = (
         onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning",
+                                     "1" if spinning else "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if intra_op_num_threads:
         options.intra_op_num_threads = int(intra_op_num_threads)
