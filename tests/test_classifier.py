@@ -147,3 +147,25 @@ def test_ort_gradient_optimizer_on_a_loss_graph():
     assert est.losses(X, y) < 1e-8 < est.train_losses_[0]
     with pytest.raises(ValueError, match="not an output"):
         OrtGradientOptimizer(training, loss_output_name="nope").fit(X, y)
+
+
+def test_attribute_only_graph_says_there_is_nothing_to_train():
+    """A graph keeping its coefficients in ai.onnx.ml attributes has no
+    trainable initializer: select_weights says so, and the estimators train
+    it after rewriting it into MatMul/Add."""
+    from sklearn.linear_model import LinearRegression
+
+    from onnxtrain.models import select_weights
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 3).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.3).astype(np.float32)
+    onx = to_onnx(LinearRegression().fit(X, y), X[:1])
+    assert {n.op_type for n in onx.graph.node} == {"LinearRegressor"}
+    with pytest.raises(ValueError, match="nothing to train"):
+        select_weights(onx)
+    from onnxtrain import OrtGradientForwardBackwardOptimizer
+    est = OrtGradientForwardBackwardOptimizer(
+        onx, warm_start=True, max_iter=3,
+        learning_rate=LearningRateSGD(0.01, learning_rate="constant")).fit(X, y)
+    assert est.weights_to_train_ == ["coefficient", "intercepts"]
+    assert est.train_losses_[-1] < 1e-6  # starts from the exact solution
