@@ -26,12 +26,13 @@ def load_model(model):
     """
     if isinstance(model, onnx.ModelProto):
         return model
-    if isinstance(model, (bytes, bytearray)):
+    if isinstance(model, (bytes, bytearray, memoryview)):
         return onnx.load_model_from_string(bytes(model))
     if isinstance(model, (str, os.PathLike)):
         return onnx.load(os.fspath(model))
-    raise TypeError(f"model_onnx must be an onnx.ModelProto, bytes or a path, "
-                    f"not {type(model).__name__}.")
+    raise TypeError(
+        f"expected an onnx.ModelProto, serialized bytes or a path to an ONNX "
+        f"file, got {type(model).__module__}.{type(model).__qualname__}")
 
 
 def select_weights(model, weights_to_train=None):

@@ -13,12 +13,12 @@ and returns a new one, the caller's model is never modified.
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .models import load_model
 from .graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
 
 __all__ = ["rewrite_ml_linear_ops", "probability_graph", "prediction_graph"]
@@ -35,18 +35,6 @@ _MIN_ADDED_OPSET = 13
 # --------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------
-def _as_model(model):
-    """A ModelProto from a ModelProto, bytes or a path (never modified)."""
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, (bytes, bytearray)):
-        return onnx.load_model_from_string(bytes(model))
-    if isinstance(model, (str, os.PathLike)):
-        return onnx.load(os.fspath(model))
-    raise TypeError(f"model must be an onnx.ModelProto, bytes or a path, "
-                    f"not {type(model).__name__}.")
-
-
 def _copy(model):
     new = onnx.ModelProto()
     new.CopyFrom(model)
@@ -440,7 +428,7 @@ def rewrite_ml_linear_ops(model, tie_binary=True):
         Inconsistent attributes (coefficient count, class labels) or a
         feature count that does not match the input's shape.
     """
-    source = _as_model(model)
+    source = load_model(model)
     new = _copy(source)
     graph = new.graph
     targets = {"LinearRegressor", "LinearClassifier"}
@@ -565,7 +553,7 @@ def prediction_graph(model, output_name=None):
         ``output_name`` is not a value of the graph, or, when None, the
         graph has no float tensor output.
     """
-    source = _as_model(model)
+    source = load_model(model)
     graph = source.graph
     if output_name is None:
         floats = [o.name for o in graph.output if _is_float_tensor(o)]
@@ -609,7 +597,7 @@ def probability_graph(model):
     ValueError
         The graph has no float probability tensor.
     """
-    source = _as_model(model)
+    source = load_model(model)
     graph = source.graph
     types = infer_value_types(source)
     for out in graph.output:

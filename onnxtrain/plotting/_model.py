@@ -1,40 +1,9 @@
 """Load a model from the accepted input types; describe tensor types as text."""
-import os
-
 import onnx
 
+from ..models import load_model  # noqa: F401  (re-exported for the plotting modules)
+
 _DTYPE_NAMES = {"FLOAT": "float32", "DOUBLE": "float64", "FLOAT16": "float16"}
-
-
-def load_model(model):
-    """Return a ``onnx.ModelProto`` from a model, its serialized bytes or a path.
-
-    Parameters
-    ----------
-    model : onnx.ModelProto, bytes, str or os.PathLike
-        The model, its serialization, or the path of a ``.onnx`` file.
-
-    Returns
-    -------
-    onnx.ModelProto
-        ``model`` itself when it already is one (never copied nor modified).
-
-    Raises
-    ------
-    TypeError
-        When ``model`` is of any other type; the message names the type.
-    FileNotFoundError
-        When a path does not exist.
-    """
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        return onnx.load_model_from_string(bytes(model))
-    if isinstance(model, (str, os.PathLike)):
-        return onnx.load(os.fspath(model))
-    raise TypeError(
-        f"expected an onnx.ModelProto, serialized bytes or a path to an ONNX "
-        f"file, got {type(model).__module__}.{type(model).__qualname__}")
 
 
 def dtype_name(elem_type):
