@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 
 import numpy as np
@@ -54,8 +55,10 @@ def read_csv(path, target, features=None):
             try:
                 values[i, j] = float(cell)
             except ValueError:
+                values[i, j] = np.nan
+            if not np.isfinite(values[i, j]):
                 raise ValueError(f"{path}, line {i + 2}, column {header[j]!r}: "
-                                 f"{cell!r} is not a number.") from None
+                                 f"{cell!r} is not a finite number.")
     X = values[:, [header.index(c) for c in features]]
     return X, values[:, header.index(target)], features
 
@@ -73,7 +76,13 @@ def _train(args):
     from .optim import LearningRateSGD
 
     X, y, _ = read_csv(args.data, args.target, args.features)
-    model = onnx.load(args.model)
+    try:
+        model = onnx.load(args.model)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise ValueError(f"{args.model} is not an ONNX model ({exc}).") from None
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--output: folder {folder} does not exist.")
     est = OrtGradientForwardBackwardOptimizer(
         model, weights_to_train=args.weights, max_iter=args.epochs,
         batch_size=args.batch_size, device=args.device, verbose=1,
@@ -96,18 +105,21 @@ def build_parser():
         description="Train ONNX graphs on onnxruntime.")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    defaults = argparse.ArgumentDefaultsHelpFormatter
     demo = sub.add_parser("demo", help="train two scikit-learn MLPs converted "
-                          "to ONNX and compare with scikit-learn")
+                          "to ONNX and compare with scikit-learn",
+                          formatter_class=defaults)
     demo.add_argument("--output-dir", default="onnxtrain_demo",
                       help="folder for the trained models and the loss-curve "
-                      "PNG (default: %(default)s)")
+                      "PNG")
     demo.add_argument("--epochs", type=int, default=50)
     demo.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    demo.add_argument("--verbose", type=int, default=0)
+    demo.add_argument("--verbose", type=int, default=0,
+                      help="1: a progress bar per training, 2: with the loss")
     demo.set_defaults(func=_demo)
 
     train = sub.add_parser("train", help="train the initializers of an ONNX "
-                           "model on a CSV file")
+                           "model on a CSV file", formatter_class=defaults)
     train.add_argument("model", help="ONNX prediction graph (first output = "
                        "prediction)")
     train.add_argument("data", help="CSV file with a header row, numbers only")
@@ -122,7 +134,9 @@ def build_parser():
     train.add_argument("--batch-size", type=int, default=10)
     train.add_argument("--learning-rate", type=float, default=0.01)
     train.add_argument("--schedule", default="invscaling",
-                       choices=["constant", "invscaling", "optimal"])
+                       choices=["constant", "invscaling", "optimal"],
+                       help="learning-rate schedule: invscaling decays as "
+                       "lr / (epoch + 1) ** 0.25")
     train.add_argument("--warm-start", action=argparse.BooleanOptionalAction,
                        default=True, help="start from the model's own weights "
                        "(default) or from Glorot-uniform draws (--no-warm-start)")
@@ -138,6 +152,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError) as exc:
+    except (ValueError, TypeError, OSError, RuntimeError) as exc:
+        # RuntimeError covers ConvergenceError and DeviceError
         print(f"error: {exc}", file=sys.stderr)
         return 2

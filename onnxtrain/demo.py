@@ -161,6 +161,6 @@ def run_demo(output_dir="onnxtrain_demo", epochs=50, device="cpu", verbose=0,
         _print_result(result, out)
         results.append(result)
     png = _save_curves(results, os.path.join(output_dir, "loss_curves.png"))
-    print(f"\nloss curves: {png or 'not drawn (pip install onnxtrain[plot])'}",
-          file=out)
+    missing = "not drawn (matplotlib is missing: install the 'plot' extra)"
+    print(f"\nloss curves: {png or missing}", file=out)
     return results

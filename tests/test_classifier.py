@@ -169,3 +169,17 @@ def test_attribute_only_graph_says_there_is_nothing_to_train():
         learning_rate=LearningRateSGD(0.01, learning_rate="constant")).fit(X, y)
     assert est.weights_to_train_ == ["coefficient", "intercepts"]
     assert est.train_losses_[-1] < 1e-6  # starts from the exact solution
+
+
+def test_errors_of_a_wrong_estimator_or_order():
+    """predict before fit is NotFittedError; a classifier graph given to the
+    regressor is a clear error naming the class to use."""
+    from sklearn.exceptions import NotFittedError
+
+    from onnxtrain import OrtGradientForwardBackwardOptimizer
+    X, y = _data(3)
+    onx = to_onnx(_fit_mlp(X, y, max_iter=1), X[:1], options={"zipmap": False})
+    with pytest.raises(NotFittedError):
+        OrtGradientForwardBackwardClassifier(onx).predict(X)
+    with pytest.raises(ValueError, match="3 columns but y has 1.*Classifier"):
+        OrtGradientForwardBackwardOptimizer(onx, max_iter=1).fit(X, y)

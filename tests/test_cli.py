@@ -106,3 +106,24 @@ def test_read_csv_selects_features(tmp_path):
     assert names == ["b", "a"]
     np.testing.assert_array_equal(X, [[2, 1], [5, 4]])
     np.testing.assert_array_equal(y, [3, 6])
+
+
+def test_train_command_clean_errors(csv_and_model, tmp_path, capsys):
+    """Errors the user can cause print one line and exit with status 2,
+    before any training: not an ONNX file, a missing output folder, a NaN
+    cell, a diverging learning rate."""
+    data, model_path, _, _ = csv_and_model
+    status = main(["train", str(data), str(data), "--target", "target",
+                   "--output", str(tmp_path / "o.onnx")])
+    assert status == 2 and "is not an ONNX model" in capsys.readouterr().err
+    status = main(["train", str(model_path), str(data), "--target", "target",
+                   "--output", str(tmp_path / "missing" / "o.onnx")])
+    assert status == 2 and "does not exist" in capsys.readouterr().err
+    status = main(["train", str(model_path), str(data), "--target", "target",
+                   "--learning-rate", "1e6", "--schedule", "constant",
+                   "--output", str(tmp_path / "o.onnx")])
+    assert status == 2 and "loss became" in capsys.readouterr().err
+    bad = tmp_path / "nan.csv"
+    bad.write_text("a,target\n1,2\nnan,3\n")
+    with pytest.raises(ValueError, match=r"line 3, column 'a': 'nan'"):
+        read_csv(str(bad), "target")

@@ -348,7 +348,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         sizes = np.array([
             self._batch_rows(b, None if sample_weight is None else sample_weight[b])
             for b in gen_batches(X.shape[0], batch_size)], dtype=np.float64)
-        return list(losses.astype(np.float64) @ sizes / sizes.sum())
+        return (losses.astype(np.float64) @ sizes / sizes.sum()).tolist()
 
     def _scalars_ahead(self, epochs_ahead, n_samples):
         """The update rule's per-epoch scalars ``epochs_ahead`` epochs ahead."""

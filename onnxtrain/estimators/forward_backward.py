@@ -211,10 +211,23 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
             shape = infer_value_types(model)[model.graph.output[0].name][1]
             rank = 2 if shape is None else len(shape)
         if rank == 2 and y.ndim == 1:
-            return y.reshape(-1, 1)
-        if rank == 1 and y.ndim == 2 and y.shape[1] == 1:
-            return y.reshape(-1)
+            y = y.reshape(-1, 1)
+        elif rank == 1 and y.ndim == 2 and y.shape[1] == 1:
+            y = y.reshape(-1)
+        self._check_width(y, name)
         return y
+
+    def _check_width(self, y, name):
+        """The prediction must have as many columns as y."""
+        from ..graph import infer_value_types
+        model = self._training_model()
+        shape = infer_value_types(model)[model.graph.output[0].name][1]
+        width = shape[-1] if shape is not None and len(shape) == 2 else None
+        if isinstance(width, int) and y.ndim == 2 and y.shape[1] != width:
+            raise ValueError(
+                f"The graph's prediction {model.graph.output[0].name!r} has "
+                f"{width} columns but {name} has {y.shape[1]}. For a classifier "
+                "graph, use OrtGradientForwardBackwardClassifier.")
 
     def _validation_score(self, X_val, y_val):
         return r2_score(y_val, self._trainer.predict(X_val))
@@ -391,7 +404,8 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
 
     def predict(self, X):
         """Labels (of the type seen in fit): ndarray of shape (n_samples,)."""
-        return self.classes_[self.predict_proba(X).argmax(axis=1)]
+        proba = self.predict_proba(X)  # raises NotFittedError before fit
+        return self.classes_[proba.argmax(axis=1)]
 
     def score(self, X, y, sample_weight=None):
         """Accuracy.
