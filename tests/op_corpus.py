@@ -84,6 +84,8 @@ EPS = {"float64": 1e-6, "float32": 1e-3}
 #: zero up to round-off is compared in absolute terms.
 FLOOR = {"float64": 1e-3, "float32": 1e-1}
 COUNTED = ("passed", "wrong", "unsupported", "error")
+#: Ops with subgraphs: their float tensors all take the case's precision.
+CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
 #: Ops whose outputs are random: finite differences have no reference.
 RANDOM_OPS = {"Bernoulli", "RandomNormal", "RandomNormalLike", "RandomUniform",
               "RandomUniformLike", "Multinomial"}
@@ -169,6 +171,7 @@ def extra_cases():
         return CorpusCase(name, op, "", model, dict(zip(inputs, feeds)))
 
     x = rng.uniform(-1, 1, (3, 4)).astype(np.float32)
+    w = rng.uniform(-1, 1, (4,)).astype(np.float32)
     xt = rng.uniform(-1, 1, (2, 2, 3, 3)).astype(np.float32)
     wt = rng.uniform(-1, 1, (2, 3, 2, 3)).astype(np.float32)
     xz = x.copy()
@@ -188,7 +191,37 @@ def extra_cases():
                  ["x", "w"], [xt, wt], 17, strides=[2, 2], auto_pad="SAME_LOWER"),
         one_node("extra_cumprod_zeros", "CumProd", ["x", "axis"],
                  [xz, np.array(1, np.int64)], 26),
+        # control flow (onnx's If tests have no float input): a weight read
+        # by both branches, differently, for each value of the condition
+        if_case("extra_if_then", x, w, True),
+        if_case("extra_if_else", x, w, False),
     ]
+
+
+def if_case(name, x, w, cond):
+    """``If(cond)`` reading the float inputs x and w from the outer scope:
+    then ``x * w``, else ``Exp(x) + w * w``."""
+    helper, f = onnx.helper, TensorProto.FLOAT
+    then_branch = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["t"])], "then", [],
+        [helper.make_tensor_value_info("t", f, None)])
+    else_branch = helper.make_graph(
+        [helper.make_node("Exp", ["x"], ["e0"]),
+         helper.make_node("Mul", ["w", "w"], ["e1"]),
+         helper.make_node("Add", ["e0", "e1"], ["e"])], "else", [],
+        [helper.make_tensor_value_info("e", f, None)])
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=then_branch,
+                            else_branch=else_branch)
+    graph = helper.make_graph(
+        [node], name,
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", f, x.shape),
+         helper.make_tensor_value_info("w", f, w.shape)],
+        [helper.make_tensor_value_info("y", f, x.shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return CorpusCase(name, "If", "", model,
+                      {"cond": np.array(cond), "x": x, "w": w})
 
 
 def _as_array(value):
@@ -239,12 +272,31 @@ def _retype_node_attributes(node, elem_type):
             att.i = elem_type
 
 
+def _retype_graph(graph, elem_type):
+    """Every float tensor of ``graph`` and of its subgraphs in
+    ``elem_type`` (control flow: the schemas accept any tensor type)."""
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if _is_float(vi):
+            vi.type.tensor_type.elem_type = elem_type
+    for init in graph.initializer:
+        if init.data_type in FLOATS:
+            _retype_tensor(init, elem_type)
+    for node in graph.node:
+        _retype_node_attributes(node, elem_type)
+        for att in node.attribute:
+            for sub in list(att.graphs) + ([att.g] if att.HasField("g") else []):
+                _retype_graph(sub, elem_type)
+
+
 def with_precision(model, elem_type):
     """Copy of a one-node ``model`` whose float tensors take ``elem_type``
-    wherever the node's schema accepts it."""
+    wherever the node's schema accepts it (everywhere for control flow)."""
     model = copy.deepcopy(model)
     graph = model.graph
     node = graph.node[0]
+    if node.op_type in CONTROL_FLOW_OPS:
+        _retype_graph(graph, elem_type)
+        return model
     opset = next(o.version for o in model.opset_import
                  if o.domain == node.domain or (o.domain in ("", "ai.onnx")
                                                 and not node.domain))

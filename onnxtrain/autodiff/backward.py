@@ -12,7 +12,8 @@ from ..graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
 from .context import VJPContext, sum_to
 from .registry import get_vjp_rule, is_nondifferentiable
 
-__all__ = ["BackwardGraph", "backward", "trainable_initializers"]
+__all__ = ["BackwardGraph", "backward", "implicit_inputs", "reverse_pass",
+           "trainable_initializers"]
 
 
 @dataclass
@@ -63,8 +64,18 @@ def _subgraph_outer_inputs(node):
     return names
 
 
+def implicit_inputs(node):
+    """Outer-scope names a node's subgraphs read (sorted; [] without
+    subgraphs): the rule of a control-flow op returns their gradients after
+    those of ``node.input``."""
+    if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in node.attribute):
+        return []
+    return sorted(_subgraph_outer_inputs(node))
+
+
 def _node_inputs(node):
-    return [i for i in node.input if i] + sorted(_subgraph_outer_inputs(node))
+    return [i for i in node.input if i] + implicit_inputs(node)
 
 
 def _is_float(types, name):
@@ -168,10 +179,13 @@ def _apply_rule(g, node, grads, upstream, constants):
     if all(gy is None for gy in gys):
         return
     rule = get_vjp_rule(node.op_type, node.domain)
-    needs = [bool(i) and i in upstream for i in node.input]
-    ctx = VJPContext(node, g, needs, constants)
-    results = _normalize_result(rule.fn(ctx, *gys), len(node.input))
-    for name, need, grad in zip(node.input, needs, results):
+    implicit = implicit_inputs(node)
+    inputs = list(node.input) + implicit
+    needs = [bool(i) and i in upstream for i in inputs]
+    ctx = VJPContext(node, g, needs[:len(node.input)], constants,
+                     implicit, needs[len(node.input):])
+    results = _normalize_result(rule.fn(ctx, *gys), len(inputs))
+    for name, need, grad in zip(inputs, needs, results):
         if not need or grad is None:
             continue
         if rule.unbroadcast:

@@ -101,6 +101,11 @@ class VJPContext:
         Names of the node's inputs and outputs ('' for omitted optionals).
     needs_grad : list of bool
         Whether a gradient is needed for each input.
+    implicit_inputs : list of str
+        Outer-scope values the node's subgraphs read (control flow), sorted;
+        a rule returns their gradients after those of ``inputs``.
+    implicit_needs_grad : list of bool
+        Whether a gradient is needed for each implicit input.
     opset : int
         Default-domain opset of the model.
     dtype : int
@@ -108,13 +113,17 @@ class VJPContext:
         rule creates with :meth:`const` take this type).
     """
 
-    def __init__(self, node, g, needs_grad, constants):
+    def __init__(self, node, g, needs_grad, constants, implicit_inputs=(),
+                 implicit_needs_grad=()):
         self.node = node
         self.g = g
         self.inputs = list(node.input)
         self.outputs = list(node.output)
         self.needs_grad = list(needs_grad) + [False] * (
             len(node.input) - len(needs_grad))
+        self.implicit_inputs = list(implicit_inputs)
+        self.implicit_needs_grad = list(implicit_needs_grad) + [False] * (
+            len(self.implicit_inputs) - len(implicit_needs_grad))
         self.opset = g.opset
         self.attributes = {a.name: helper.get_attribute_value(a)
                            for a in node.attribute}

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from onnx import helper
 
-from .backward import backward
+from .backward import backward, implicit_inputs
 
 __all__ = ["GradientModels", "build_gradient_models", "build_fused_model"]
 
@@ -83,13 +83,14 @@ def _model_like(model, graph, opset_imports=None):
 
 
 def _backward_reads(bg):
-    """Forward names read by the gradient nodes."""
+    """Forward names read by the gradient nodes (their subgraphs' outer
+    reads included)."""
     produced = {o for n in bg.builder.nodes for o in n.output}
     produced |= {i.name for i in bg.builder.initializers}
     produced |= set(bg.grad_output_names)
     reads = []
     for node in bg.builder.nodes:
-        for name in node.input:
+        for name in list(node.input) + implicit_inputs(node):
             if name and name not in produced and name not in reads:
                 reads.append(name)
     return reads

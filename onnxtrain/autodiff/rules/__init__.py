@@ -1,4 +1,5 @@
 """VJP rules, one module per op family; importing registers them."""
-from . import (activations, conv, elementwise, functions,  # noqa: F401
-               indexing, linalg, nn, nondifferentiable, normalization,
-               pooling, reductions, sampling, selection, shape, trigonometric)
+from . import (activations, control_flow, conv, elementwise,  # noqa: F401
+               functions, indexing, linalg, nn, nondifferentiable,
+               normalization, pooling, reductions, sampling, selection, shape,
+               trigonometric)

@@ -1,0 +1,425 @@
+"""VJP rules of control flow: If and Scan.
+
+The branches of an ``If`` read outer-scope values (its implicit inputs, see
+:func:`onnxtrain.autodiff.backward.implicit_inputs`); their gradients are
+those of the branch taken. The rule builds, for each branch, a gradient
+graph by running onnxtrain's own reverse pass on the branch seen as a small
+model whose inputs are the outer values it reads: the branch's forward
+nodes are recomputed inside the gradient branch under fresh names (so that
+nothing crosses scopes but outer values and the incoming gradients), then
+the gradient nodes follow. An ``If`` on the same condition selects the
+gradients of the branch taken; a branch that does not use a value (or not
+differentiably) gives it a zero gradient.
+
+Scan (opset >= 9, every scan along axis 0 in the forward direction): a
+first Scan recomputes the states entering each iteration (stacked as scan
+outputs); a second Scan walks the sequence backwards (scan_input_directions
+1) with the body's gradient graph (the body recomputed, then the reverse
+pass): it carries the gradients of the float states and the accumulated
+gradients of the outer values the body reads, and stacks the gradients of
+the scan inputs (scan_output_directions 1, so that they come out in forward
+order).
+
+Not supported (a clear error): control flow nested inside a branch or a
+body, sparse initializers in a subgraph, outer values of unknown type,
+Scan-8, scans along other axes or in reverse, Loop (no rule).
+"""
+import onnx
+from onnx import AttributeProto, helper, numpy_helper
+
+from ...graph import FLOAT_TYPES, GraphBuilder, infer_value_types
+from ..backward import (_accumulate, _check_rules, _dependents, _path_nodes,
+                        constant_node_value, reverse_pass)
+from ..registry import register_vjp
+
+
+def _has_subgraphs(node):
+    return any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+               for a in node.attribute)
+
+
+def _clean_shape(shape):
+    if shape is None:
+        return None
+    return [None if isinstance(d, str) and d.startswith("unk__") else d
+            for d in shape]
+
+
+def _sub_builder(ctx):
+    """A builder for a subgraph sharing the outer builder's namespace (every
+    name stays unique across scopes) and knowing the outer types."""
+    sg = GraphBuilder(ctx.opset, (), ctx.g.types)
+    sg._used = ctx.g._used  # noqa: SLF001 - one namespace for all scopes
+    return sg
+
+
+def _recomputed(ctx, sg, graph, what):
+    """The nodes of ``graph`` with fresh names for its local values (its
+    initializers become Constant nodes); returns ``(nodes, rename,
+    constants)`` where ``rename`` maps a name of ``graph`` to its copy's
+    (outer names map to themselves)."""
+    if len(graph.sparse_initializer):
+        ctx.fail(f"the {what} holds sparse initializers")
+    renamed, nodes, constants = {}, [], {}
+
+    def rename(name):
+        return renamed.get(name, name)
+
+    def fresh(name):
+        renamed[name] = sg.unique_name(f"{name}_recomputed")
+        return renamed[name]
+
+    for init in graph.initializer:
+        value = numpy_helper.to_array(init)
+        name = fresh(init.name)
+        constants[name] = value
+        nodes.append(helper.make_node(
+            "Constant", [], [name], name=sg.unique_name("Constant_node"),
+            value=numpy_helper.from_array(value, name)))
+    for node in graph.node:
+        if _has_subgraphs(node):
+            ctx.fail(f"the {what} holds a {node.op_type} node "
+                     f"({node.name!r}) with subgraphs: nested control flow "
+                     "is not differentiated")
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = sg.unique_name(f"{node.op_type}_recomputed")
+        del copy.input[:]
+        copy.input.extend(rename(i) if i else "" for i in node.input)
+        del copy.output[:]
+        copy.output.extend(fresh(o) if o else "" for o in node.output)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = constant_node_value(node)
+            if value is not None:
+                constants[copy.output[0]] = value
+        nodes.append(copy)
+    return nodes, rename, constants
+
+
+def _outer_reads(nodes):
+    produced, reads = set(), []
+    for node in nodes:
+        for name in node.input:
+            if name and name not in produced and name not in reads:
+                reads.append(name)
+        produced.update(o for o in node.output if o)
+    return reads
+
+
+def _record_types(ctx, sg, nodes, outer, outputs):
+    """Infer the types of the recomputed values (the branch as a model whose
+    inputs are the outer values it reads)."""
+    inputs = []
+    for name in outer:
+        info = sg.types.get(name)
+        if info is None:
+            type_proto = onnx.TypeProto()
+        else:
+            type_proto = helper.make_tensor_type_proto(
+                info[0], _clean_shape(info[1]))
+        inputs.append(helper.make_value_info(name, type_proto))
+    domains = {n.domain for n in nodes if n.domain not in ("", "ai.onnx")}
+    graph = helper.make_graph(
+        nodes, "branch", inputs,
+        [helper.make_value_info(o, onnx.TypeProto())
+         for o in dict.fromkeys(outputs) if o not in outer])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", ctx.opset)] + [
+        helper.make_opsetid(d, 1) for d in sorted(domains)])
+    for name, info in infer_value_types(model).items():
+        sg.types.setdefault(name, info)
+
+
+def _prune(nodes, count):
+    """Drop the recomputed nodes (``nodes[:count]``) no later node reads."""
+    needed = {i for n in nodes[count:] for i in n.input}
+    kept = []
+    for node in reversed(nodes[:count]):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    nodes[:count] = kept[::-1]
+
+
+def _zeros_like(sg, name):
+    return sg.op("Expand", sg.const(0, sg.elem_type(name)), sg.shape_of(name))
+
+
+def _grad_value_info(ctx, name, like):
+    elem_type, shape = ctx.g.types[like]
+    return helper.make_tensor_value_info(name, elem_type, _clean_shape(shape))
+
+
+def _branch_gradient(ctx, graph, grad_outputs, wrt, what):
+    """A graph (no inputs) whose outputs are the gradients of ``wrt`` (outer
+    values) through ``graph`` for the incoming ``grad_outputs``."""
+    if len(graph.input):
+        ctx.fail(f"the {what} has inputs")
+    sg = _sub_builder(ctx)
+    nodes, rename, local_constants = _recomputed(ctx, sg, graph, what)
+    outputs = [rename(o.name) for o in graph.output]
+    outer = _outer_reads(nodes)
+    _record_types(ctx, sg, nodes, outer, outputs)
+    upstream = _dependents(nodes, list(wrt), sg.types)
+    grads = {}
+    for out, gy in zip(outputs, grad_outputs):
+        if gy and out in upstream:
+            grads.setdefault(out, []).append(gy)
+    path = _path_nodes(nodes, list(grads), upstream)
+    _check_rules(path, upstream)
+    constants = dict(ctx.constants)
+    constants.update(local_constants)
+    sg.nodes.extend(nodes)  # the branch, recomputed from the outer values
+    reverse_pass(sg, path, grads, upstream, constants)
+    _prune(sg.nodes, len(nodes))
+    names = []
+    for w in wrt:
+        total = _accumulate(sg, grads, w)
+        name = sg.unique_name(f"{w}_grad_{what.replace(' ', '_')}")
+        if total is None:  # the branch does not use w differentiably
+            total = _zeros_like(sg, w)
+        sg.op("Identity", total, outputs=[name])
+        names.append(name)
+    return sg.make_graph(
+        f"{graph.name or what}_gradient", [],
+        [_grad_value_info(ctx, n, w) for n, w in zip(names, wrt)])
+
+
+@register_vjp("If")
+def _if(ctx, *grad_outputs):
+    wrt = [name for name, need in zip(ctx.implicit_inputs,
+                                      ctx.implicit_needs_grad) if need]
+    if not wrt:
+        return None
+    missing = [w for w in wrt if w not in ctx.g.types]
+    if missing:
+        ctx.fail(f"the types of the outer values {missing} are unknown")
+    branches = {a.name: a.g for a in ctx.node.attribute}
+    then_graph = _branch_gradient(ctx, branches["then_branch"], grad_outputs,
+                                  wrt, "then branch")
+    else_graph = _branch_gradient(ctx, branches["else_branch"], grad_outputs,
+                                  wrt, "else branch")
+    outs = [ctx.g.unique_name(f"{w}_grad_if") for w in wrt]
+    ctx.g.op("If", ctx.inputs[0], outputs=outs, then_branch=then_graph,
+             else_branch=else_graph)
+    for name, w in zip(outs, wrt):
+        elem_type, shape = ctx.g.types[w]
+        ctx.g.set_type(name, elem_type, shape)
+    grads = iter(outs)
+    return tuple([None] * len(ctx.inputs)
+                 + [next(grads) if need else None
+                    for need in ctx.implicit_needs_grad])
+
+
+# ---------------------------------------------------------------------------
+# Scan
+# ---------------------------------------------------------------------------
+
+def _tensor_type(info):
+    return helper.make_tensor_type_proto(info[0], _clean_shape(info[1]))
+
+
+def _slice_type(info):
+    """Type of one element along axis 0 of a value of type ``info``."""
+    if info is None:
+        return None
+    shape = None if info[1] is None else tuple(info[1][1:])
+    return (info[0], shape)
+
+
+def _identity_outputs(sg, names, base):
+    """Fresh names, each the Identity of one of ``names`` (graph outputs
+    must be produced by a node of the graph)."""
+    return [sg.op("Identity", n, outputs=[sg.unique_name(f"{base}_{i}")])
+            for i, n in enumerate(names)]
+
+
+def _scan_attributes(ctx):
+    body = ctx.attributes["body"]
+    n_scan = ctx.attr("num_scan_inputs")
+    n_state = len(ctx.inputs) - n_scan
+    n_scan_out = len(body.output) - n_state
+    for name in ("scan_input_axes", "scan_input_directions",
+                 "scan_output_axes", "scan_output_directions"):
+        if any(int(v) != 0 for v in ctx.attr(name, [])):
+            ctx.fail(f"{name}={list(ctx.attr(name))}: only scans along axis "
+                     "0 in the forward direction are differentiated")
+    if ctx.opset < 9:
+        ctx.fail("Scan-8 (batch axis, sequence_lens) is not differentiated")
+    if len(body.input) != n_state + n_scan:
+        ctx.fail("the body's inputs do not match the node's")
+    return body, n_state, n_scan, n_scan_out
+
+
+def _body_input_types(ctx, body, n_state):
+    """``(elem_type, shape)`` of each body input (from the body, else from
+    the node's inputs)."""
+    types = []
+    for k, vi in enumerate(body.input):
+        outer = ctx.g.types.get(ctx.inputs[k])
+        info = outer if k < n_state else _slice_type(outer)
+        t = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and t.elem_type:
+            shape = None
+            if t.HasField("shape"):
+                shape = tuple(d.dim_value if d.HasField("dim_value") else
+                              (d.dim_param or None) for d in t.shape.dim)
+            if info is None or (shape is not None and None not in shape):
+                info = (t.elem_type, shape)
+        if info is None:
+            ctx.fail(f"the type of the body input {vi.name!r} is unknown")
+        types.append(info)
+    return types
+
+
+def _renamed_body(ctx, sg, body, names, types):
+    """The body's nodes recomputed in ``sg`` with its inputs named
+    ``names`` (typed ``types``); returns ``(nodes, rename, constants)``."""
+    stripped = onnx.GraphProto()
+    stripped.CopyFrom(body)
+    del stripped.input[:]
+    nodes, rename, constants = _recomputed(ctx, sg, stripped, "Scan body")
+    mapping = {vi.name: n for vi, n in zip(body.input, names)}
+    for name, info in zip(names, types):
+        sg.types[name] = info
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name in mapping:
+                node.input[i] = mapping[name]
+
+    def full_rename(name):
+        return mapping.get(name, rename(name))
+    outputs = [full_rename(o.name) for o in body.output]
+    _record_types(ctx, sg, nodes, _outer_reads(nodes), outputs)
+    return nodes, full_rename, constants
+
+
+def _states_stack(ctx, body, n_state, n_scan, types):
+    """A Scan recomputing the forward one whose scan outputs are the states
+    entering each iteration; returns their stacked names."""
+    sg = _sub_builder(ctx)
+    names = [sg.unique_name(f"{vi.name}_fwd") for vi in body.input]
+    nodes, rename, _ = _renamed_body(ctx, sg, body, names, types)
+    sg.nodes.extend(nodes)
+    outs = _identity_outputs(
+        sg, [rename(o.name) for o in body.output[:n_state]], "state_out")
+    outs += _identity_outputs(sg, names[:n_state], "state_in")
+    _prune(sg.nodes, len(nodes))
+    vis = [helper.make_value_info(n, _tensor_type(t))
+           for n, t in zip(names, types)]
+    out_vis = [helper.make_value_info(n, _tensor_type(t))
+               for n, t in zip(outs, types[:n_state] * 2)]
+    graph = sg.make_graph("scan_states", vis, out_vis)
+    finals = [ctx.g.unique_name("scan_state_final") for _ in range(n_state)]
+    stacks = [ctx.g.unique_name(f"{ctx.inputs[k]}_stack")
+              for k in range(n_state)]
+    ctx.g.op("Scan", *ctx.inputs, outputs=finals + stacks, body=graph,
+             num_scan_inputs=n_scan)
+    return stacks
+
+
+@register_vjp("Scan")
+def _scan(ctx, *grad_outputs):
+    body, n_state, n_scan, n_scan_out = _scan_attributes(ctx)
+    types = _body_input_types(ctx, body, n_state)
+    g, floats = ctx.g, [t[0] in FLOAT_TYPES for t in types]
+    states = [k for k in range(n_state) if floats[k]]  # carried gradients
+    params = [p for p, need in zip(ctx.implicit_inputs,
+                                   ctx.implicit_needs_grad) if need]
+    missing = [p for p in params if p not in g.types]
+    if missing:
+        ctx.fail(f"the types of the outer values {missing} are unknown")
+    xs = [m for m in range(n_state, n_state + n_scan)
+          if ctx.needs_grad[m] and floats[m]]
+    gz = [j for j in range(n_scan_out) if grad_outputs[n_state + j]]
+    stacks = _states_stack(ctx, body, n_state, n_scan, types)
+
+    # the reverse scan: states (gradients of the states, accumulated
+    # gradients of the outer values), scan inputs (states, inputs and
+    # output gradients), scan outputs (gradients of the scan inputs)
+    sg = _sub_builder(ctx)
+    gs_in = [sg.unique_name(f"{body.input[k].name}_grad_in") for k in states]
+    gp_in = [sg.unique_name(f"{p}_grad_acc") for p in params]
+    names = [sg.unique_name(f"{vi.name}_bwd") for vi in body.input]
+    gz_in = [sg.unique_name(f"{body.output[n_state + j].name}_grad_in")
+             for j in gz]
+    out_types = [ctx.g.types.get(ctx.outputs[n_state + j]) for j in gz]
+    if any(t is None for t in out_types):
+        ctx.fail("the types of the scan outputs are unknown")
+    out_types = [_slice_type(t) for t in out_types]
+    for name, k in zip(gs_in, states):
+        sg.set_type(name, *types[k])
+    for name, j in zip(gz_in, range(len(gz))):
+        sg.set_type(name, *out_types[j])
+    nodes, rename, local_constants = _renamed_body(ctx, sg, body, names, types)
+    wrt = [names[k] for k in states] + [names[m] for m in xs] + params
+    upstream = _dependents(nodes, wrt, sg.types)
+    grads = {}
+    for gs, k in zip(gs_in, states):
+        grads.setdefault(rename(body.output[k].name), []).append(gs)
+    for gzn, j in zip(gz_in, gz):
+        grads.setdefault(rename(body.output[n_state + j].name), []).append(gzn)
+    grads = {n: parts for n, parts in grads.items() if n in upstream}
+    path = _path_nodes(nodes, list(grads), upstream)
+    _check_rules(path, upstream)
+    constants = dict(ctx.constants)
+    constants.update(local_constants)
+    sg.nodes.extend(nodes)
+    reverse_pass(sg, path, grads, upstream, constants)
+    _prune(sg.nodes, len(nodes))
+
+    def total(name):
+        value = _accumulate(sg, grads, name)
+        return _zeros_like(sg, name) if value is None else value
+    gs_out = [total(names[k]) for k in states]
+    gp_out = []
+    for p, acc in zip(params, gp_in):
+        value = _accumulate(sg, grads, p)
+        gp_out.append(acc if value is None else sg.op("Add", acc, value))
+    gx_out = [total(names[m]) for m in xs]
+    outs = _identity_outputs(sg, gs_out + gp_out + gx_out, "scan_grad")
+    in_vis = [helper.make_value_info(n, _tensor_type(types[k]))
+              for n, k in zip(gs_in, states)]
+    in_vis += [helper.make_value_info(n, _tensor_type(g.types[p]))
+               for n, p in zip(gp_in, params)]
+    in_vis += [helper.make_value_info(n, _tensor_type(t))
+               for n, t in zip(names, types)]
+    in_vis += [helper.make_value_info(n, _tensor_type(t))
+               for n, t in zip(gz_in, out_types)]
+    out_infos = ([types[k] for k in states] + [g.types[p] for p in params]
+                 + [types[m] for m in xs])
+    out_vis = [helper.make_value_info(n, _tensor_type(t))
+               for n, t in zip(outs, out_infos)]
+    graph = sg.make_graph("scan_gradient", in_vis, out_vis)
+
+    init_gs = []
+    for k in states:
+        gy = grad_outputs[k]
+        init_gs.append(gy if gy else _zeros_like(g, ctx.inputs[k]))
+    init_gp = [_zeros_like(g, p) for p in params]
+    scan_inputs = stacks + list(ctx.inputs[n_state:]) + [
+        grad_outputs[n_state + j] for j in gz]
+    final_gs = [g.unique_name(f"{ctx.inputs[k]}_grad_scan") for k in states]
+    final_gp = [g.unique_name(f"{p}_grad_scan") for p in params]
+    gx = [g.unique_name(f"{ctx.inputs[m]}_grad_scan") for m in xs]
+    g.op("Scan", *init_gs, *init_gp, *scan_inputs,
+         outputs=final_gs + final_gp + gx, body=graph,
+         num_scan_inputs=len(scan_inputs),
+         scan_input_directions=[1] * len(scan_inputs),
+         scan_output_directions=[1] * len(gx) if gx else None)
+    for name, k in zip(final_gs, states):
+        g.set_type(name, *g.types[ctx.inputs[k]])
+    for name, p in zip(final_gp, params):
+        g.set_type(name, *g.types[p])
+    for name, m in zip(gx, xs):
+        if ctx.inputs[m] in g.types:
+            g.set_type(name, *g.types[ctx.inputs[m]])
+
+    result = [None] * len(ctx.inputs)
+    for name, k in zip(final_gs, states):
+        result[k] = name if ctx.needs_grad[k] else None
+    for name, m in zip(gx, xs):
+        result[m] = name
+    grads_p = iter(final_gp)
+    return tuple(result + [next(grads_p) if need else None
+                           for need in ctx.implicit_needs_grad])

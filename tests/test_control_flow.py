@@ -1,0 +1,272 @@
+"""Gradients through control flow (If, Scan), against central finite
+differences.
+
+The weights read by the branches of an ``If`` are its implicit inputs: the
+gradient is the one of the branch taken. A Scan's body reads its states,
+its scan slices and outer weights. Every model is built in float64,
+differentiated in the split and the fused forms for both values of the
+condition, and every generated model passes
+``onnx.checker.check_model(full_check=True)``.
+"""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from gradcheck import (check_model, fused_gradients, numeric_gradient,
+                       relative_error, run, session, split_gradients)
+from onnxtrain.autodiff import build_fused_model, build_gradient_models
+from onnxtrain.exceptions import MissingVJPRuleError
+
+D = TensorProto.DOUBLE
+TOL = 1e-6
+
+
+def _branch(name, nodes, output, initializers=()):
+    return helper.make_graph(
+        nodes, name, [], [helper.make_tensor_value_info(output, D, None)],
+        list(initializers))
+
+
+def _model(branch_then, branch_else, after=(), weights=None, opset=17,
+           output="Y", before=(), domains=()):
+    """X [N, 3] and cond (bool) inputs; ``before`` nodes, then ``If`` ->
+    ``Yif``; ``after`` nodes (reading ``Yif``) compute ``output``."""
+    rng = np.random.default_rng(0)
+    weights = weights or {"W": (3,)}
+    inits = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float64),
+                                     name) for name, shape in weights.items()]
+    nodes = list(before) + [helper.make_node("If", ["cond"], ["Yif"], name="if",
+                              then_branch=branch_then,
+                              else_branch=branch_else)]
+    nodes += list(after)
+    if not after:
+        nodes[-1].output[0] = output
+    graph = helper.make_graph(
+        nodes, "if_model",
+        [helper.make_tensor_value_info("X", D, ["N", 3]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(output, D, ["N", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", opset)] + [
+        helper.make_opsetid(d, 1) for d in domains])
+    model.ir_version = 8
+    if not domains:
+        onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _then_else_w(opset=17):
+    # then: X * W; else: X + W * W
+    then_b = _branch("then", [helper.make_node("Mul", ["X", "W"], ["t0"])],
+                     "t0")
+    else_b = _branch("else", [helper.make_node("Mul", ["W", "W"], ["e0"]),
+                              helper.make_node("Add", ["X", "e0"], ["e1"])],
+                     "e1")
+    return _model(then_b, else_b, opset=opset)
+
+
+def _check(model, wrt, cond, n=4):
+    rng = np.random.default_rng(1)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    feeds = {"X": rng.normal(size=(n, 3)), "cond": np.array(cond)}
+    feeds.update({w: inits[w] for w in wrt if w in inits})
+    gm = build_gradient_models(model, wrt)
+    for m in (gm.inference_model, gm.forward_model, gm.backward_model):
+        check_model(m)
+    fused, bg = build_fused_model(model, wrt)
+    check_model(fused)
+    inference = session(gm.inference_model)
+    y = run(inference, feeds)
+    grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
+    _, split = split_gradients(gm, feeds, grad_outputs)
+    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
+    for w in wrt:
+        num = numeric_gradient(inference, feeds, w, grad_outputs)
+        assert relative_error(num, split[w]) < TOL, (w, cond, split[w], num)
+        assert relative_error(num, fused_grads[w]) < TOL, (w, cond)
+    return split
+
+
+@pytest.mark.parametrize("cond", [True, False])
+@pytest.mark.parametrize("opset", [11, 17])
+def test_if_weight_used_in_both_branches(cond, opset):
+    model = _then_else_w(opset)
+    _check(model, ["W"], cond)
+    _check(model, ["W", "X"], cond)
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_weight_used_in_one_branch_has_zero_gradient_in_the_other(cond):
+    # then: X * W + B; else: Tanh(X) * W -- B unused by else, and the If
+    # output feeds a node also reading W (explicit and implicit uses add up)
+    then_b = _branch("then", [helper.make_node("Mul", ["X", "W"], ["t0"]),
+                              helper.make_node("Add", ["t0", "B"], ["t1"])],
+                     "t1")
+    else_b = _branch("else", [helper.make_node("Tanh", ["X"], ["e0"]),
+                              helper.make_node("Mul", ["e0", "W"], ["e1"])],
+                     "e1")
+    after = [helper.make_node("Mul", ["Yif", "W"], ["Y"])]
+    model = _model(then_b, else_b, after, weights={"W": (3,), "B": (1, 3)})
+    split = _check(model, ["W", "B", "X"], cond)
+    if not cond:
+        assert np.all(split["B"] == 0)
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_branches_with_initializers_constants_and_outer_intermediates(cond):
+    # H = Sigmoid(X) * W outside; then: H * c * k (a branch initializer and
+    # a Constant); else: Identity(H)
+    then_b = _branch(
+        "then",
+        [helper.make_node("Mul", ["H", "c"], ["t0"]),
+         helper.make_node("Constant", [], ["k"],
+                          value=numpy_helper.from_array(np.array(2.0), "k")),
+         helper.make_node("Mul", ["t0", "k"], ["t1"])],
+        "t1", [numpy_helper.from_array(np.array([1.5, -2.0, 0.5]), "c")])
+    else_b = _branch("else", [helper.make_node("Identity", ["H"], ["e0"])],
+                     "e0")
+    before = [helper.make_node("Sigmoid", ["X"], ["s"]),
+              helper.make_node("Mul", ["s", "W"], ["H"])]
+    model = _model(then_b, else_b, before=before)
+    _check(model, ["W", "X"], cond)
+
+
+def test_if_with_nested_control_flow_is_refused_clearly():
+    inner = _branch("inner", [helper.make_node("Mul", ["X", "W"], ["i0"])],
+                    "i0")
+    then_b = _branch("then", [helper.make_node(
+        "If", ["cond"], ["t0"], then_branch=inner, else_branch=inner)], "t0")
+    else_b = _branch("else", [helper.make_node("Mul", ["X", "W"], ["e0"])],
+                     "e0")
+    model = _model(then_b, else_b)
+    with pytest.raises(NotImplementedError, match="nested control flow"):
+        build_gradient_models(model, ["W"])
+
+
+def test_if_branch_op_without_rule_names_it():
+    then_b = _branch("then", [helper.make_node("Mul", ["X", "W"], ["t0"])],
+                     "t0")
+    else_b = _branch("else", [helper.make_node(
+        "Custom", ["W"], ["e0"], domain="my.domain")], "e0")
+    model = _model(then_b, else_b, domains=["my.domain"])
+    with pytest.raises(MissingVJPRuleError, match="Custom"):
+        build_gradient_models(model, ["W"])
+
+
+# ---------------------------------------------------------------------------
+# Scan
+# ---------------------------------------------------------------------------
+
+def _rnn_model(directions=None, opset=17):
+    """h_t = Tanh(h_{t-1} * W + x_t @ U), z_t = h_t * V (W, U, V read from
+    the outer scope), c_t = c_{t-1} + x_t summed; outputs h_T, c_T, z."""
+    rng = np.random.default_rng(0)
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["h_in", "W"], ["a"]),
+         helper.make_node("MatMul", ["x_t", "U"], ["b"]),
+         helper.make_node("Add", ["a", "b"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["h_out"]),
+         helper.make_node("Add", ["c_in", "x_t"], ["c_out"]),
+         helper.make_node("Mul", ["h_out", "V"], ["z_t"])],
+        "rnn_body",
+        [helper.make_tensor_value_info("h_in", D, [2]),
+         helper.make_tensor_value_info("c_in", D, [3]),
+         helper.make_tensor_value_info("x_t", D, [3])],
+        [helper.make_tensor_value_info("h_out", D, [2]),
+         helper.make_tensor_value_info("c_out", D, [3]),
+         helper.make_tensor_value_info("z_t", D, [2])])
+    attrs = {}
+    if directions is not None:
+        attrs["scan_input_directions"] = directions
+    node = helper.make_node("Scan", ["h0", "c0", "X"], ["hT", "cT", "Z"],
+                            body=body, num_scan_inputs=1, **attrs)
+    inits = [numpy_helper.from_array(rng.normal(size=shape), name)
+             for name, shape in (("W", (2,)), ("U", (3, 2)), ("V", (1,)),
+                                 ("h0", (2,)), ("c0", (3,)))]
+    graph = helper.make_graph(
+        [node], "rnn", [helper.make_tensor_value_info("X", D, ["T", 3])],
+        [helper.make_tensor_value_info("hT", D, [2]),
+         helper.make_tensor_value_info("cT", D, [3]),
+         helper.make_tensor_value_info("Z", D, ["T", 2])], inits)
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_scan_with_states_scan_outputs_and_outer_weights(opset):
+    model = _rnn_model(opset=opset)
+    rng = np.random.default_rng(2)
+    wrt = ["W", "U", "V", "h0", "c0", "X"]
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    feeds = {"X": rng.normal(size=(4, 3)), **inits}
+    gm = build_gradient_models(model, wrt)
+    for m in (gm.inference_model, gm.forward_model, gm.backward_model):
+        check_model(m)
+    fused, bg = build_fused_model(model, wrt)
+    check_model(fused)
+    inference = session(gm.inference_model)
+    y = run(inference, feeds)
+    grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
+    _, split = split_gradients(gm, feeds, grad_outputs)
+    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
+    for w in wrt:
+        num = numeric_gradient(inference, feeds, w, grad_outputs)
+        assert relative_error(num, split[w]) < TOL, (w, split[w], num)
+        assert relative_error(num, fused_grads[w]) < TOL, w
+
+
+def test_scan_only_the_scan_output_differentiated():
+    model = _rnn_model()
+    rng = np.random.default_rng(3)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    feeds = {"X": rng.normal(size=(5, 3)), **inits}
+    gm = build_gradient_models(model, ["W", "U"], outputs=["Z"])
+    check_model(gm.backward_model)
+    inference = session(gm.inference_model)
+    y = run(inference, feeds)
+    grad_outputs = {"Z": rng.normal(size=y["Z"].shape)}
+    _, split = split_gradients(gm, feeds, grad_outputs)
+    for w in ("W", "U"):
+        num = numeric_gradient(inference, feeds, w, grad_outputs)
+        assert relative_error(num, split[w]) < TOL, w
+
+
+def test_scan_in_reverse_direction_is_refused_clearly():
+    model = _rnn_model(directions=[1])
+    with pytest.raises(NotImplementedError, match="scan_input_directions"):
+        build_gradient_models(model, ["W"])
+
+
+def test_estimator_with_if_trains_on_the_split_path():
+    """A graph with control flow trains; 'auto' keeps to the split path (the
+    fused loop would rename weights that subgraphs read from outside)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxtrain import LearningRateSGD, OrtGradientForwardBackwardOptimizer
+    then = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["t"])],
+                             "then", [], [helper.make_tensor_value_info("t", 1, None)])
+    other = helper.make_graph([helper.make_node("Add", ["X", "B"], ["e"])],
+                              "else", [], [helper.make_tensor_value_info("e", 1, None)])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["Y"], then_branch=then, else_branch=other)],
+        "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
+        [numpy_helper.from_array(np.array([[0.5]], np.float32), "W"),
+         numpy_helper.from_array(np.array([[0.0]], np.float32), "B"),
+         numpy_helper.from_array(np.array(True), "cond")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    X = np.linspace(-1, 1, 40, dtype=np.float32).reshape(-1, 1)
+    y = 3 * X.ravel()
+    est = OrtGradientForwardBackwardOptimizer(
+        model, weights_to_train=["W"], warm_start=True, max_iter=100,
+        learning_rate=LearningRateSGD(0.3, learning_rate="constant")).fit(X, y)
+    assert est.training_path_ == "split"
+    np.testing.assert_allclose(est.get_state()[0], [[3.0]], atol=1e-3)
+    with pytest.raises(ValueError, match="control flow"):
+        OrtGradientForwardBackwardOptimizer(model, weights_to_train=["W"],
+                                            training_path="loop").fit(X, y)
