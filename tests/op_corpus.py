@@ -195,6 +195,9 @@ def extra_cases():
         # by both branches, differently, for each value of the condition
         if_case("extra_if_then", x, w, True),
         if_case("extra_if_else", x, w, False),
+        # a Loop whose body reads a weight from the outer scope (onnx's
+        # Loop test carries its only float value)
+        loop_case("extra_loop_rnn", x, w),
     ]
 
 
@@ -222,6 +225,43 @@ def if_case(name, x, w, cond):
     model.ir_version = 8
     return CorpusCase(name, "If", "", model,
                       {"cond": np.array(cond), "x": x, "w": w})
+
+
+def loop_case(name, x, w):
+    """``Loop`` over the rows of x (trip count M = 3, a condition the body
+    passes through): ``h <- Tanh(h * w + x[i])`` from h0, stacking
+    ``h * h``; x and w are read from the outer scope."""
+    helper, f = onnx.helper, TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Mul", ["h_in", "w"], ["a"]),
+         helper.make_node("Gather", ["x", "i"], ["x_i"], axis=0),
+         helper.make_node("Add", ["a", "x_i"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["h_out"]),
+         helper.make_node("Mul", ["h_out", "h_out"], ["z"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", f, w.shape)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", f, w.shape),
+         helper.make_tensor_value_info("z", f, w.shape)])
+    node = helper.make_node("Loop", ["M", "cond", "h0"], ["hM", "Z"],
+                            body=body)
+    graph = helper.make_graph(
+        [node], name,
+        [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h0", f, w.shape),
+         helper.make_tensor_value_info("x", f, x.shape),
+         helper.make_tensor_value_info("w", f, w.shape)],
+        [helper.make_tensor_value_info("hM", f, w.shape),
+         helper.make_tensor_value_info("Z", f, [None, w.shape[0]])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return CorpusCase(name, "Loop", "", model,
+                      {"M": np.array(x.shape[0], np.int64),
+                       "cond": np.array(True), "h0": np.flip(w).copy(),
+                       "x": x, "w": w})
 
 
 def _as_array(value):

@@ -1,9 +1,10 @@
-"""Gradients through control flow (If, Scan), against central finite
+"""Gradients through control flow (If, Scan, Loop), against central finite
 differences.
 
 The weights read by the branches of an ``If`` are its implicit inputs: the
 gradient is the one of the branch taken. A Scan's body reads its states,
-its scan slices and outer weights. Every model is built in float64,
+its scan slices and outer weights; a Loop's body its iteration number,
+its carried values and outer weights. Every model is built in float64,
 differentiated in the split and the fused forms for both values of the
 condition, and every generated model passes
 ``onnx.checker.check_model(full_check=True)``.
@@ -270,3 +271,144 @@ def test_estimator_with_if_trains_on_the_split_path():
     with pytest.raises(ValueError, match="control flow"):
         OrtGradientForwardBackwardOptimizer(model, weights_to_train=["W"],
                                             training_path="loop").fit(X, y)
+
+
+# ---------------------------------------------------------------------------
+# Loop
+# ---------------------------------------------------------------------------
+
+def _loop_model(opset=17, cond="absent", trip="input", n=4):
+    """h_i = Tanh(h_{i-1} @ W + X[i] @ U) (X[i] gathered from the outer X on
+    the iteration number i), k_i = k_{i-1} + 1 (an int64 carried value),
+    z_i = h_i * V stacked; outputs h_M, k_M and Z [M, 2].
+
+    ``cond``: 'absent' (""), 'identity' (a cond input the body passes
+    through), 'true' (the body outputs a constant true), 'data' (the body
+    outputs ReduceSum(h) > 0: data-dependent). ``trip``: 'input' (the trip
+    count is a graph input) or 'constant' (an initializer).
+    """
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["h_in", "W"], ["a"]),
+             helper.make_node("MatMul", ["x_i", "U"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["pre"]),
+             helper.make_node("Tanh", ["pre"], ["h_out"]),
+             helper.make_node("Constant", [], ["one"], value=numpy_helper
+                              .from_array(np.array(1, np.int64), "one")),
+             helper.make_node("Add", ["k_in", "one"], ["k_out"]),
+             helper.make_node("Mul", ["h_out", "V"], ["z_i"])]
+    if opset >= 16:
+        nodes.insert(0, helper.make_node("Gather", ["X", "i"], ["x_i"], axis=0))
+    else:
+        # Gather's rule before opset 16 (one-hot contraction) does not take
+        # rank-0 indices yet: gather rows [i] then reshape to one row
+        nodes[:0] = [
+            helper.make_node("Constant", [], ["row"], value=numpy_helper
+                             .from_array(np.array([1], np.int64), "row")),
+            helper.make_node("Reshape", ["i", "row"], ["i1"]),
+            helper.make_node("Gather", ["X", "i1"], ["x_rows"], axis=0),
+            helper.make_node("Constant", [], ["width"], value=numpy_helper
+                             .from_array(np.array([3], np.int64), "width")),
+            helper.make_node("Reshape", ["x_rows", "width"], ["x_i"])]
+    if cond == "true":
+        nodes.append(helper.make_node("Constant", [], ["cond_out"],
+                                      value=numpy_helper.from_array(
+                                          np.array(True), "t")))
+    elif cond == "data":
+        nodes += [helper.make_node("ReduceSum", ["h_out"], ["s"], keepdims=0),
+                  helper.make_node("Constant", [], ["zero"], value=numpy_helper
+                                   .from_array(np.array(0.0), "zero")),
+                  helper.make_node("Greater", ["s", "zero"], ["cond_out"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    body = helper.make_graph(
+        nodes, "loop_body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", D, [2]),
+         helper.make_tensor_value_info("k_in", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", D, [2]),
+         helper.make_tensor_value_info("k_out", TensorProto.INT64, []),
+         helper.make_tensor_value_info("z_i", D, [2])])
+    inits = [numpy_helper.from_array(rng.normal(size=shape) * scale, name)
+             for name, shape, scale in (("W", (2, 2), 0.8), ("U", (3, 2), 1.0),
+                                        ("V", (2,), 1.0), ("h0", (2,), 1.0))]
+    inits.append(numpy_helper.from_array(np.array(0, np.int64), "k0"))
+    inputs = [helper.make_tensor_value_info("X", D, ["T", 3])]
+    if trip == "input":
+        inputs.append(helper.make_tensor_value_info("M", TensorProto.INT64, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(n, np.int64), "M"))
+    cond_name = ""
+    if cond != "absent":
+        cond_name = "cond"
+        inits.append(numpy_helper.from_array(np.array(True), "cond"))
+    node = helper.make_node("Loop", ["M", cond_name, "h0", "k0"],
+                            ["hM", "kM", "Z"], body=body, name="loop")
+    graph = helper.make_graph(
+        [node], "rnn_loop", inputs,
+        [helper.make_tensor_value_info("hM", D, [2]),
+         helper.make_tensor_value_info("kM", TensorProto.INT64, []),
+         helper.make_tensor_value_info("Z", D, [None, 2])], inits)
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _check_loop(model, wrt, n=4, outputs=None):
+    rng = np.random.default_rng(2)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    feeds = {"X": rng.normal(size=(n + 1, 3)), "M": np.array(n, np.int64),
+             **inits}
+    gm = build_gradient_models(model, wrt, outputs=outputs)
+    for m in (gm.inference_model, gm.forward_model, gm.backward_model):
+        check_model(m)
+    fused, bg = build_fused_model(model, wrt, outputs=outputs)
+    check_model(fused)
+    inference = session(gm.inference_model)
+    y = run(inference, feeds)
+    assert y["Z"].shape == (n, 2)
+    grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
+    _, split = split_gradients(gm, feeds, grad_outputs)
+    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
+    for w in wrt:
+        num = numeric_gradient(inference, feeds, w, grad_outputs)
+        assert relative_error(num, split[w]) < TOL, (w, split[w], num)
+        assert relative_error(num, fused_grads[w]) < TOL, w
+    return split
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("cond,trip", [("absent", "input"),
+                                       ("identity", "constant"),
+                                       ("true", "input")])
+def test_loop_rnn_with_carried_values_scan_output_and_outer_weights(
+        opset, cond, trip):
+    model = _loop_model(opset, cond, trip)
+    _check_loop(model, ["W", "U", "V", "h0", "X"])
+
+
+def test_loop_only_the_scan_output_differentiated():
+    model = _loop_model()
+    _check_loop(model, ["W", "U"], outputs=["Z"])
+
+
+def test_loop_with_zero_iterations():
+    model = _loop_model()
+    _check_loop(model, ["W", "h0"], n=0)
+
+
+def test_loop_with_a_data_dependent_condition_is_refused_clearly():
+    model = _loop_model(cond="data")
+    with pytest.raises(NotImplementedError,
+                       match="Loop with a data-dependent condition"):
+        build_gradient_models(model, ["W"])
+
+
+def test_loop_without_trip_count_is_refused_clearly():
+    model = _loop_model(cond="identity")
+    model.graph.node[0].input[0] = ""
+    with pytest.raises(NotImplementedError, match="without a trip count"):
+        build_gradient_models(model, ["W"])

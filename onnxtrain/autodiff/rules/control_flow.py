@@ -1,4 +1,4 @@
-"""VJP rules of control flow: If and Scan.
+"""VJP rules of control flow: If, Scan and Loop.
 
 The branches of an ``If`` read outer-scope values (its implicit inputs, see
 :func:`onnxtrain.autodiff.backward.implicit_inputs`); their gradients are
@@ -20,16 +20,28 @@ gradients of the outer values the body reads, and stacks the gradients of
 the scan inputs (scan_output_directions 1, so that they come out in forward
 order).
 
+Loop (a trip count M, and a condition absent or kept true: the body's
+condition output is its condition input passed through Identity, or a
+constant true; the loop then runs M iterations, or none when its initial
+condition is false): a first Loop recomputes the carried values entering
+each iteration that the gradient reads (stacked as scan outputs); a second
+Loop with the same M and condition runs the body's gradient graph for the
+forward iteration i = M - 1 - iter (the body's iteration number input gets
+i; the carried values entering it and the gradients of the scan outputs
+are gathered at [i]), carrying the gradients of the float carried values
+and the accumulated gradients of the outer values the body reads.
+
 Not supported (a clear error): control flow nested inside a branch or a
 body, sparse initializers in a subgraph, outer values of unknown type,
-Scan-8, scans along other axes or in reverse, Loop (no rule).
+Scan-8, scans along other axes or in reverse, Loop without a trip count or
+with a data-dependent condition, sequences or optionals carried by a body.
 """
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
 from ...graph import FLOAT_TYPES, GraphBuilder, infer_value_types
 from ..backward import (_accumulate, _check_rules, _dependents, _path_nodes,
-                        constant_node_value, reverse_pass)
+                        constant_node_value, implicit_inputs, reverse_pass)
 from ..registry import register_vjp
 
 
@@ -251,13 +263,15 @@ def _scan_attributes(ctx):
     return body, n_state, n_scan, n_scan_out
 
 
-def _body_input_types(ctx, body, n_state):
+def _body_input_types(ctx, body, fallback):
     """``(elem_type, shape)`` of each body input (from the body, else from
-    the node's inputs)."""
+    ``fallback``: the types the node gives them)."""
     types = []
-    for k, vi in enumerate(body.input):
-        outer = ctx.g.types.get(ctx.inputs[k])
-        info = outer if k < n_state else _slice_type(outer)
+    for vi, info in zip(body.input, fallback):
+        if vi.type.HasField("sequence_type") or vi.type.HasField(
+                "optional_type"):
+            ctx.fail(f"the body input {vi.name!r} is a sequence or an "
+                     "optional: only tensors are differentiated")
         t = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and t.elem_type:
             shape = None
@@ -272,13 +286,20 @@ def _body_input_types(ctx, body, n_state):
     return types
 
 
-def _renamed_body(ctx, sg, body, names, types):
+def _scan_input_types(ctx, body, n_state):
+    fallback = [ctx.g.types.get(name) for name in ctx.inputs[:n_state]]
+    fallback += [_slice_type(ctx.g.types.get(name))
+                 for name in ctx.inputs[n_state:]]
+    return _body_input_types(ctx, body, fallback)
+
+
+def _renamed_body(ctx, sg, body, names, types, what="Scan body"):
     """The body's nodes recomputed in ``sg`` with its inputs named
     ``names`` (typed ``types``); returns ``(nodes, rename, constants)``."""
     stripped = onnx.GraphProto()
     stripped.CopyFrom(body)
     del stripped.input[:]
-    nodes, rename, constants = _recomputed(ctx, sg, stripped, "Scan body")
+    nodes, rename, constants = _recomputed(ctx, sg, stripped, what)
     mapping = {vi.name: n for vi, n in zip(body.input, names)}
     for name, info in zip(names, types):
         sg.types[name] = info
@@ -294,22 +315,30 @@ def _renamed_body(ctx, sg, body, names, types):
     return nodes, full_rename, constants
 
 
-def _states_stack(ctx, body, n_state, n_scan, types):
-    """A Scan recomputing the forward one whose scan outputs are the states
-    entering each iteration; returns their stacked names."""
+def _stacking_graph(ctx, body, types, keep, keep_types, stack, what):
+    """The body recomputed, returning its first ``keep`` outputs (typed
+    ``keep_types``) then, as scan outputs, its inputs at the indices
+    ``stack`` (the values entering each iteration)."""
     sg = _sub_builder(ctx)
     names = [sg.unique_name(f"{vi.name}_fwd") for vi in body.input]
-    nodes, rename, _ = _renamed_body(ctx, sg, body, names, types)
+    nodes, rename, _ = _renamed_body(ctx, sg, body, names, types, what)
     sg.nodes.extend(nodes)
     outs = _identity_outputs(
-        sg, [rename(o.name) for o in body.output[:n_state]], "state_out")
-    outs += _identity_outputs(sg, names[:n_state], "state_in")
+        sg, [rename(o.name) for o in body.output[:keep]], "kept_out")
+    outs += _identity_outputs(sg, [names[k] for k in stack], "stacked_in")
     _prune(sg.nodes, len(nodes))
     vis = [helper.make_value_info(n, _tensor_type(t))
            for n, t in zip(names, types)]
-    out_vis = [helper.make_value_info(n, _tensor_type(t))
-               for n, t in zip(outs, types[:n_state] * 2)]
-    graph = sg.make_graph("scan_states", vis, out_vis)
+    out_vis = [helper.make_value_info(n, _tensor_type(t)) for n, t in zip(
+        outs, list(keep_types) + [types[k] for k in stack])]
+    return sg.make_graph(f"{what.replace(' ', '_')}_states", vis, out_vis)
+
+
+def _states_stack(ctx, body, n_state, n_scan, types):
+    """A Scan recomputing the forward one whose scan outputs are the states
+    entering each iteration; returns their stacked names."""
+    graph = _stacking_graph(ctx, body, types, n_state, types[:n_state],
+                            range(n_state), "Scan body")
     finals = [ctx.g.unique_name("scan_state_final") for _ in range(n_state)]
     stacks = [ctx.g.unique_name(f"{ctx.inputs[k]}_stack")
               for k in range(n_state)]
@@ -318,10 +347,42 @@ def _states_stack(ctx, body, n_state, n_scan, types):
     return stacks
 
 
+def _body_gradient(ctx, sg, body, names, types, wrt, out_grads, params,
+                   what):
+    """The body recomputed in ``sg`` (its inputs named ``names``), then its
+    gradient nodes for the incoming ``out_grads`` (pairs ``(index of a body
+    output, gradient name)``). Returns the gradients of the body inputs at
+    the indices ``wrt`` (zeros where none flows) and those of the outer
+    values ``params`` (None where none flows)."""
+    nodes, rename, local_constants = _renamed_body(ctx, sg, body, names,
+                                                   types, what)
+    upstream = _dependents(nodes, [names[k] for k in wrt] + list(params),
+                           sg.types)
+    grads = {}
+    for j, gy in out_grads:
+        grads.setdefault(rename(body.output[j].name), []).append(gy)
+    grads = {n: parts for n, parts in grads.items() if n in upstream}
+    path = _path_nodes(nodes, list(grads), upstream)
+    _check_rules(path, upstream)
+    constants = dict(ctx.constants)
+    constants.update(local_constants)
+    start = len(sg.nodes)
+    sg.nodes.extend(nodes)
+    reverse_pass(sg, path, grads, upstream, constants)
+    kept = sg.nodes[start:]
+    _prune(kept, len(nodes))
+    sg.nodes[start:] = kept
+    totals = []
+    for k in wrt:
+        value = _accumulate(sg, grads, names[k])
+        totals.append(_zeros_like(sg, names[k]) if value is None else value)
+    return totals, [_accumulate(sg, grads, p) for p in params]
+
+
 @register_vjp("Scan")
 def _scan(ctx, *grad_outputs):
     body, n_state, n_scan, n_scan_out = _scan_attributes(ctx)
-    types = _body_input_types(ctx, body, n_state)
+    types = _scan_input_types(ctx, body, n_state)
     g, floats = ctx.g, [t[0] in FLOAT_TYPES for t in types]
     states = [k for k in range(n_state) if floats[k]]  # carried gradients
     params = [p for p, need in zip(ctx.implicit_inputs,
@@ -351,32 +412,14 @@ def _scan(ctx, *grad_outputs):
         sg.set_type(name, *types[k])
     for name, j in zip(gz_in, range(len(gz))):
         sg.set_type(name, *out_types[j])
-    nodes, rename, local_constants = _renamed_body(ctx, sg, body, names, types)
-    wrt = [names[k] for k in states] + [names[m] for m in xs] + params
-    upstream = _dependents(nodes, wrt, sg.types)
-    grads = {}
-    for gs, k in zip(gs_in, states):
-        grads.setdefault(rename(body.output[k].name), []).append(gs)
-    for gzn, j in zip(gz_in, gz):
-        grads.setdefault(rename(body.output[n_state + j].name), []).append(gzn)
-    grads = {n: parts for n, parts in grads.items() if n in upstream}
-    path = _path_nodes(nodes, list(grads), upstream)
-    _check_rules(path, upstream)
-    constants = dict(ctx.constants)
-    constants.update(local_constants)
-    sg.nodes.extend(nodes)
-    reverse_pass(sg, path, grads, upstream, constants)
-    _prune(sg.nodes, len(nodes))
-
-    def total(name):
-        value = _accumulate(sg, grads, name)
-        return _zeros_like(sg, name) if value is None else value
-    gs_out = [total(names[k]) for k in states]
-    gp_out = []
-    for p, acc in zip(params, gp_in):
-        value = _accumulate(sg, grads, p)
-        gp_out.append(acc if value is None else sg.op("Add", acc, value))
-    gx_out = [total(names[m]) for m in xs]
+    out_grads = [(k, gs) for gs, k in zip(gs_in, states)]
+    out_grads += [(n_state + j, gzn) for gzn, j in zip(gz_in, gz)]
+    totals, gp_values = _body_gradient(ctx, sg, body, names, types,
+                                       states + xs, out_grads, params,
+                                       "Scan body")
+    gs_out, gx_out = totals[:len(states)], totals[len(states):]
+    gp_out = [acc if value is None else sg.op("Add", acc, value)
+              for acc, value in zip(gp_in, gp_values)]
     outs = _identity_outputs(sg, gs_out + gp_out + gx_out, "scan_grad")
     in_vis = [helper.make_value_info(n, _tensor_type(types[k]))
               for n, k in zip(gs_in, states)]
@@ -420,6 +463,183 @@ def _scan(ctx, *grad_outputs):
         result[k] = name if ctx.needs_grad[k] else None
     for name, m in zip(gx, xs):
         result[m] = name
+    grads_p = iter(final_gp)
+    return tuple(result + [next(grads_p) if need else None
+                           for need in ctx.implicit_needs_grad])
+
+
+# ---------------------------------------------------------------------------
+# Loop
+# ---------------------------------------------------------------------------
+
+def _is_true(value):
+    return (value is not None and value.dtype == bool and value.size == 1
+            and bool(value.reshape(-1)[0]))
+
+
+def _condition_kept(ctx, body):
+    """Whether the body's condition output is its condition input passed
+    through (a chain of Identity) or a constant true: the loop then runs
+    M iterations when its initial condition holds, none otherwise."""
+    cond_in = body.input[1].name
+    producers = {o: n for n in body.node for o in n.output}
+    inits = {i.name: i for i in body.initializer}
+    name = body.output[0].name
+    while True:
+        if name == cond_in:
+            return True
+        if name in inits:
+            return _is_true(numpy_helper.to_array(inits[name]))
+        node = producers.get(name)
+        if node is None:  # an outer value
+            return _is_true(ctx.constant_value(name))
+        if node.op_type == "Identity" and node.domain in ("", "ai.onnx"):
+            name = node.input[0]
+        elif node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            return _is_true(constant_node_value(node))
+        else:
+            return False
+
+
+def _loop_attributes(ctx):
+    body = ctx.attributes["body"]
+    n_state = len(ctx.inputs) - 2
+    if ctx.input(0) is None:
+        ctx.fail("Loop without a trip count M (its number of iterations "
+                 "depends on the condition) is not differentiated")
+    if len(body.input) != n_state + 2:
+        ctx.fail("the body's inputs do not match the node's")
+    if not _condition_kept(ctx, body):
+        ctx.fail("Loop with a data-dependent condition: only a condition "
+                 "the body passes through unchanged (Identity of its "
+                 "condition input) or sets to a constant true is "
+                 "differentiated")
+    return body, n_state, len(body.output) - 1 - n_state
+
+
+def _to_front(sg, start):
+    """Move the nodes appended to ``sg`` since ``start`` to its front."""
+    moved = sg.nodes[start:]
+    del sg.nodes[start:]
+    sg.nodes[:0] = moved
+
+
+@register_vjp("Loop")
+def _loop(ctx, *grad_outputs):
+    """Loop with a trip count M and a condition that stays true: a forward
+    Loop recomputes the carried values entering each iteration (stacked as
+    scan outputs, only those the gradient reads); a reverse Loop (M
+    iterations, forward index i = M - 1 - iter) runs the body's gradient
+    graph, carrying the gradients of the float carried values and the
+    accumulated gradients of the outer values, and reads the gradients of
+    the scan outputs at [i]."""
+    body, n_state, n_scan_out = _loop_attributes(ctx)
+    g = ctx.g
+    n_out = n_state + n_scan_out  # trailing outputs may be omitted
+    grad_outputs = list(grad_outputs) + [None] * (n_out - len(grad_outputs))
+    outputs = list(ctx.outputs) + [""] * (n_out - len(ctx.outputs))
+    fallback = [(onnx.TensorProto.INT64, ()), (onnx.TensorProto.BOOL, ())]
+    fallback += [g.types.get(v) for v in ctx.inputs[2:]]
+    types = _body_input_types(ctx, body, fallback)
+    states = [k for k in range(n_state) if types[2 + k][0] in FLOAT_TYPES]
+    params = [p for p, need in zip(ctx.implicit_inputs,
+                                   ctx.implicit_needs_grad) if need]
+    missing = [p for p in params if p not in g.types]
+    if missing:
+        ctx.fail(f"the types of the outer values {missing} are unknown")
+    if not states and not params:
+        return None
+    gz = [j for j in range(n_scan_out) if grad_outputs[n_state + j]]
+    out_types = [g.types.get(outputs[n_state + j]) for j in gz]
+    if any(t is None for t in out_types):
+        ctx.fail("the types of the scan outputs are unknown")
+    trip = ctx.inputs[0]
+
+    # the reverse body: (iter, cond, gradients of the carried values,
+    # accumulated gradients of the outer values)
+    sg = _sub_builder(ctx)
+    it_in = sg.unique_name("loop_grad_iter")
+    cond_in = sg.unique_name("loop_grad_cond")
+    gs_in = [sg.unique_name(f"{body.input[2 + k].name}_grad_in")
+             for k in states]
+    gp_in = [sg.unique_name(f"{p}_grad_acc") for p in params]
+    names = [sg.unique_name(f"{vi.name}_bwd") for vi in body.input]
+    for name, k in zip(gs_in, states):
+        sg.set_type(name, *types[2 + k])
+    gz_at = [sg.unique_name(f"{body.output[1 + n_state + j].name}_grad_at")
+             for j in gz]
+    for name, t in zip(gz_at, out_types):
+        sg.set_type(name, *_slice_type(t))
+    out_grads = [(1 + k, gs) for gs, k in zip(gs_in, states)]
+    out_grads += [(1 + n_state + j, name) for name, j in zip(gz_at, gz)]
+    gs_out, gp_values = _body_gradient(
+        ctx, sg, body, names, types, [2 + k for k in states], out_grads,
+        params, "Loop body")
+    gp_out = [acc if value is None else sg.op("Add", acc, value)
+              for acc, value in zip(gp_in, gp_values)]
+    outs = [sg.op("Identity", cond_in,
+                  outputs=[sg.unique_name("loop_grad_cond_out")])]
+    outs += _identity_outputs(sg, gs_out + gp_out, "loop_grad")
+    read = {i for n in sg.nodes for i in list(n.input) + implicit_inputs(n)}
+    stack = [k for k in range(n_state) if names[2 + k] in read]
+
+    # the prelude (moved to the front): the forward index, the body's
+    # condition input (true in every iteration run), the carried values
+    # entering iteration i and the gradients of the scan outputs at i
+    start = len(sg.nodes)
+    index = sg.op("Sub", sg.op("Sub", trip, sg.int64s([1])), it_in)
+    sg.op("Reshape", index, sg.int64s([]), outputs=[names[0]])
+    if names[1] in read:
+        sg.op("Identity", sg.const(True, onnx.TensorProto.BOOL),
+              outputs=[names[1]])
+    stacks = [g.unique_name(f"{ctx.inputs[2 + k]}_stack") for k in stack]
+    for k, stacked in zip(stack, stacks):
+        sg.op("Gather", stacked, names[0], axis=0, outputs=[names[2 + k]])
+    for name, j in zip(gz_at, gz):
+        if name not in read:  # the scan output does not depend on weights
+            continue
+        sg.op("Gather", grad_outputs[n_state + j], names[0], axis=0,
+              outputs=[name])
+    _to_front(sg, start)
+    in_vis = [helper.make_value_info(it_in, _tensor_type(types[0])),
+              helper.make_value_info(cond_in, _tensor_type(types[1]))]
+    in_vis += [helper.make_value_info(n, _tensor_type(types[2 + k]))
+               for n, k in zip(gs_in, states)]
+    in_vis += [helper.make_value_info(n, _tensor_type(g.types[p]))
+               for n, p in zip(gp_in, params)]
+    out_infos = ([types[1]] + [types[2 + k] for k in states]
+                 + [g.types[p] for p in params])
+    out_vis = [helper.make_value_info(n, _tensor_type(t))
+               for n, t in zip(outs, out_infos)]
+    graph = sg.make_graph("loop_gradient", in_vis, out_vis)
+
+    if stack:  # the forward Loop stacking the carried values read
+        fwd = _stacking_graph(ctx, body, types, 1 + n_state,
+                              [types[1]] + types[2:], [2 + k for k in stack],
+                              "Loop body")
+        finals = [g.unique_name("loop_state_final") for _ in range(n_state)]
+        g.op("Loop", *ctx.inputs, outputs=finals + stacks, body=fwd)
+
+    init_gs = []
+    for k in states:
+        gy = grad_outputs[k]
+        like = outputs[k] or ctx.inputs[2 + k]
+        init_gs.append(gy if gy else _zeros_like(g, like))
+    init_gp = [_zeros_like(g, p) for p in params]
+    final_gs = [g.unique_name(f"{ctx.inputs[2 + k]}_grad_loop")
+                for k in states]
+    final_gp = [g.unique_name(f"{p}_grad_loop") for p in params]
+    g.op("Loop", trip, ctx.inputs[1], *init_gs, *init_gp,
+         outputs=final_gs + final_gp, body=graph)
+    for name, k in zip(final_gs, states):
+        if ctx.inputs[2 + k] in g.types:
+            g.set_type(name, *g.types[ctx.inputs[2 + k]])
+    for name, p in zip(final_gp, params):
+        g.set_type(name, *g.types[p])
+
+    result = [None] * len(ctx.inputs)
+    for name, k in zip(final_gs, states):
+        result[2 + k] = name if ctx.needs_grad[2 + k] else None
     grads_p = iter(final_gp)
     return tuple(result + [next(grads_p) if need else None
                            for need in ctx.implicit_needs_grad])
