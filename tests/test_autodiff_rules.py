@@ -638,3 +638,34 @@ def test_trainable_initializers_of_skl2onnx_mlp():
     feeds.update({i.name: numpy_helper.to_array(i)
                   for i in clf.graph.initializer if i.name in expected})
     _check_split(clf, expected, feeds, ["probabilities"])
+
+
+@pytest.mark.parametrize("opset", [12, 13, 15, 16])
+def test_gather_with_a_scalar_index(opset):
+    """A rank-0 index (a row taken by its number, as a Loop body does) keeps
+    the one-hot contraction valid below opset 16 and scatters above."""
+    import onnxruntime
+
+    W = np.random.RandomState(0).randn(4, 3)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["W", "i"], ["r"], axis=0),
+         helper.make_node("Mul", ["r", "X"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, [3])],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, [3])],
+        [numpy_helper.from_array(W, "W"),
+         numpy_helper.from_array(np.array(-2, np.int64), "i")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    gm = build_gradient_models(model, ["W"])
+    onnx.checker.check_model(gm.backward_model, full_check=True)
+    run = lambda m, feeds: onnxruntime.InferenceSession(  # noqa: E731
+        m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    X = np.array([1.0, 2.0, 3.0])
+    forward = dict(zip([o.name for o in gm.forward_model.graph.output],
+                       run(gm.forward_model, {"X": X, "W": W})))
+    feeds = {gm.grad_output_names[0]: np.ones(3)}
+    for name in gm.backward_inputs:
+        feeds[name] = {"X": X, "W": W}.get(name, forward.get(name))
+    expected = np.zeros((4, 3))
+    expected[2] = X  # index -2 of 4 rows
+    np.testing.assert_allclose(run(gm.backward_model, feeds)[0], expected)

@@ -127,13 +127,14 @@ def _one_hot(ctx, indices, x, axis, where):
     """1.0 where ``indices`` equals k along a new axis at ``where`` (k runs
     over the size of ``x`` along ``axis``; negative indices count from the
     end), 0.0 elsewhere."""
-    depth = ctx.op("Gather", ctx.g.shape_of(x), ctx.g.int64s([axis]))
+    # rank-0 depth and zero: a scalar index stays a scalar
+    depth = ctx.op("Gather", ctx.g.shape_of(x), ctx.const(axis, TensorProto.INT64))
     indices = ctx.g.cast(indices, TensorProto.INT64)
-    indices = ctx.op("Where", ctx.op("Less", indices, ctx.g.int64s([0])),
+    indices = ctx.op("Where", ctx.op("Less", indices, ctx.const(0, TensorProto.INT64)),
                      ctx.op("Add", indices, depth), indices)
     rank = ctx.rank(ctx.inputs[1], ctx.node.op_type) + 1
     where = where % rank
-    k = ctx.op("Range", ctx.const(0, TensorProto.INT64), ctx.op("Squeeze", depth),
+    k = ctx.op("Range", ctx.const(0, TensorProto.INT64), depth,
                ctx.const(1, TensorProto.INT64))
     k = ctx.op("Reshape", k, ctx.g.int64s([-1] + [1] * (rank - where - 1)))
     hot = ctx.op("Equal", ctx.g.unsqueeze(indices, [where]), k)
@@ -145,6 +146,9 @@ def _gather(ctx, gy):
     # before opset 16 (no scatter-add): dx = contraction of dy with one-hot
     if ctx.opset >= 16:
         return copy_adjoint(ctx, gy)
+    if ctx.opset < 12:
+        ctx.fail(f"opset {ctx.opset} has neither ScatterND with reduction nor "
+                 "Einsum to sum the gradient back; use opset >= 12")
     x, indices = ctx.inputs
     rank, k = ctx.rank(x, "Gather"), ctx.rank(indices, "Gather")
     axis = ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
@@ -162,6 +166,9 @@ def _gather_elements(ctx, gy):
     # padded with zeros where indices is smaller than x
     if ctx.opset >= 16:
         return copy_adjoint(ctx, gy)
+    if ctx.opset < 12:
+        ctx.fail(f"opset {ctx.opset} has neither ScatterND with reduction nor "
+                 "Einsum to sum the gradient back; use opset >= 12")
     x, indices = ctx.inputs
     rank = ctx.rank(x, "GatherElements")
     axis = ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
