@@ -305,3 +305,22 @@ def test_bad_input_rejected_before_training(bad):
     with pytest.raises(ValueError, match="NaN|infinity|negative"):
         est.fit(X, y, sample_weight=w)
     assert not hasattr(est, "train_losses_")
+
+
+def test_warm_start_after_set_params_uses_the_new_learning_rate():
+    """set_params between warm-start fits takes effect (the trainer is
+    rebuilt on the current weights); without a change nothing is rebuilt."""
+    X, y = _data()
+    onx = _converted(_fit_both(_sklearn(solver="sgd", max_iter=1), X, y)[0], X)
+    est = OrtGradientForwardBackwardOptimizer(
+        onx, learning_rate=LearningRateSGD(0.01, learning_rate="constant"),
+        max_iter=3, random_state=0, warm_start=True).fit(X, y)
+    trainer = est._trainer
+    est.fit(X, y)
+    assert est._trainer is trainer  # unchanged parameters: same sessions
+    before = est.get_state()
+    est.set_params(learning_rate=LearningRateSGD(1e-12, learning_rate="constant"))
+    est.fit(X, y)
+    assert est.learning_rate_.eta0 == 1e-12
+    for a, b in zip(est.get_state(), before):
+        assert_allclose(a, b, rtol=1e-6, atol=1e-8)  # a tiny rate barely moves

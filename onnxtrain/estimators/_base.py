@@ -164,6 +164,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
             self._ensure_trainer()
             if not incremental:  # a new fit starts a new optimizer, as
                 self._trainer.reset_state()  # scikit-learn's warm start does
+                if self._objects_changed():
+                    self._restart_keeping_weights(model)
         if self.early_stopping and not incremental:
             X, X_val, y, y_val, sample_weight = self._early_stopping_split(
                 X, y, sample_weight)
@@ -190,6 +192,24 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self._no_improvement = 0
         self._best_weights = None
         self._order = None
+        self.learning_rate_.init_learning_rate()
+
+    def _objects_changed(self):
+        """True when set_params replaced the learning rate, loss or penalty
+        since the last fit (fit publishes the resolved objects there)."""
+        pairs = (("learning_rate", "learning_rate_"),
+                 ("learning_loss", "learning_loss_"),
+                 ("learning_penalty", "learning_penalty_"))
+        return any(getattr(self, name, None) is not getattr(self, fitted, None)
+                   for name, fitted in pairs if hasattr(self, fitted))
+
+    def _restart_keeping_weights(self, model):
+        """Resolve the new objects and rebuild the trainer on the current
+        weights (a warm start after set_params)."""
+        weights = self._trainer.engine.get_weights()
+        self._resolve(model)
+        self._trainer = self._new_trainer(model)
+        self._trainer.engine.set_weights(weights)
         self.learning_rate_.init_learning_rate()
 
     def _publish_objects(self):
