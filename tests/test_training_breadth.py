@@ -324,3 +324,15 @@ def test_warm_start_after_set_params_uses_the_new_learning_rate():
     assert est.learning_rate_.eta0 == 1e-12
     for a, b in zip(est.get_state(), before):
         assert_allclose(a, b, rtol=1e-6, atol=1e-8)  # a tiny rate barely moves
+
+
+def test_dataframe_feature_names_are_kept():
+    pd = pytest.importorskip("pandas")
+    X, y = _data()
+    onx = _converted(_fit_both(_sklearn(solver="sgd", max_iter=1), X, y)[0], X)
+    frame = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
+    est = OrtGradientForwardBackwardOptimizer(onx, max_iter=1).fit(frame, y)
+    assert list(est.feature_names_in_) == list(frame.columns)
+    assert_allclose(est.predict(frame), est.predict(X))
+    with pytest.raises(ValueError, match="feature names should match"):
+        est.predict(frame.rename(columns={"f0": "other"}))

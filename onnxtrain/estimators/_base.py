@@ -10,7 +10,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state, gen_batches
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import _check_feature_names, check_is_fitted
 from tqdm.auto import tqdm
 
 from ..exceptions import ConvergenceError, ConvergenceWarning
@@ -221,6 +221,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self.learning_penalty = self.learning_penalty_
 
     def _validate_data_for_fit(self, model, X, y, sample_weight, classes, first):
+        _check_feature_names(self, X, reset=first)  # feature_names_in_
         X = check_features(model, X, "X")
         y = self._encode_targets(y, X.shape[0], classes, first)
         if sample_weight is not None:
@@ -466,6 +467,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     def _raw_predict(self, X):
         trainer = self._ensure_trainer()
+        _check_feature_names(self, X, reset=False)  # other names: an error
         X = check_features(self._training_model(), X, "X")
         return trainer.predict(X)
 
