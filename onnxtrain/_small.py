@@ -1,4 +1,4 @@
-"""Helpers shared by the small graphs (losses, update rules)."""
+"""Helpers shared by the small graphs (losses, update rules, penalties)."""
 from onnx import TensorProto, helper
 
 from .graph import GraphBuilder, make_model
@@ -28,3 +28,30 @@ def check_float_type(elem_type):
         raise ValueError(f"Small graphs need a float element type, got "
                          f"{helper.tensor_dtype_to_string(elem_type)}.")
     return elem_type
+
+
+def resolve_named(value, registry, base, what):
+    """A new object from a registry name or an object of class ``base``.
+
+    One resolver for the extension points (losses, learning rates,
+    penalties): an object is cloned (the caller's is never modified), a name
+    is looked up in ``registry`` (name -> class).
+
+    Raises
+    ------
+    ValueError
+        Unknown name: the message lists the accepted ones.
+    TypeError
+        Neither a str nor a ``base``.
+    """
+    from sklearn.base import clone
+
+    if isinstance(value, base):
+        return clone(value)
+    if isinstance(value, str):
+        if value not in registry:
+            raise ValueError(f"Unknown {what} {value!r}; accepted: "
+                             f"{sorted(k for k in registry if k)}.")
+        return registry[value]()
+    raise TypeError(f"{what} must be a str or a {base.__name__}, not "
+                    f"{type(value).__name__}.")

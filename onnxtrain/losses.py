@@ -31,7 +31,8 @@ import numpy as np
 from onnx import TensorProto
 from sklearn.base import BaseEstimator
 
-from ._small import check_float_type, finish, new_builder, tensor_input
+from ._small import (check_float_type, finish, new_builder, resolve_named,
+                     tensor_input)
 from .graph import elem_type_to_numpy
 
 __all__ = ["BaseLearningLoss", "SquareLearningLoss", "AbsoluteLearningLoss",
@@ -567,13 +568,4 @@ def resolve_learning_loss(value):
     TypeError
         Neither a str nor a :class:`BaseLearningLoss`.
     """
-    if isinstance(value, BaseLearningLoss):
-        from sklearn.base import clone
-        return clone(value)
-    if isinstance(value, str):
-        if value not in _LOSSES:
-            raise ValueError(f"Unknown learning_loss {value!r}; accepted: "
-                             f"{sorted(_LOSSES)}.")
-        return _LOSSES[value]()
-    raise TypeError(f"learning_loss must be a str or a BaseLearningLoss, not "
-                    f"{type(value).__name__}.")
+    return resolve_named(value, _LOSSES, BaseLearningLoss, "learning_loss")

@@ -20,9 +20,10 @@ import numbers
 
 import numpy as np
 from onnx import TensorProto
-from sklearn.base import BaseEstimator, clone
+from sklearn.base import BaseEstimator
 
-from ._small import check_float_type, finish, new_builder, tensor_input
+from ._small import (check_float_type, finish, new_builder, resolve_named,
+                     tensor_input)
 
 __all__ = ["BaseLearningRate", "LearningRateSGD", "LearningRateSGDNesterov",
            "LearningRateAdam", "LearningRateAdamW", "resolve_learning_rate"]
@@ -346,16 +347,8 @@ def resolve_learning_rate(value):
     TypeError
         Any other type.
     """
-    if isinstance(value, BaseLearningRate):
-        return clone(value)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         if not np.isfinite(value) or value <= 0:
             raise ValueError(f"learning_rate must be > 0, got {value!r}.")
         return LearningRateSGD(eta0=float(value))
-    if isinstance(value, str):
-        if value in _BY_NAME:
-            return _BY_NAME[value]()
-        raise ValueError(f"Unknown learning_rate {value!r}; accepted: a float, "
-                         f"{sorted(_BY_NAME)} or a learning-rate object.")
-    raise TypeError(f"learning_rate must be a float, a str or a learning-rate "
-                    f"object, not {type(value).__name__}.")
+    return resolve_named(value, _BY_NAME, BaseLearningRate, "learning_rate")

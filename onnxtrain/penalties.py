@@ -11,7 +11,9 @@ and ``_compute_loss_grad``).
 """
 from __future__ import annotations
 
-from sklearn.base import BaseEstimator, clone
+from sklearn.base import BaseEstimator
+
+from ._small import resolve_named
 
 __all__ = ["BaseLearningPenalty", "NoLearningPenalty", "ElasticLearningPenalty",
            "resolve_learning_penalty"]
@@ -85,12 +87,5 @@ def resolve_learning_penalty(value):
     """
     if value is None:
         return NoLearningPenalty()
-    if isinstance(value, BaseLearningPenalty):
-        return clone(value)
-    if isinstance(value, str):
-        if value not in _PENALTIES:
-            raise ValueError(f"Unknown learning_penalty {value!r}; accepted: "
-                             f"None, {sorted(k for k in _PENALTIES if k)}.")
-        return _PENALTIES[value]()
-    raise TypeError(f"learning_penalty must be None, a str or a penalty object, "
-                    f"not {type(value).__name__}.")
+    return resolve_named(value, _PENALTIES, BaseLearningPenalty,
+                         "learning_penalty")

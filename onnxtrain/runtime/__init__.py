@@ -4,8 +4,8 @@ from .devices import Device, parse_device
 from .engine import OrtGradientForwardBackward
 from .fused import FusedRunner
 from .sessions import (SessionRunner, default_session_options, make_session,
-                       run_on_device, to_numpy, to_ortvalue)
+                       to_numpy, to_ortvalue)
 
 __all__ = ["Device", "FusedRunner", "OrtGradientForwardBackward", "SessionRunner",
            "default_session_options", "make_session", "parse_device",
-           "run_on_device", "to_numpy", "to_ortvalue"]
+           "to_numpy", "to_ortvalue"]

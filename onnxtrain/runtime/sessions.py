@@ -9,8 +9,7 @@ from onnxruntime import OrtValue
 from ..graph import elem_type_to_numpy
 from .devices import parse_device
 
-__all__ = ["make_session", "to_ortvalue", "to_numpy", "run_on_device",
-           "SessionRunner", "default_session_options"]
+__all__ = ["make_session", "to_ortvalue", "to_numpy", "SessionRunner", "default_session_options"]
 
 
 def default_session_options(intra_op_num_threads=None, spinning=False):
@@ -91,10 +90,3 @@ class SessionRunner:
             binding.bind_output(name, self.device.type, self.device.index)
         self.session.run_with_iobinding(binding)
         return list(binding.get_outputs())
-
-
-def run_on_device(model_or_runner, feeds, device="cpu"):
-    """Run a ModelProto (or a :class:`SessionRunner`) once; OrtValue outputs."""
-    runner = (model_or_runner if isinstance(model_or_runner, SessionRunner)
-              else SessionRunner(model_or_runner, device))
-    return runner(feeds)
