@@ -191,16 +191,29 @@ def build_training_loop(step):
                for name in [w] + group]
     g = GraphBuilder(opset, {n.name for n in graph.input} | {"losses", "batch_size"},
                      prefix="epochloop__")
-    body = _loop_body(step, opset, carried)
-    rows = g.op("Gather", g.shape_of(step.data_inputs[0]), g.const(0, TensorProto.INT64))
-    n_batches = g.op("Div", g.op("Add", rows, g.op("Sub", "batch_size",
-                                                   g.const(1, TensorProto.INT64))),
-                     "batch_size")
+    elem_type = graph.input[[i.name for i in graph.input].index(
+        step.data_inputs[1])].type.tensor_type.elem_type
+    # everything the steps need that does not depend on the weights is
+    # computed once, before the Loop: a step reads its batch bounds, its
+    # step number and its penalty scale with one Gather each (fewer, and
+    # cheaper, kernels per step than computing them in the body)
+    int64 = TensorProto.INT64
+    rows = g.op("Gather", g.shape_of(step.data_inputs[0]), g.const(0, int64))
+    starts = g.op("Range", g.const(0, int64), rows, "batch_size")
+    ends = g.op("Min", g.op("Add", starts, "batch_size"), rows)
+    n_batches = g.op("Gather", g.shape_of(starts), g.const(0, int64))
+    per_step = {"starts": g.unsqueeze(starts, [1]), "ends": g.unsqueeze(ends, [1]),
+                "step": g.op("Add", "step", g.cast(
+                    g.op("Range", g.const(0, int64), n_batches, g.const(1, int64)),
+                    elem_type))}
+    if len(step.data_inputs) <= 2:
+        per_step["penalty_scale"] = g.op("Reciprocal", g.cast(
+            g.op("Sub", ends, starts), elem_type))
+    body = _loop_body(step, opset, carried, per_step, g.used_names)
     finals = [f"{c}__final" for c in carried]
     g.op("Loop", n_batches, "", *carried, body=body,
          outputs=finals + ["losses"])
     by_name = {i.name: i for i in graph.input}
-    elem_type = by_name[step.data_inputs[1]].type.tensor_type.elem_type
     scalars = [s for s in step.scalar_inputs if s != "penalty_scale"]
     inputs = [by_name[n] for n in step.data_inputs + scalars]
     inputs.append(helper.make_tensor_value_info("batch_size", TensorProto.INT64, []))
@@ -215,36 +228,37 @@ def build_training_loop(step):
                         list(step.weights), states)
 
 
-def _loop_body(step, opset, carried):
-    """The Loop body: slice batch i, compute the scalars, run the step."""
+def _loop_body(step, opset, carried, per_step, outer_names):
+    """The Loop body: gather the step's values, slice batch i, run the step.
+
+    ``per_step`` maps ``starts``/``ends`` (shape (n_batches, 1)), ``step``
+    and, without sample weights, ``penalty_scale`` (shape (n_batches,)) to
+    the outer-scope vectors holding them."""
     graph = step.model.graph
     by_name = {i.name: i for i in graph.input}
     taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
-    taken |= set(by_name) | {i.name for i in graph.initializer}
+    taken |= set(by_name) | {i.name for i in graph.initializer} | set(outer_names)
     taken |= {f"{c}__in" for c in carried}
     g = GraphBuilder(opset, taken | {"iter__", "cond__"}, prefix="loop__")
-    int64 = TensorProto.INT64
-    start = g.op("Mul", "iter__", "batch_size")
-    end = g.op("Min", g.op("Add", start, "batch_size"),
-               g.op("Gather", g.shape_of(step.data_inputs[0]), g.const(0, int64)))
-    starts, ends = g.unsqueeze(start, [0]), g.unsqueeze(end, [0])
+    starts = g.op("Gather", per_step["starts"], "iter__")  # shape (1,)
+    ends = g.op("Gather", per_step["ends"], "iter__")
     rename = {}
     for name in step.data_inputs:
         rename[name] = g.op("Slice", name, starts, ends, g.int64s([0]))
     elem_type = by_name[step.data_inputs[1]].type.tensor_type.elem_type
-    if len(step.data_inputs) > 2:
-        total = g.reduce_sum(rename[step.data_inputs[2]], None, keepdims=0)
-    else:
-        total = g.cast(g.op("Sub", end, start), elem_type)
-    rename["penalty_scale"] = g.op("Reciprocal", total)
-    rename["step"] = g.op("Add", "step", g.cast("iter__", elem_type))
+    if "penalty_scale" in per_step:
+        rename["penalty_scale"] = g.op("Gather", per_step["penalty_scale"], "iter__")
+    else:  # 1 / the sum of the batch's sample weights
+        rename["penalty_scale"] = g.op("Reciprocal", g.reduce_sum(
+            rename[step.data_inputs[2]], None, keepdims=0))
+    rename["step"] = g.op("Gather", per_step["step"], "iter__")
     rename.update({c: f"{c}__in" for c in carried})  # no outer-name shadowing
     body_nodes = g.nodes + _renamed_nodes(graph.node, rename)
     outputs = [helper.make_tensor_value_info("cond__out", TensorProto.BOOL, [])]
     outputs += [helper.make_value_info(f"{c}__new", by_name[c].type) for c in carried]
     outputs.append(helper.make_tensor_value_info("loss", elem_type, []))
     body_nodes.append(helper.make_node("Identity", ["cond__"], ["cond__out"]))
-    inputs = [helper.make_tensor_value_info("iter__", int64, []),
+    inputs = [helper.make_tensor_value_info("iter__", TensorProto.INT64, []),
               helper.make_tensor_value_info("cond__", TensorProto.BOOL, [])]
     inputs += [helper.make_value_info(f"{c}__in", by_name[c].type) for c in carried]
     return helper.make_graph(body_nodes, "training_step_body", inputs, outputs,

@@ -40,6 +40,23 @@ def _reduce_axes_as_input_since(op_type):
     return 18  # ReduceMean, ReduceMax, ReduceMin, ReduceProd, ...
 
 
+def _saturating_array(value, dtype):
+    """``np.asarray(value, dtype)`` where a float ``dtype`` saturates
+    instead of overflowing to +-inf or underflowing to 0 (see
+    :meth:`GraphBuilder.const`)."""
+    with np.errstate(over="ignore", under="ignore"):
+        array = np.asarray(value, dtype=dtype)
+    if dtype.kind != "f":
+        return array
+    exact = np.asarray(value, dtype=np.float64)
+    info = np.finfo(dtype)
+    sign = np.sign(exact)
+    array = np.where(np.isfinite(exact) & np.isinf(array), sign * info.max, array)
+    array = np.where((exact != 0) & (array == 0), sign * info.smallest_subnormal,
+                     array)
+    return array.astype(dtype)
+
+
 class GraphBuilder:
     """Collect nodes and initializers with unique names at one opset.
 
@@ -66,6 +83,11 @@ class GraphBuilder:
         self._constants = {}
 
     # names -----------------------------------------------------------------
+    @property
+    def used_names(self):
+        """frozenset of the names taken so far (given or generated)."""
+        return frozenset(self._used)
+
     def unique_name(self, base):
         """Return ``base`` or ``base_<k>``, a name not used yet, and reserve it."""
         base = f"{self._prefix}{base}"
@@ -126,8 +148,13 @@ class GraphBuilder:
         """Return the name of an initializer holding ``value`` in ``elem_type``.
 
         Equal constants (same element type, shape and bytes) share a name.
+        A finite value too large for a float ``elem_type`` becomes its
+        largest finite value, a non-zero one too small its smallest positive
+        (subnormal) one, both with the value's sign: in float16 (largest
+        65504, smallest 6e-8) an epsilon of 1e-9 stays positive and a mask
+        value of -1e9 stays finite instead of turning into 0 and -inf.
         """
-        array = np.asarray(value, dtype=elem_type_to_numpy(elem_type))
+        array = _saturating_array(value, elem_type_to_numpy(elem_type))
         key = (elem_type, array.shape, array.tobytes())
         if key not in self._constants:
             name = self.unique_name("const")
@@ -135,6 +162,22 @@ class GraphBuilder:
             self.set_type(name, elem_type, array.shape)
             self._constants[key] = name
         return self._constants[key]
+
+    def scatter_add(self, op_type, data, indices, updates, elem_type, **attrs):
+        """``op_type`` (ScatterElements or ScatterND) with ``reduction='add'``.
+
+        float16 and bfloat16 tensors (``elem_type``) are summed in float32
+        and the result cast back: onnxruntime's CPU kernels have no float16
+        'add' reduction (1.32: "MLFloat16 data type is not supported"), and
+        float32 keeps the sum of many small gradients from rounding away.
+        """
+        if elem_type not in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+            return self.op(op_type, data, indices, updates, reduction="add",
+                           **attrs)
+        wide = [self.cast(v, TensorProto.FLOAT) for v in (data, updates)]
+        summed = self.op(op_type, wide[0], indices, wide[1], reduction="add",
+                         **attrs)
+        return self.cast(summed, elem_type)
 
     def int64s(self, values):
         """An int64 1-D constant (for shapes, axes, starts, ends)."""
