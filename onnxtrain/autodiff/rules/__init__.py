@@ -1,5 +1,5 @@
 """VJP rules, one module per op family; importing registers them."""
 from . import (activations, control_flow, conv, elementwise,  # noqa: F401
                functions, indexing, linalg, nn, nondifferentiable,
-               normalization, pooling, reductions, sampling, selection, shape,
-               trigonometric)
+               normalization, pooling, quantization, recurrent, reductions,
+               sampling, selection, shape, spectral, trigonometric)

@@ -2,8 +2,9 @@
 Slice, Pad, Tile, DepthToSpace, Resize (nearest)...
 
 Most of them share :func:`copy_adjoint`: the op is run a second time on the
-positions of its data input (0, 1, 2... in the data's element type, exact
-below 2**24 elements in float32 and 2**53 in float64), which tells, for
+positions of its data input (0, 1, 2... in the data's element type, or in
+float32 for float16 and bfloat16 data; exact below 2**24 elements in
+float32 and 2**53 in float64), which tells, for
 every output element, which input element it copies; the output gradient is
 then scatter-added back to those positions. The rule is thus exactly the
 forward op's own indexing, whatever its attributes.
@@ -20,16 +21,21 @@ _EXACT_BELOW = {TensorProto.FLOAT: 2 ** 24, TensorProto.DOUBLE: 2 ** 53}
 def _positions(ctx, x):
     """One plus the flat position of every element of ``x`` (0 is left for
     elements copied from nowhere, such as padding), in ``x``'s shape and
-    the node's element type."""
-    if ctx.dtype not in _EXACT_BELOW:
-        ctx.fail("the position trick needs float32 or float64 data "
-                 f"(element type {ctx.dtype})")
+    the element type of :func:`_position_type`."""
+    dtype = _position_type(ctx)
     if ctx.opset < 11:  # no Range: static shapes only
-        return ctx.const(_static_arange(ctx, x).reshape(ctx.shape(x)))
-    size = ctx.g.cast(ctx.op("Size", x), ctx.dtype)
-    flat = ctx.op("Range", ctx.const(1), ctx.op("Add", size, ctx.const(1)),
-                  ctx.const(1))
+        return ctx.const(_static_arange(ctx, x).reshape(ctx.shape(x)), dtype)
+    size = ctx.g.cast(ctx.op("Size", x), dtype)
+    one = ctx.const(1, dtype)
+    flat = ctx.op("Range", one, ctx.op("Add", size, one), one)
     return ctx.g.reshape_like(flat, x)
+
+
+def _position_type(ctx):
+    """Element type of the positions: the node's, or float32 for float16 and
+    bfloat16 data (exact only below 2**11 and 2**8 elements); every op
+    :func:`copy_adjoint` runs a second time accepts float32."""
+    return ctx.dtype if ctx.dtype in _EXACT_BELOW else TensorProto.FLOAT
 
 
 def _static_arange(ctx, x):
@@ -68,21 +74,39 @@ def _zeros_like(ctx, x):
 def _scatter_add(ctx, x, positions, gy, unique):
     """Sum ``gy`` into a zero tensor shaped like ``x`` at the 1-based flat
     ``positions`` (position 0 copies nothing and is dropped)."""
-    if ctx.opset < 16 and not unique:
-        return _dense_scatter_add(ctx, x, positions, gy)
-    keep = ctx.op("Greater", positions, ctx.const(0))
+    if ctx.opset < 16:
+        return (_scatter_distinct(ctx, x, positions, gy) if unique
+                else _dense_scatter_add(ctx, x, positions, gy))
+    zero, one = (ctx.const(v, _position_type(ctx)) for v in (0, 1))
+    keep = ctx.op("Greater", positions, zero)
     gy = ctx.op("Where", keep, gy, ctx.const(0))
-    index = ctx.g.cast(ctx.op("Max", ctx.op("Sub", positions, ctx.const(1)),
-                              ctx.const(0)), TensorProto.INT64)
+    index = ctx.g.cast(ctx.op("Max", ctx.op("Sub", positions, one), zero),
+                       TensorProto.INT64)
     minus_one = ctx.g.int64s([-1])
     flat_zeros = ctx.op("Reshape", _zeros_like(ctx, x), minus_one)
     args = (flat_zeros, ctx.op("Reshape", index, minus_one),
             ctx.op("Reshape", gy, minus_one))
-    if ctx.opset >= 16:
-        flat = ctx.op("ScatterElements", *args, axis=0, reduction="add")
+    flat = ctx.g.scatter_add("ScatterElements", *args, ctx.dtype, axis=0)
+    return ctx.g.reshape_like(flat, x)
+
+
+def _scatter_distinct(ctx, x, positions, gy):
+    """``gy`` written at distinct 1-based flat ``positions`` with a plain
+    scatter (opset < 16). The zeros of elements copied from nowhere (Pad's
+    border) all go to an extra slot 0, dropped afterwards: written to
+    element 0 instead, the last of them would overwrite its gradient."""
+    minus_one = ctx.g.int64s([-1])
+    size = ctx.op("Add", ctx.op("Reshape", ctx.op("Size", x), minus_one),
+                  ctx.g.int64s([1]))
+    index = ctx.g.cast(ctx.op("Reshape", positions, minus_one), TensorProto.INT64)
+    flat = ctx.op("ScatterElements" if ctx.opset >= 11 else "Scatter",
+                  ctx.op("Expand", ctx.const(0), size), index,
+                  ctx.op("Reshape", gy, minus_one), axis=0)
+    if ctx.opset >= 10:
+        flat = ctx.op("Slice", flat, ctx.g.int64s([1]),
+                      ctx.g.int64s([2 ** 62]), ctx.g.int64s([0]))
     else:
-        flat = ctx.op("ScatterElements" if ctx.opset >= 11 else "Scatter",
-                      *args, axis=0)
+        flat = ctx.op("Slice", flat, starts=[1], ends=[2 ** 62], axes=[0])
     return ctx.g.reshape_like(flat, x)
 
 
@@ -186,7 +210,8 @@ def _pad(ctx, gy):
     mode = ctx.attr("mode", "constant")
     replace = {}
     if mode == "constant" and ctx.opset >= 11:
-        replace = {2: ctx.const(0)}
+        if ctx.input(2) is not None:  # when omitted, the value is 0
+            replace = {2: ctx.const(0, _position_type(ctx))}
     elif mode == "constant" and ctx.attr("value", 0.0) != 0.0:
         ctx.fail("a non-zero constant 'value' attribute (opset < 11)")
     gx = copy_adjoint(ctx, gy, unique=mode == "constant", replace=replace)
@@ -241,6 +266,50 @@ def _topk(ctx, g_values, g_indices=None):
     return ctx.op("ScatterElements", zeros, indices, g_values, axis=axis), None
 
 
+@register_vjp("MaxUnpool")
+def _max_unpool(ctx, gy):
+    """VJP of MaxUnpool: ``Y.flat[I] = X`` (I: flat indices into the whole
+    output, as MaxPool's second output), zeros elsewhere, so
+    ``dX = dY.flat[I]``. Where indices repeat, one write wins: MaxUnpool run
+    on the positions of X (see :func:`_positions`) tells which, and the
+    others get zero. I and output_shape are integer inputs without
+    gradient."""
+    x, indices = ctx.inputs[:2]
+    positions = _positions(ctx, x)
+    written = ctx.op("MaxUnpool", positions, *ctx.inputs[1:], **ctx.attributes)
+    minus_one = ctx.g.int64s([-1])
+
+    def read(value):  # value.flat[I], shaped like X
+        return ctx.op("Gather", ctx.op("Reshape", value, minus_one), indices)
+
+    won = ctx.op("Equal", read(written), positions)
+    gx = ctx.op("Where", won, read(gy), ctx.const(0))
+    return (gx,) + (None,) * (len(ctx.inputs) - 1)
+
+
+@register_vjp("TensorScatter")
+def _tensor_scatter(ctx, gy):
+    """VJP of TensorScatter (opset 24): the present cache copies the past
+    cache except where the update is written (at ``write_indices[b] + s``
+    along ``axis``, modulo its size in mode 'circular'). TensorScatter run
+    on a zero cache and the positions of the update (see
+    :func:`_positions`) tells which update element each cache element
+    holds: the past gets ``dY`` elsewhere, the update gets ``dY`` where its
+    elements were written (an element overwritten by a later one in
+    circular mode gets zero). write_indices carries no gradient."""
+    past, update = ctx.inputs[:2]
+    positions = _positions(ctx, update)
+    zeros = ctx.op("Expand", ctx.const(0, _position_type(ctx)),
+                   ctx.g.shape_of(past))
+    written = ctx.op("TensorScatter", zeros, positions, *ctx.inputs[2:],
+                     **ctx.attributes)
+    free = ctx.op("Equal", written, ctx.const(0, _position_type(ctx)))
+    g_past = ctx.op("Where", free, gy, ctx.const(0)) if ctx.needs_grad[0] else None
+    g_update = (_scatter_add(ctx, update, written, gy, unique=True)
+                if ctx.needs_grad[1] else None)
+    return (g_past, g_update, None)[:len(ctx.inputs)]
+
+
 def _scatter_extremum(ctx, gy, gather, scatter_add):
     """reduction='max' or 'min': dy goes to the data element and the updates
     equal to the output, shared equally between ties (as ReduceMax)."""
@@ -254,6 +323,36 @@ def _scatter_extremum(ctx, gy, gather, scatter_add):
             ctx.op("Mul", gather(share), hit_updates))
 
 
+def _scatter_product(ctx, gy, gather, scatter):
+    """reduction='mul': ``y[p] = data[p] * prod_{j -> p} u[j]``, the updates
+    ``u[j]`` written to ``p`` (duplicate indices all multiply). Then
+    ``d data[p] = dy[p] prod_{j -> p} u[j]`` and ``d u[j] = dy[p] data[p]
+    prod_{j' -> p, j' != j} u[j']``. The product of the others is computed
+    without dividing by a zero: with Z[p] the number of zero updates at p
+    and Q[p] the product of the non-zero ones, it is ``Q[p] / u[j]`` when
+    Z[p] = 0, ``Q[p]`` when u[j] is the only zero, and 0 otherwise.
+
+    ``gather(v)`` reads ``v`` at the indices, ``scatter(base, v, reduction)``
+    writes ``v`` into ``base``."""
+    data, _, updates = ctx.inputs
+    zero = ctx.op("Equal", updates, ctx.const(0))
+    safe = ctx.op("Where", zero, ctx.const(1), updates)
+    zeros = scatter(_zeros_like(ctx, data), ctx.g.cast(zero, ctx.dtype), "add")
+    product = scatter(ctx.op("Expand", ctx.const(1), ctx.g.shape_of(data)),
+                      safe, "mul")
+    none_zero = ctx.op("Equal", zeros, ctx.const(0))
+    g_data = ctx.op("Mul", gy, ctx.op("Where", none_zero, product, ctx.const(0)))
+    if not ctx.needs_grad[2]:
+        return g_data, None, None
+    zeros_j, product_j = gather(zeros), gather(product)
+    others = ctx.op("Where", zero, ctx.op(
+        "Where", ctx.op("Equal", zeros_j, ctx.const(1)), product_j, ctx.const(0)),
+        ctx.op("Where", ctx.op("Equal", zeros_j, ctx.const(0)),
+               ctx.op("Div", product_j, safe), ctx.const(0)))
+    g_updates = ctx.op("Mul", ctx.op("Mul", gather(gy), gather(data)), others)
+    return g_data, None, g_updates
+
+
 @register_vjp("ScatterElements")
 def _scatter_elements(ctx, gy):
     # none: data loses the overwritten positions, updates read them back;
@@ -263,10 +362,15 @@ def _scatter_elements(ctx, gy):
     axis = ctx.attr("axis", 0)
     if reduction in ("max", "min"):
         return _scatter_extremum(ctx, gy, lambda v: ctx.op(
-            "GatherElements", v, indices, axis=axis), lambda z, v: ctx.op(
-            "ScatterElements", z, indices, v, axis=axis, reduction="add"))
+            "GatherElements", v, indices, axis=axis), lambda z, v: ctx.g.scatter_add(
+            "ScatterElements", z, indices, v, ctx.dtype, axis=axis))
+    if reduction == "mul":
+        return _scatter_product(ctx, gy, lambda v: ctx.op(
+            "GatherElements", v, indices, axis=axis), lambda b, v, r: ctx.op(
+            "ScatterElements", b, indices, v, axis=axis, reduction=r))
     if reduction not in ("none", "add"):
-        ctx.fail(f"reduction={reduction!r} (only 'none', 'add', 'max', 'min')")
+        ctx.fail(f"reduction={reduction!r} (only 'none', 'add', 'mul', "
+                 "'max', 'min')")
     g_data = gy
     if reduction == "none" and ctx.needs_grad[0]:
         g_data = ctx.op("ScatterElements", gy, indices,
@@ -281,10 +385,15 @@ def _scatter_nd(ctx, gy):
     reduction = ctx.attr("reduction", "none")
     if reduction in ("max", "min"):
         return _scatter_extremum(ctx, gy, lambda v: ctx.op(
-            "GatherND", v, indices), lambda z, v: ctx.op(
-            "ScatterND", z, indices, v, reduction="add"))
+            "GatherND", v, indices), lambda z, v: ctx.g.scatter_add(
+            "ScatterND", z, indices, v, ctx.dtype))
+    if reduction == "mul":
+        return _scatter_product(ctx, gy, lambda v: ctx.op(
+            "GatherND", v, indices), lambda b, v, r: ctx.op(
+            "ScatterND", b, indices, v, reduction=r))
     if reduction not in ("none", "add"):
-        ctx.fail(f"reduction={reduction!r} (only 'none', 'add', 'max', 'min')")
+        ctx.fail(f"reduction={reduction!r} (only 'none', 'add', 'mul', "
+                 "'max', 'min')")
     g_data = gy
     if reduction == "none" and ctx.needs_grad[0]:
         g_data = ctx.op("ScatterND", gy, indices, _zeros_like(ctx, updates))

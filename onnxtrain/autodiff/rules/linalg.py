@@ -1,4 +1,7 @@
-"""VJP rules of MatMul (numpy matmul semantics) and Gemm."""
+"""VJP rules of MatMul (numpy matmul semantics), Gemm, Einsum and Det."""
+import numpy as np
+from onnx import TensorProto, helper
+
 from ..registry import register_vjp
 
 
@@ -102,7 +105,8 @@ def _tokens(term):
 @register_vjp("Einsum")
 def _einsum(ctx, gy):
     # d operand_i = einsum(dy, other operands -> subscripts of operand i);
-    # subscripts summed away from operand i alone come back by broadcasting
+    # subscripts summed away from operand i alone come back by broadcasting,
+    # a repeated subscript (a diagonal) by a mask (see _einsum_place)
     terms, out = _einsum_terms(ctx.attr("equation"))
     grads = []
     for i, x in enumerate(ctx.inputs):
@@ -110,18 +114,79 @@ def _einsum(ctx, gy):
         if not ctx.needs_grad[i]:
             grads.append(None)
             continue
-        if len(set(mine)) != len(mine):
-            ctx.fail(f"repeated subscripts in {terms[i]!r} (a diagonal)")
         if "..." in mine and len(terms) > 1:
             ctx.fail("an ellipsis with several operands (broadcast dims)")
         others = terms[:i] + terms[i + 1:]
         seen = set(_tokens(out)).union(*[set(_tokens(t)) for t in others])
-        kept = "".join(t for t in mine if t in seen)
+        kept = [t for k, t in enumerate(mine) if t in seen and t not in mine[:k]]
         grad = ctx.op("Einsum", gy, *(ctx.inputs[:i] + ctx.inputs[i + 1:]),
-                      equation=",".join([out] + others) + "->" + kept)
-        missing = [k for k, t in enumerate(mine) if t not in seen]
-        if missing:
-            grad = ctx.op("Expand", ctx.g.unsqueeze(grad, missing),
-                          ctx.g.shape_of(x))
-        grads.append(grad)
+                      equation=",".join([out] + others) + "->" + "".join(kept))
+        grads.append(_einsum_place(ctx, grad, x, mine, kept))
     return tuple(grads)
+
+
+def _einsum_place(ctx, grad, x, mine, kept):
+    """Bring a gradient over the subscripts ``kept`` to the shape of ``x``
+    (subscripts ``mine``): unsqueeze the axes of the other subscripts (summed
+    away from x alone, or second occurrences of a repeated one), expand,
+    and for ``x[..., i, ..., i, ...]`` (a diagonal) multiply by the identity
+    on those two axes: ``d x[.., i, .., j, ..] = [i == j] d diag[.., i, ..]``."""
+    if kept == mine:
+        return grad
+    rank = ctx.rank(x, "Einsum")
+    axes, k = [], 0  # the axes of each subscript of x
+    for t in mine:
+        width = rank - len(mine) + 1 if t == "..." else 1
+        axes.append(list(range(k, k + width)))
+        k += width
+    first = {t: mine.index(t) for t in mine}
+    placed = [a for k, t in enumerate(mine) if t not in kept or first[t] != k
+              for a in axes[k]]
+    grad = ctx.op("Expand", ctx.g.unsqueeze(grad, placed), ctx.g.shape_of(x))
+    for k, t in enumerate(mine):
+        if first[t] == k:
+            continue
+        p, q = axes[first[t]][0], axes[k][0]
+        n = ctx.op("Gather", ctx.g.shape_of(x), ctx.g.int64s([p]))
+        zeros = ctx.op("ConstantOfShape", ctx.op("Concat", n, n, axis=0),
+                       value=helper.make_tensor("value", ctx.dtype, [1], [0]))
+        eye, other = ctx.op("EyeLike", zeros), [
+            a for a in range(rank) if a not in (p, q)]
+        eye = ctx.g.unsqueeze(eye, other) if other else eye
+        grad = ctx.op("Mul", grad, eye)
+    return grad
+
+
+@register_vjp("Det")
+def _det(ctx, gy):
+    """VJP of Det: ``d det(A) / dA = C``, the cofactor matrix,
+    ``C[i, j] = (-1)^(i + j) det(M_ij)`` with ``M_ij`` the minor without
+    row i and column j (Laplace expansion ``det A = sum_j A[i, j] C[i, j]``;
+    Horn & Johnson, *Matrix Analysis*, 0.8.10). ONNX has no inverse, and
+    ``det(A) A^-T`` fails for a singular A: the minors are gathered with
+    constant indices, which needs a static matrix size n, and each batch of
+    ``n * n`` minors goes through Det.
+
+    Raises
+    ------
+    NotImplementedError
+        If n (the last two dimensions) is not static.
+    """
+    a = ctx.inputs[0]
+    shape = ctx.shape(a)
+    n = None if shape is None else shape[-1]
+    if not isinstance(n, int):
+        ctx.fail(f"a matrix size n that is not static (shape {shape}): the "
+                 "cofactors are gathered with constant indices")
+    rank = len(shape)
+    gy = ctx.g.unsqueeze(gy, [rank - 2, rank - 1])
+    if n == 1:
+        return gy
+    keep = np.array([[k for k in range(n) if k != i] for i in range(n)])
+    keep = ctx.const(keep, TensorProto.INT64)
+    rows = ctx.op("Gather", a, keep, axis=rank - 2)  # [..., i, r, n]
+    minors = ctx.op("Gather", rows, keep, axis=rank)  # [..., i, r, j, c]
+    minors = ctx.op("Transpose", minors, perm=list(range(rank - 2)) + [
+        rank - 2, rank, rank - 1, rank + 1])
+    signs = ctx.const(1 - 2 * (np.add.outer(np.arange(n), np.arange(n)) % 2))
+    return ctx.op("Mul", ctx.op("Mul", ctx.op("Det", minors), signs), gy)

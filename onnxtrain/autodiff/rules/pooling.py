@@ -30,7 +30,7 @@ def _max_pool(ctx, gy, g_indices=None):
     args = (ctx.op("Reshape", _zeros_like(ctx, x), minus_one),
             ctx.op("Reshape", indices, minus_one), ctx.op("Reshape", gy, minus_one))
     if ctx.opset >= 16:
-        flat = ctx.op("ScatterElements", *args, axis=0, reduction="add")
+        flat = ctx.g.scatter_add("ScatterElements", *args, ctx.dtype, axis=0)
     elif not overlap:
         flat = ctx.op("ScatterElements", *args, axis=0)
     else:

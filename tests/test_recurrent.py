@@ -1,0 +1,290 @@
+"""Gradients of RNN, GRU and LSTM (:mod:`onnxtrain.autodiff.rules.recurrent`).
+
+Three oracles:
+
+- onnxruntime's own kernels check the expansion the rule differentiates
+  (float32: onnxruntime has no float64 GRU or LSTM kernel and no
+  ``layout=1``; the ``layout=1`` expansion is checked against the kernel
+  run on transposed inputs);
+- central finite differences in float64 of that expansion check the
+  gradient of every input (X, W, R, B, initial_h, initial_c, P), through the
+  backward model of :func:`onnxtrain.autodiff.build_gradient_models` run in
+  float64, with symbolic sequence length and batch size, run at two sizes;
+- torch autograd checks an LSTM end to end (float32).
+"""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from gradcheck import (check_model, numeric_gradient, relative_error, run,
+                       session, split_gradients)
+from onnxtrain.autodiff import build_gradient_models
+from onnxtrain.autodiff.context import VJPContext
+from onnxtrain.autodiff.rules.recurrent import expand
+from onnxtrain.graph import GraphBuilder, infer_value_types
+
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+OPTIONAL = ("B", "L", "H0", "C0", "P")
+
+
+def _model(op, dtype=np.float32, direction="forward", layout=0, hidden=2,
+           inputs=("B", "H0", "C0"), symbolic=False, **attrs):
+    """A one-node model; X is (T, N, 3), or (N, T, 3) with layout=1."""
+    d = 2 if direction == "bidirectional" else 1
+    g = GATES[op]
+    t, n = ("T", "N") if symbolic else (3, 2)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    state = [n, d, hidden] if layout else [d, n, hidden]
+    shapes = {"X": [n, t, 3] if layout else [t, n, 3], "W": [d, g * hidden, 3],
+              "R": [d, g * hidden, hidden], "B": [d, 2 * g * hidden],
+              "L": [n], "H0": state, "C0": state, "P": [d, 3 * hidden]}
+    names = ["X", "W", "R", "B", "L", "H0", "C0", "P"][:8 if op == "LSTM" else 6]
+    names = [k if k in ("X", "W", "R") or k in inputs else "" for k in names]
+    while not names[-1]:
+        names.pop()
+    outputs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    node = helper.make_node(op, names, outputs, hidden_size=hidden,
+                            direction=direction, **attrs,
+                            **({"layout": 1} if layout else {}))
+    vis = [helper.make_tensor_value_info(
+        k, TensorProto.INT32 if k == "L" else elem, shapes[k])
+        for k in names if k]
+    y = [n, t, d, hidden] if layout else [t, d, n, hidden]
+    outs = [helper.make_tensor_value_info(o, elem, y if o == "Y" else state)
+            for o in outputs]
+    model = helper.make_model(helper.make_graph([node], op, vis, outs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    check_model(model)
+    return model
+
+
+def _feeds(model, dtype, seed=0, t=3, n=2, lens=None):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in model.graph.input:
+        dims = [d.dim_value or {"T": t, "N": n}[d.dim_param]
+                for d in vi.type.tensor_type.shape.dim]
+        if vi.name == "L":
+            feeds["L"] = np.asarray(lens, dtype=np.int32)
+        else:
+            feeds[vi.name] = rng.uniform(-1, 1, dims).astype(dtype)
+    return feeds
+
+
+def _expansion_model(model):
+    """The expansion the rule differentiates, as a model of the same
+    inputs and outputs."""
+    types = infer_value_types(model)
+    node = model.graph.node[0]
+    g = GraphBuilder(17, {i.name for i in model.graph.input}, types)
+    ctx = VJPContext(node, g, [True] * len(node.input), {})
+    outputs = expand(ctx)
+    for name, out in zip(outputs, model.graph.output):
+        g.op("Identity", name, outputs=[out.name])
+    graph = helper.make_graph(g.nodes, "expansion", list(model.graph.input),
+                              list(model.graph.output), g.initializers)
+    expanded = helper.make_model(graph, opset_imports=model.opset_import)
+    expanded.ir_version = 8
+    check_model(expanded)
+    return expanded
+
+
+def _to_layout0(feeds):
+    moved = dict(feeds)
+    for k in ("X", "H0", "C0"):
+        if k in moved:
+            moved[k] = np.ascontiguousarray(np.swapaxes(feeds[k], 0, 1))
+    return moved
+
+
+# one row per configuration: (op, attributes, optional inputs, sequence_lens)
+FORWARD_CASES = [
+    ("RNN", {}, ("B", "H0"), None),
+    ("RNN", {"direction": "reverse", "clip": 0.3}, ("B",), [3, 1]),
+    ("RNN", {"direction": "bidirectional", "activations": ["Relu", "Affine"],
+             "activation_alpha": [0.7], "activation_beta": [0.2]}, (), None),
+    ("GRU", {"linear_before_reset": 1}, ("B", "H0"), None),
+    ("GRU", {"linear_before_reset": 1, "direction": "bidirectional",
+             "clip": 0.4}, ("B", "H0"), [2, 3]),
+    ("GRU", {"activations": ["HardSigmoid", "LeakyRelu"],
+             "activation_alpha": [0.3, 0.2], "activation_beta": [0.6]},
+     ("B",), None),
+    ("LSTM", {"input_forget": 1}, ("B", "H0", "C0"), None),
+    ("LSTM", {"direction": "bidirectional", "clip": 0.5},
+     ("B", "H0", "C0", "P"), [1, 3]),
+    ("LSTM", {"direction": "reverse", "input_forget": 1},
+     ("B", "P"), [3, 2]),
+    ("LSTM", {"activations": ["Sigmoid", "Softsign", "ScaledTanh"],
+              "activation_alpha": [0.8], "activation_beta": [1.5]}, (), None),
+]
+
+
+@pytest.mark.parametrize("op, attrs, inputs, lens", FORWARD_CASES)
+def test_expansion_matches_onnxruntime(op, attrs, inputs, lens):
+    inputs = tuple(inputs) + (("L",) if lens else ())
+    model = _model(op, inputs=inputs, **attrs)
+    feeds = _feeds(model, np.float32, lens=lens)
+    expected = session(model).run(None, feeds)
+    got = session(_expansion_model(model)).run(None, feeds)
+    for e, a in zip(expected, got):
+        np.testing.assert_allclose(a, e, atol=2e-6)
+    if lens is not None:  # Y is zero after the shortest row's length
+        b = int(np.argmin(lens))
+        assert not np.any(expected[0][lens[b]:, :, b])
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_layout_1_matches_onnxruntime_on_transposed_inputs(op):
+    inputs = ("B", "H0", "C0", "P", "L")
+    model = _model(op, inputs=inputs, layout=1, direction="bidirectional")
+    feeds = _feeds(model, np.float32, lens=[3, 2])
+    reference = _model(op, inputs=inputs, direction="bidirectional")
+    expected = session(reference).run(None, _to_layout0(feeds))
+    got = session(_expansion_model(model)).run(None, feeds)
+    np.testing.assert_allclose(got[0], np.transpose(expected[0], (2, 0, 1, 3)),
+                               atol=2e-6)
+    for e, a in zip(expected[1:], got[1:]):
+        np.testing.assert_allclose(a, np.swapaxes(e, 0, 1), atol=2e-6)
+
+
+def _backward_gradients(gm, feeds, grad_outputs):
+    """Run only the backward model (the forward one holds the recurrent
+    node, which onnxruntime does not run in float64)."""
+    bfeeds = {g: grad_outputs[o]
+              for g, o in zip(gm.grad_output_names, gm.outputs)}
+    bfeeds.update({name: feeds[name] for name in gm.backward_inputs})
+    result = run(session(gm.backward_model), bfeeds)
+    return {w: result[g] for w, g in zip(gm.wrt, gm.grad_names)}
+
+
+# (op, attributes, sequence_lens), every optional float input present
+GRADIENT_CASES = [
+    ("RNN", {"direction": "bidirectional"}, [3, 1]),
+    ("GRU", {"linear_before_reset": 1}, None),
+    ("GRU", {"direction": "bidirectional"}, [2, 3]),
+    ("LSTM", {"input_forget": 1, "direction": "reverse"}, [1, 3]),
+    ("LSTM", {"direction": "bidirectional", "layout": 1}, [3, 2]),
+]
+
+
+@pytest.mark.parametrize("op, attrs, lens", GRADIENT_CASES)
+def test_gradients_match_finite_differences_float64(op, attrs, lens):
+    inputs = OPTIONAL if lens else tuple(k for k in OPTIONAL if k != "L")
+    model = _model(op, np.float64, inputs=inputs, symbolic=True, **attrs)
+    wrt = [i.name for i in model.graph.input if i.name != "L"]
+    gm = build_gradient_models(model, wrt)
+    check_model(gm.backward_model)
+    reference = session(_expansion_model(model))
+    for t, n, lens_tn in ((3, 2, lens), (4, 1, lens and [4])):
+        feeds = _feeds(model, np.float64, seed=t, t=t, n=n, lens=lens_tn)
+        outputs = run(reference, feeds)
+        rng = np.random.default_rng(t)
+        grad_outputs = {o: rng.normal(size=v.shape) for o, v in outputs.items()}
+        grads = _backward_gradients(gm, feeds, grad_outputs)
+        for w in wrt:
+            expected = numeric_gradient(reference, feeds, w, grad_outputs)
+            assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+
+
+# float32 through onnxruntime's kernels and default graph optimizations
+KERNEL_CASES = [
+    ("RNN", {"direction": "bidirectional", "activations": ["Relu", "Tanh"]},
+     [1, 3]),
+    ("GRU", {"direction": "reverse", "linear_before_reset": 1, "clip": 0.6},
+     [2, 3]),
+    ("LSTM", {"input_forget": 1, "clip": 0.7}, None),
+]
+
+
+@pytest.mark.parametrize("op, attrs, lens", KERNEL_CASES)
+def test_split_form_against_onnxruntime_kernels_float32(op, attrs, lens):
+    inputs = OPTIONAL if lens else tuple(k for k in OPTIONAL if k != "L")
+    model = _model(op, inputs=inputs, **attrs)
+    wrt = [i.name for i in model.graph.input if i.name != "L"]
+    gm = build_gradient_models(model, wrt)
+    feeds = _feeds(model, np.float32, lens=lens)
+    inference = session(gm.inference_model)
+    rng = np.random.default_rng(5)
+    grad_outputs = {o: rng.normal(size=v.shape)
+                    for o, v in run(inference, feeds).items()}
+    _, grads = split_gradients(gm, feeds, {
+        o: v.astype(np.float32) for o, v in grad_outputs.items()})
+    for w in wrt:
+        expected = numeric_gradient(inference, feeds, w, grad_outputs,
+                                    eps=1e-3)
+        assert relative_error(expected, grads[w]) < 5e-3, w
+
+
+def test_only_some_outputs_and_inputs():
+    # Y_h alone, gradient of R and initial_c only
+    model = _model("LSTM", np.float64, inputs=("B", "H0", "C0", "P"))
+    gm = build_gradient_models(model, ["R", "C0"], outputs=["Y_h"])
+    feeds = _feeds(model, np.float64)
+    reference = session(_expansion_model(model))
+    grad_outputs = {"Y_h": np.random.default_rng(3).normal(size=(1, 2, 2))}
+    grads = _backward_gradients(gm, feeds, grad_outputs)
+    for w in ("R", "C0"):
+        expected = numeric_gradient(reference, feeds, w, grad_outputs)
+        assert relative_error(expected, grads[w]) < 1e-6, w
+
+
+@pytest.mark.parametrize("attrs, match", [
+    ({"activations": ["Sigmoid", "Swish"]}, "activations: 'Swish'"),
+    ({"activations": ["Sigmoid"]}, "activations="),
+    ({"activations": ["ThresholdedRelu", "Tanh"]}, "activation_alpha"),
+])
+def test_refusals_name_the_attribute(attrs, match):
+    model = _model("GRU", **attrs)
+    with pytest.raises(NotImplementedError, match=match):
+        build_gradient_models(model, ["W"])
+
+
+def test_unknown_hidden_size_is_refused():
+    model = _model("RNN")
+    node = model.graph.node[0]
+    del node.attribute[:]
+    model.graph.input[2].type.tensor_type.ClearField("shape")
+    with pytest.raises(NotImplementedError, match="hidden_size"):
+        build_gradient_models(model, ["W"])
+
+
+def test_lstm_gradients_match_torch():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(3, 4, bidirectional=True).double()
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(2, 2, 4, dtype=torch.float64)
+    c0 = torch.randn(2, 2, 4, dtype=torch.float64)
+    y, _ = lstm(x, (h0, c0))
+    weight = torch.randn(y.shape, dtype=torch.float64)
+    (y * weight).sum().backward()
+
+    def onnx_order(t):  # torch's gates are i, f, g, o; ONNX's i, o, f, c
+        i, f, c, o = t.detach().numpy().astype(np.float32).reshape(
+            4, 4, *t.shape[1:])
+        return np.concatenate([i, o, f, c])
+    params = {}
+    for key, suffix in (("W", "weight_ih"), ("R", "weight_hh"),
+                        ("Wb", "bias_ih"), ("Rb", "bias_hh")):
+        params[key] = np.stack([onnx_order(getattr(lstm, f"{suffix}_l0{s}"))
+                                for s in ("", "_reverse")])
+    model = _model("LSTM", direction="bidirectional", hidden=4,
+                   inputs=("B", "H0", "C0"), symbolic=True)
+    feeds = {"X": x.detach().numpy().astype(np.float32), "W": params["W"],
+             "R": params["R"],
+             "B": np.concatenate([params["Wb"], params["Rb"]], axis=1),
+             "H0": h0.numpy().astype(np.float32),
+             "C0": c0.numpy().astype(np.float32)}
+    gm = build_gradient_models(model, ["X", "W"], outputs=["Y"])
+    grad_y = weight.numpy().astype(np.float32).reshape(5, 2, 2, 4).transpose(
+        0, 2, 1, 3)
+    outputs = run(session(gm.forward_model), feeds)
+    np.testing.assert_allclose(
+        outputs["Y"], y.detach().numpy().reshape(5, 2, 2, 4).transpose(0, 2, 1, 3),
+        atol=1e-5)
+    grads = _backward_gradients(gm, feeds, {"Y": grad_y})
+    np.testing.assert_allclose(grads["X"], x.grad.numpy(), atol=1e-5)
+    expected_w = np.stack([onnx_order(getattr(lstm, f"weight_ih_l0{s}").grad)
+                           for s in ("", "_reverse")])
+    np.testing.assert_allclose(grads["W"], expected_w, atol=1e-5)
