@@ -599,7 +599,7 @@ def _check_case(case, max_coords):
 
 def _compare(case, gm, feeds, res, max_coords):
     try:
-        check_model(gm.forward_model)
+        _check_forward_model(case, gm.forward_model)
         check_model(gm.backward_model)
         rng = np.random.default_rng(zlib.crc32(case.name.encode()))
         inference = session(gm.inference_model)
@@ -634,6 +634,23 @@ def _compare(case, gm, feeds, res, max_coords):
     res.status = "wrong" if bad else "passed"
     res.reason = ("relative error of " + ", ".join(bad)) if bad else ""
     return res
+
+
+def _check_forward_model(case, forward):
+    """The checker on the forward model, unless onnx's checker rejects the
+    case's own model for the same reason: onnx 1.23's shape inference fails
+    on MeanVarianceNormalization without ``axes`` (its function body's
+    Constant gets no value), a fault of onnx that the forward model, which
+    copies the node, inherits."""
+    try:
+        check_model(forward)
+    except Exception as exc:  # noqa: BLE001 - compared with the case's own
+        try:
+            check_model(case.model)
+        except Exception as own:  # noqa: BLE001
+            if _first_line(own) == _first_line(exc):
+                return
+        raise
 
 
 def _first_line(exc):

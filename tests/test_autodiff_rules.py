@@ -9,6 +9,7 @@ differences at 1e-3 (the Cast row's float64 twin is a float64 -> float64
 Cast). Rows marked fused also compare the fused form with the split form.
 Every generated model passes ``onnx.checker.check_model(full_check=True)``.
 """
+import re
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -669,3 +670,17 @@ def test_gather_with_a_scalar_index(opset):
     expected = np.zeros((4, 3))
     expected[2] = X  # index -2 of 4 rows
     np.testing.assert_allclose(run(gm.backward_model, feeds)[0], expected)
+
+
+@pytest.mark.parametrize("opset, message", [
+    (7, "differentiates opset 8 and newer"),
+    # the bias gradient (ones @ grad) needs ConstantOfShape, born at opset 9
+    (8, "ConstantOfShape does not exist at opset 8 (it needs opset >= 9)")])
+def test_old_opsets_are_refused_with_what_to_upgrade(opset, message):
+    model = _model([("MatMul", ["X", "W"], ["Z"], {}), ("Add", ["Z", "B"], ["Y"], {})],
+                   {"X": (TensorProto.FLOAT, ["N", 3])},
+                   {"Y": (TensorProto.FLOAT, ["N", 2])},
+                   {"W": np.ones((3, 2), np.float32), "B": np.ones((1, 2), np.float32)},
+                   opset=opset)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_gradient_models(model, ["W", "B"])

@@ -236,10 +236,126 @@ def test_scan_only_the_scan_output_differentiated():
         assert relative_error(num, split[w]) < TOL, w
 
 
-def test_scan_in_reverse_direction_is_refused_clearly():
-    model = _rnn_model(directions=[1])
-    with pytest.raises(NotImplementedError, match="scan_input_directions"):
-        build_gradient_models(model, ["W"])
+def _check_gradients(model, wrt, feeds, seed=4):
+    """Split and fused gradients of ``model`` against finite differences;
+    returns the inference outputs."""
+    rng = np.random.default_rng(seed)
+    gm = build_gradient_models(model, wrt)
+    for m in (gm.inference_model, gm.forward_model, gm.backward_model):
+        check_model(m)
+    fused, bg = build_fused_model(model, wrt)
+    check_model(fused)
+    inference = session(gm.inference_model)
+    y = run(inference, feeds)
+    grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
+    _, split = split_gradients(gm, feeds, grad_outputs)
+    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
+    for w in wrt:
+        num = numeric_gradient(inference, feeds, w, grad_outputs)
+        assert relative_error(num, split[w]) < TOL, (w, split[w], num)
+        assert relative_error(num, fused_grads[w]) < TOL, w
+    return y
+
+
+def _layout_scan_model(axes, directions, out_axis, out_dir, opset=17):
+    """h_t = Tanh(h_{t-1} * W + x_t @ U + y_t), z_t = h_t * V: two scan
+    inputs X (x_t [3]) and Y (y_t [2]) read along ``axes`` in
+    ``directions``, the scan output Z stacked along ``out_axis`` in
+    ``out_dir``. T = 4 steps."""
+    rng = np.random.default_rng(0)
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["h_in", "W"], ["a"]),
+         helper.make_node("MatMul", ["x_t", "U"], ["b"]),
+         helper.make_node("Add", ["a", "b"], ["ab"]),
+         helper.make_node("Add", ["ab", "y_t"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["h_out"]),
+         helper.make_node("Mul", ["h_out", "V"], ["z_t"])],
+        "layout_body",
+        [helper.make_tensor_value_info("h_in", D, [2]),
+         helper.make_tensor_value_info("x_t", D, [3]),
+         helper.make_tensor_value_info("y_t", D, [2])],
+        [helper.make_tensor_value_info("h_out", D, [2]),
+         helper.make_tensor_value_info("z_t", D, [2])])
+    node = helper.make_node(
+        "Scan", ["h0", "X", "Y"], ["hT", "Z"], body=body, num_scan_inputs=2,
+        scan_input_axes=list(axes), scan_input_directions=list(directions),
+        scan_output_axes=[out_axis], scan_output_directions=[out_dir])
+
+    def shape(width, axis):
+        return [4, width] if axis == 0 else [width, 4]
+    inits = [numpy_helper.from_array(rng.normal(size=shape), name)
+             for name, shape in (("W", (2,)), ("U", (3, 2)), ("V", (1,)),
+                                 ("h0", (2,)))]
+    graph = helper.make_graph(
+        [node], "layout_scan",
+        [helper.make_tensor_value_info("X", D, shape(3, axes[0])),
+         helper.make_tensor_value_info("Y", D, shape(2, axes[1]))],
+        [helper.make_tensor_value_info("hT", D, [2]),
+         helper.make_tensor_value_info("Z", D, shape(2, out_axis))], inits)
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("axes,directions,out_axis,out_dir,opset", [
+    ((0, 0), (1, 1), 0, 0, 17),    # both inputs reversed
+    ((0, 0), (0, 1), 0, 1, 17),    # mixed directions, reversed output
+    ((1, 0), (0, 0), 1, 0, 17),    # scan along axis 1
+    ((1, 1), (1, 0), 1, 1, 9),     # axis 1, reverse, at opset 9
+    ((-1, 0), (1, 0), -1, 1, 17),  # negative axes (opset >= 11)
+])
+def test_scan_along_other_axes_and_in_reverse(axes, directions, out_axis,
+                                              out_dir, opset):
+    model = _layout_scan_model(axes, directions, out_axis, out_dir, opset)
+    rng = np.random.default_rng(5)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    feeds = {vi.name: rng.normal(size=[d.dim_value for d in
+                                       vi.type.tensor_type.shape.dim])
+             for vi in model.graph.input}
+    feeds.update(inits)
+    _check_gradients(model, ["W", "U", "V", "h0", "X", "Y"], feeds)
+
+
+def _scan8_model(directions=(0,), seq_lens=None):
+    """Scan-8 (opset 8, batch axis 0, scan axis 1) of the RNN of
+    :func:`_rnn_model` on a batch of 2 sequences of 4 steps; ``seq_lens``:
+    the sequence_lens initializer (None: omitted)."""
+    rng = np.random.default_rng(0)
+    body = _rnn_model().graph.node[0].attribute[0].g
+    inits = [numpy_helper.from_array(rng.normal(size=shape), name)
+             for name, shape in (("W", (2,)), ("U", (3, 2)), ("V", (1,)),
+                                 ("h0", (2, 2)), ("c0", (2, 3)))]
+    lens = ""
+    if seq_lens is not None:
+        lens = "L"
+        inits.append(numpy_helper.from_array(np.array(seq_lens, np.int64),
+                                             "L"))
+    node = helper.make_node("Scan", [lens, "h0", "c0", "X"], ["hT", "cT", "Z"],
+                            body=body, num_scan_inputs=1,
+                            directions=list(directions))
+    graph = helper.make_graph(
+        [node], "rnn8", [helper.make_tensor_value_info("X", D, [2, 4, 3])],
+        [helper.make_tensor_value_info("hT", D, [2, 2]),
+         helper.make_tensor_value_info("cT", D, [2, 3]),
+         helper.make_tensor_value_info("Z", D, [2, 4, 2])], inits)
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 8)])
+    model.ir_version = 4
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("directions", [(0,), (1,)])
+@pytest.mark.parametrize("seq_lens", [None, (4, 2)])
+def test_scan8_with_batch_axis_and_sequence_lens(directions, seq_lens):
+    model = _scan8_model(directions, seq_lens)
+    rng = np.random.default_rng(6)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    feeds = {"X": rng.normal(size=(2, 4, 3)), **inits}
+    wrt = ["W", "U", "V", "h0", "c0", "X"]
+    _check_gradients(model, wrt, feeds)
 
 
 def test_estimator_with_if_trains_on_the_split_path():
@@ -284,7 +400,8 @@ def _loop_model(opset=17, cond="absent", trip="input", n=4):
 
     ``cond``: 'absent' (""), 'identity' (a cond input the body passes
     through), 'true' (the body outputs a constant true), 'data' (the body
-    outputs ReduceSum(h) > 0: data-dependent). ``trip``: 'input' (the trip
+    outputs ReduceSum(h) < 0.1: data-dependent), 'counter' (k < 3).
+    ``trip``: 'input' (the trip
     count is a graph input) or 'constant' (an initializer).
     """
     rng = np.random.default_rng(0)
@@ -313,11 +430,16 @@ def _loop_model(opset=17, cond="absent", trip="input", n=4):
         nodes.append(helper.make_node("Constant", [], ["cond_out"],
                                       value=numpy_helper.from_array(
                                           np.array(True), "t")))
+    elif cond == "counter":
+        nodes += [helper.make_node("Constant", [], ["stop"], value=numpy_helper
+                                   .from_array(np.array(3, np.int64), "stop")),
+                  helper.make_node("Less", ["k_out", "stop"], ["cond_out"])]
     elif cond == "data":
         nodes += [helper.make_node("ReduceSum", ["h_out"], ["s"], keepdims=0),
-                  helper.make_node("Constant", [], ["zero"], value=numpy_helper
-                                   .from_array(np.array(0.0), "zero")),
-                  helper.make_node("Greater", ["s", "zero"], ["cond_out"])]
+                  helper.make_node("Constant", [], ["limit"],
+                                   value=numpy_helper.from_array(
+                                       np.array(0.1), "limit")),
+                  helper.make_node("Less", ["s", "limit"], ["cond_out"])]
     else:
         nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
     body = helper.make_graph(
@@ -357,7 +479,7 @@ def _loop_model(opset=17, cond="absent", trip="input", n=4):
     return model
 
 
-def _check_loop(model, wrt, n=4, outputs=None):
+def _check_loop(model, wrt, n=4, outputs=None, iterations=None):
     rng = np.random.default_rng(2)
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     feeds = {"X": rng.normal(size=(n + 1, 3)), "M": np.array(n, np.int64),
@@ -369,7 +491,7 @@ def _check_loop(model, wrt, n=4, outputs=None):
     check_model(fused)
     inference = session(gm.inference_model)
     y = run(inference, feeds)
-    assert y["Z"].shape == (n, 2)
+    assert y["Z"].shape == (n if iterations is None else iterations, 2)
     grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
     _, split = split_gradients(gm, feeds, grad_outputs)
     fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
@@ -400,15 +522,17 @@ def test_loop_with_zero_iterations():
     _check_loop(model, ["W", "h0"], n=0)
 
 
-def test_loop_with_a_data_dependent_condition_is_refused_clearly():
-    model = _loop_model(cond="data")
-    with pytest.raises(NotImplementedError,
-                       match="Loop with a data-dependent condition"):
-        build_gradient_models(model, ["W"])
+@pytest.mark.parametrize("opset", [13, 17])
+def test_loop_with_a_data_dependent_condition(opset):
+    """The body's condition is ReduceSum(h) < 0.1: the loop stops after 2
+    of its 4 iterations (sums -0.37, 0.51: far from the limit for finite
+    differences); the reverse Loop runs the iterations the forward ran."""
+    model = _loop_model(opset, cond="data")
+    _check_loop(model, ["W", "U", "V", "h0", "X"], n=4, iterations=2)
 
 
-def test_loop_without_trip_count_is_refused_clearly():
-    model = _loop_model(cond="identity")
+def test_loop_without_trip_count():
+    """No trip count; the body stops once its int64 counter reaches 3."""
+    model = _loop_model(cond="counter")
     model.graph.node[0].input[0] = ""
-    with pytest.raises(NotImplementedError, match="without a trip count"):
-        build_gradient_models(model, ["W"])
+    _check_loop(model, ["W", "U", "V", "h0", "X"], n=4, iterations=3)

@@ -241,7 +241,8 @@ def backward(model, wrt, outputs=None):
     ------
     ValueError
         Unknown names in ``wrt`` or ``outputs``, no output depends on wrt, or
-        a model opset below 9.
+        a model opset below 8, or a rule needing an op the model's opset
+        lacks (the message names both).
     MissingVJPRuleError
         A node on the path has no VJP rule (the message names op type,
         domain, node name and the weights upstream).
@@ -249,9 +250,9 @@ def backward(model, wrt, outputs=None):
     model, named = _with_saved_outputs(model)
     graph = model.graph
     opset = opset_of(model) or 1
-    if opset < 9 and any(n.domain in ("", "ai.onnx") for n in graph.node):
+    if opset < 8 and any(n.domain in ("", "ai.onnx") for n in graph.node):
         raise ValueError(f"The model's default-domain opset is {opset}; onnxtrain "
-                         "differentiates opset 9 and newer (onnx.version_converter"
+                         "differentiates opset 8 and newer (onnx.version_converter"
                          ".convert_version upgrades a model).")
     types = infer_value_types(model)
     sources = {i.name for i in graph.initializer} | {i.name for i in graph.input}

@@ -8,6 +8,8 @@ opset 13 and as an input from opset 13 on).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -55,6 +57,28 @@ def _saturating_array(value, dtype):
     array = np.where((exact != 0) & (array == 0), sign * info.smallest_subnormal,
                      array)
     return array.astype(dtype)
+
+
+
+def _has_schema(op_type, opset):
+    try:
+        onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _check_op_exists(op_type, opset):
+    """Raise ValueError if ``op_type`` has no default-domain schema at ``opset``."""
+    if not _has_schema(op_type, opset):
+        since = next((v for v in range(opset + 1, onnx.defs.onnx_opset_version() + 1)
+                      if _has_schema(op_type, v)), None)
+        raise ValueError(
+            f"{op_type} does not exist at opset {opset}"
+            + ("" if since is None else f" (it needs opset >= {since})")
+            + "; upgrade the model with onnx.version_converter.convert_version."
+        ) from None
 
 
 class GraphBuilder:
@@ -132,7 +156,16 @@ class GraphBuilder:
         ``outputs``, when given, are names the caller reserved with
         :meth:`unique_name` or :meth:`reserve`. ``None`` in ``inputs`` becomes an empty name (an omitted optional
         input). Attributes with value None are dropped.
+
+        Raises
+        ------
+        ValueError
+            If ``op_type`` does not exist in the default domain at the
+            builder's opset (e.g. ``Range`` in an opset-9 graph): the message
+            names the op and the opset to upgrade to.
         """
+        if domain in ("", "ai.onnx"):
+            _check_op_exists(op_type, self.opset)
         if outputs is None:
             outputs = [self.unique_name(op_type.lower()) for _ in range(n_outputs)]
         else:

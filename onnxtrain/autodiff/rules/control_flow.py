@@ -11,31 +11,40 @@ the gradient nodes follow. An ``If`` on the same condition selects the
 gradients of the branch taken; a branch that does not use a value (or not
 differentiably) gives it a zero gradient.
 
-Scan (opset >= 9, every scan along axis 0 in the forward direction): a
-first Scan recomputes the states entering each iteration (stacked as scan
-outputs); a second Scan walks the sequence backwards (scan_input_directions
-1) with the body's gradient graph (the body recomputed, then the reverse
-pass): it carries the gradients of the float states and the accumulated
-gradients of the outer values the body reads, and stacks the gradients of
-the scan inputs (scan_output_directions 1, so that they come out in forward
-order).
+Scan: a first Scan recomputes the states entering each iteration (stacked
+as scan outputs, in iteration order); a second Scan walks the iterations
+backwards with the body's gradient graph (the body recomputed, then the
+reverse pass): it carries the gradients of the float states and the
+accumulated gradients of the outer values the body reads, reads each scan
+input and the gradient of each scan output along its own axis in the
+opposite direction, and stacks the gradients of the scan inputs along their
+axes in the opposite direction, which puts them in place. Scan-8 (opset 8:
+sequence_lens first, a batch axis 0, scans along axis 1) runs the same
+Scans with its batch: the gradients of the outer values are accumulated per
+batch element and summed at the end, and since Scan-8 stacks its outputs in
+iteration order, the gradients of the inputs read forwards go through a
+Scan-8 walking them backwards (sequence_lens respected: the padding steps
+get a zero gradient). backward() refuses models below opset 8.
 
-Loop (a trip count M, and a condition absent or kept true: the body's
-condition output is its condition input passed through Identity, or a
-constant true; the loop then runs M iterations, or none when its initial
-condition is false): a first Loop recomputes the carried values entering
-each iteration that the gradient reads (stacked as scan outputs); a second
-Loop with the same M and condition runs the body's gradient graph for the
-forward iteration i = M - 1 - iter (the body's iteration number input gets
-i; the carried values entering it and the gradients of the scan outputs
-are gathered at [i]), carrying the gradients of the float carried values
-and the accumulated gradients of the outer values the body reads.
+Loop: the reverse Loop runs the body's gradient graph for the forward
+iteration i = N - 1 - iter (the body's iteration number input gets i; its
+condition input true, as in every iteration run; the carried values
+entering it and the gradients of the scan outputs are gathered at [i]),
+carrying the gradients of the float carried values and the accumulated
+gradients of the outer values the body reads. A first Loop recomputes the
+carried values entering each iteration that the gradient reads (stacked as
+scan outputs). N is the trip count M when the condition is absent or kept
+true (the body's condition output is its condition input passed through
+Identity, or a constant true): the reverse Loop then takes M and the
+initial condition. Otherwise (no trip count, or a condition the body
+computes) the forward recompute also carries an int64 counter incremented
+each iteration, and N is its final value: the number of iterations run.
 
 Not supported (a clear error): control flow nested inside a branch or a
 body, sparse initializers in a subgraph, outer values of unknown type,
-Scan-8, scans along other axes or in reverse, Loop without a trip count or
-with a data-dependent condition, sequences or optionals carried by a body.
+sequences or optionals carried by a body.
 """
+import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
@@ -120,9 +129,15 @@ def _outer_reads(nodes):
 
 def _record_types(ctx, sg, nodes, outer, outputs):
     """Infer the types of the recomputed values (the branch as a model whose
-    inputs are the outer values it reads)."""
-    inputs = []
+    inputs are the outer values it reads; those with a known constant value,
+    such as the axes of an Unsqueeze, are given as initializers so that
+    inference sees them)."""
+    inputs, inits = [], []
     for name in outer:
+        value = ctx.constant_value(name)
+        if value is not None:
+            inits.append(numpy_helper.from_array(np.asarray(value), name))
+            continue
         info = sg.types.get(name)
         if info is None:
             type_proto = onnx.TypeProto()
@@ -134,7 +149,7 @@ def _record_types(ctx, sg, nodes, outer, outputs):
     graph = helper.make_graph(
         nodes, "branch", inputs,
         [helper.make_value_info(o, onnx.TypeProto())
-         for o in dict.fromkeys(outputs) if o not in outer])
+         for o in dict.fromkeys(outputs) if o not in outer], inits)
     model = helper.make_model(graph, opset_imports=[
         helper.make_opsetid("", ctx.opset)] + [
         helper.make_opsetid(d, 1) for d in sorted(domains)])
@@ -231,12 +246,16 @@ def _tensor_type(info):
     return helper.make_tensor_type_proto(info[0], _clean_shape(info[1]))
 
 
-def _slice_type(info):
-    """Type of one element along axis 0 of a value of type ``info``."""
+def _slice_type(info, axes=(0,)):
+    """Type of one element of a value of type ``info`` along ``axes`` (the
+    scan axis, and the batch axis 0 of Scan-8): those dims are dropped."""
     if info is None:
         return None
-    shape = None if info[1] is None else tuple(info[1][1:])
-    return (info[0], shape)
+    if info[1] is None:
+        return (info[0], None)
+    rank = len(info[1])
+    drop = {int(a) + rank if int(a) < 0 else int(a) for a in axes}
+    return (info[0], tuple(d for k, d in enumerate(info[1]) if k not in drop))
 
 
 def _identity_outputs(sg, names, base):
@@ -246,21 +265,73 @@ def _identity_outputs(sg, names, base):
             for i, n in enumerate(names)]
 
 
-def _scan_attributes(ctx):
-    body = ctx.attributes["body"]
-    n_scan = ctx.attr("num_scan_inputs")
-    n_state = len(ctx.inputs) - n_scan
-    n_scan_out = len(body.output) - n_state
-    for name in ("scan_input_axes", "scan_input_directions",
-                 "scan_output_axes", "scan_output_directions"):
-        if any(int(v) != 0 for v in ctx.attr(name, [])):
-            ctx.fail(f"{name}={list(ctx.attr(name))}: only scans along axis "
-                     "0 in the forward direction are differentiated")
-    if ctx.opset < 9:
-        ctx.fail("Scan-8 (batch axis, sequence_lens) is not differentiated")
-    if len(body.input) != n_state + n_scan:
-        ctx.fail("the body's inputs do not match the node's")
-    return body, n_state, n_scan, n_scan_out
+class _ScanLayout:
+    """Where a Scan node keeps its states and scan inputs, and how it walks
+    them.
+
+    Scan-8 (opset 8) takes ``sequence_lens`` first and every tensor has a
+    leading batch axis: the body runs on each batch element, along axis 1,
+    in the ``directions`` of its scan inputs; its scan outputs are stacked
+    in iteration order. Scan-9 and later have no batch axis and walk
+    ``scan_input_axes`` in ``scan_input_directions`` and stack along
+    ``scan_output_axes`` in ``scan_output_directions`` (1: reverse).
+
+    Attributes
+    ----------
+    body : onnx.GraphProto
+    batched : bool
+        True for Scan-8.
+    first : int
+        Index in the node's inputs of its first state (1 for Scan-8).
+    seq_lens : str
+        ``sequence_lens`` ('' when omitted or for Scan-9+).
+    n_state, n_scan, n_scan_out : int
+    in_axes, in_dirs : list of int
+        Axis (of the outer tensor) and direction of each scan input.
+    out_axes, out_dirs : list of int
+        Axis and direction of each scan output.
+    """
+
+    def __init__(self, ctx):
+        body = ctx.attributes["body"]
+        n_scan = ctx.attr("num_scan_inputs")
+        self.body, self.batched = body, ctx.opset < 9
+        self.first = 1 if self.batched else 0
+        self.seq_lens = (ctx.input(0) or "") if self.batched else ""
+        self.n_state = len(ctx.inputs) - self.first - n_scan
+        self.n_scan, self.n_scan_out = n_scan, len(body.output) - self.n_state
+        if len(body.input) != self.n_state + n_scan or self.n_scan_out < 0:
+            ctx.fail("the body's inputs and outputs do not match the node's")
+        if self.batched:
+            self.in_axes, self.out_axes = [1] * n_scan, [1] * self.n_scan_out
+            self.in_dirs = self._ints(ctx, "directions", n_scan)
+            self.out_dirs = [0] * self.n_scan_out
+            return
+        self.in_axes = self._ints(ctx, "scan_input_axes", n_scan)
+        self.in_dirs = self._ints(ctx, "scan_input_directions", n_scan)
+        self.out_axes = self._ints(ctx, "scan_output_axes", self.n_scan_out)
+        self.out_dirs = self._ints(ctx, "scan_output_directions",
+                                   self.n_scan_out)
+
+    @staticmethod
+    def _ints(ctx, name, count):
+        values = [int(v) for v in ctx.attr(name, None) or [0] * count]
+        if len(values) != count:
+            ctx.fail(f"{name} has {len(values)} values for {count} scans")
+        return values
+
+    def element_axes(self, axis):
+        """Axes of an outer tensor dropped in the body's element."""
+        return (0, axis) if self.batched else (axis,)
+
+    def scan_attributes(self, in_axes, in_dirs, out_axes=(), out_dirs=()):
+        """Keyword attributes of a Scan of this form (defaults omitted)."""
+        if self.batched:
+            return {"directions": list(in_dirs) if any(in_dirs) else None}
+        return {name: list(v) if any(v) else None for name, v in (
+            ("scan_input_axes", in_axes), ("scan_input_directions", in_dirs),
+            ("scan_output_axes", out_axes),
+            ("scan_output_directions", out_dirs))}
 
 
 def _body_input_types(ctx, body, fallback):
@@ -286,11 +357,14 @@ def _body_input_types(ctx, body, fallback):
     return types
 
 
-def _scan_input_types(ctx, body, n_state):
-    fallback = [ctx.g.types.get(name) for name in ctx.inputs[:n_state]]
-    fallback += [_slice_type(ctx.g.types.get(name))
-                 for name in ctx.inputs[n_state:]]
-    return _body_input_types(ctx, body, fallback)
+def _scan_input_types(ctx, lay):
+    states = ctx.inputs[lay.first:lay.first + lay.n_state]
+    xs = ctx.inputs[lay.first + lay.n_state:]
+    fallback = [_slice_type(ctx.g.types.get(name), (0,) if lay.batched else ())
+                for name in states]
+    fallback += [_slice_type(ctx.g.types.get(name), lay.element_axes(axis))
+                 for name, axis in zip(xs, lay.in_axes)]
+    return _body_input_types(ctx, lay.body, fallback)
 
 
 def _renamed_body(ctx, sg, body, names, types, what="Scan body"):
@@ -315,35 +389,51 @@ def _renamed_body(ctx, sg, body, names, types, what="Scan body"):
     return nodes, full_rename, constants
 
 
-def _stacking_graph(ctx, body, types, keep, keep_types, stack, what):
+def _stacking_graph(ctx, body, types, keep, keep_types, stack, what,
+                    counter=False):
     """The body recomputed, returning its first ``keep`` outputs (typed
     ``keep_types``) then, as scan outputs, its inputs at the indices
-    ``stack`` (the values entering each iteration)."""
+    ``stack`` (the values entering each iteration). With ``counter``, a
+    Loop body also carries an int64 scalar (input after the body's inputs,
+    output after the kept ones) incremented once per iteration: its final
+    value is the number of iterations run."""
     sg = _sub_builder(ctx)
     names = [sg.unique_name(f"{vi.name}_fwd") for vi in body.input]
     nodes, rename, _ = _renamed_body(ctx, sg, body, names, types, what)
     sg.nodes.extend(nodes)
     outs = _identity_outputs(
         sg, [rename(o.name) for o in body.output[:keep]], "kept_out")
-    outs += _identity_outputs(sg, [names[k] for k in stack], "stacked_in")
-    _prune(sg.nodes, len(nodes))
     vis = [helper.make_value_info(n, _tensor_type(t))
            for n, t in zip(names, types)]
+    out_infos = list(keep_types)
+    if counter:
+        count = (onnx.TensorProto.INT64, ())
+        count_in = sg.unique_name("iterations_in")
+        vis.append(helper.make_value_info(count_in, _tensor_type(count)))
+        outs.append(sg.op("Add", count_in,
+                          sg.const(np.array(1), onnx.TensorProto.INT64),
+                          outputs=[sg.unique_name("iterations_out")]))
+        out_infos.append(count)
+    outs += _identity_outputs(sg, [names[k] for k in stack], "stacked_in")
+    _prune(sg.nodes, len(nodes))
     out_vis = [helper.make_value_info(n, _tensor_type(t)) for n, t in zip(
-        outs, list(keep_types) + [types[k] for k in stack])]
+        outs, out_infos + [types[k] for k in stack])]
     return sg.make_graph(f"{what.replace(' ', '_')}_states", vis, out_vis)
 
 
-def _states_stack(ctx, body, n_state, n_scan, types):
+def _states_stack(ctx, lay, types):
     """A Scan recomputing the forward one whose scan outputs are the states
-    entering each iteration; returns their stacked names."""
-    graph = _stacking_graph(ctx, body, types, n_state, types[:n_state],
-                            range(n_state), "Scan body")
-    finals = [ctx.g.unique_name("scan_state_final") for _ in range(n_state)]
-    stacks = [ctx.g.unique_name(f"{ctx.inputs[k]}_stack")
-              for k in range(n_state)]
+    entering each iteration, stacked in iteration order along axis 0 (axis
+    1 for Scan-8); returns their names."""
+    graph = _stacking_graph(ctx, lay.body, types, lay.n_state,
+                            types[:lay.n_state], range(lay.n_state),
+                            "Scan body")
+    states = ctx.inputs[lay.first:lay.first + lay.n_state]
+    finals = [ctx.g.unique_name("scan_state_final") for _ in states]
+    stacks = [ctx.g.unique_name(f"{name}_stack") for name in states]
     ctx.g.op("Scan", *ctx.inputs, outputs=finals + stacks, body=graph,
-             num_scan_inputs=n_scan)
+             num_scan_inputs=lay.n_scan,
+             **lay.scan_attributes(lay.in_axes, lay.in_dirs))
     return stacks
 
 
@@ -379,39 +469,28 @@ def _body_gradient(ctx, sg, body, names, types, wrt, out_grads, params,
     return totals, [_accumulate(sg, grads, p) for p in params]
 
 
-@register_vjp("Scan")
-def _scan(ctx, *grad_outputs):
-    body, n_state, n_scan, n_scan_out = _scan_attributes(ctx)
-    types = _scan_input_types(ctx, body, n_state)
-    g, floats = ctx.g, [t[0] in FLOAT_TYPES for t in types]
-    states = [k for k in range(n_state) if floats[k]]  # carried gradients
-    params = [p for p, need in zip(ctx.implicit_inputs,
-                                   ctx.implicit_needs_grad) if need]
-    missing = [p for p in params if p not in g.types]
-    if missing:
-        ctx.fail(f"the types of the outer values {missing} are unknown")
-    xs = [m for m in range(n_state, n_state + n_scan)
-          if ctx.needs_grad[m] and floats[m]]
-    gz = [j for j in range(n_scan_out) if grad_outputs[n_state + j]]
-    stacks = _states_stack(ctx, body, n_state, n_scan, types)
-
-    # the reverse scan: states (gradients of the states, accumulated
-    # gradients of the outer values), scan inputs (states, inputs and
-    # output gradients), scan outputs (gradients of the scan inputs)
+def _scan_gradient_graph(ctx, lay, types, states, xs, gz, params):
+    """The body of the reverse Scan. States: the gradients of the float
+    states (``states``: body input indices) and the accumulated gradients
+    of the outer values ``params``; scan inputs: the states entering the
+    iteration, the scan inputs and the gradients of the scan outputs ``gz``
+    (indices among the scan outputs); scan outputs: the gradients of the
+    scan inputs ``xs`` (body input indices)."""
+    body, n_state, g = lay.body, lay.n_state, ctx.g
     sg = _sub_builder(ctx)
     gs_in = [sg.unique_name(f"{body.input[k].name}_grad_in") for k in states]
     gp_in = [sg.unique_name(f"{p}_grad_acc") for p in params]
     names = [sg.unique_name(f"{vi.name}_bwd") for vi in body.input]
     gz_in = [sg.unique_name(f"{body.output[n_state + j].name}_grad_in")
              for j in gz]
-    out_types = [ctx.g.types.get(ctx.outputs[n_state + j]) for j in gz]
+    out_types = [_slice_type(g.types.get(ctx.outputs[n_state + j]),
+                             lay.element_axes(lay.out_axes[j])) for j in gz]
     if any(t is None for t in out_types):
         ctx.fail("the types of the scan outputs are unknown")
-    out_types = [_slice_type(t) for t in out_types]
     for name, k in zip(gs_in, states):
         sg.set_type(name, *types[k])
-    for name, j in zip(gz_in, range(len(gz))):
-        sg.set_type(name, *out_types[j])
+    for name, t in zip(gz_in, out_types):
+        sg.set_type(name, *t)
     out_grads = [(k, gs) for gs, k in zip(gs_in, states)]
     out_grads += [(n_state + j, gzn) for gzn, j in zip(gz_in, gz)]
     totals, gp_values = _body_gradient(ctx, sg, body, names, types,
@@ -421,48 +500,100 @@ def _scan(ctx, *grad_outputs):
     gp_out = [acc if value is None else sg.op("Add", acc, value)
               for acc, value in zip(gp_in, gp_values)]
     outs = _identity_outputs(sg, gs_out + gp_out + gx_out, "scan_grad")
-    in_vis = [helper.make_value_info(n, _tensor_type(types[k]))
-              for n, k in zip(gs_in, states)]
-    in_vis += [helper.make_value_info(n, _tensor_type(g.types[p]))
-               for n, p in zip(gp_in, params)]
-    in_vis += [helper.make_value_info(n, _tensor_type(t))
-               for n, t in zip(names, types)]
-    in_vis += [helper.make_value_info(n, _tensor_type(t))
-               for n, t in zip(gz_in, out_types)]
+    in_infos = ([types[k] for k in states] + [g.types[p] for p in params]
+                + list(types) + out_types)
+    in_vis = [helper.make_value_info(n, _tensor_type(t)) for n, t in zip(
+        gs_in + gp_in + names + gz_in, in_infos)]
     out_infos = ([types[k] for k in states] + [g.types[p] for p in params]
                  + [types[m] for m in xs])
     out_vis = [helper.make_value_info(n, _tensor_type(t))
                for n, t in zip(outs, out_infos)]
-    graph = sg.make_graph("scan_gradient", in_vis, out_vis)
+    return sg.make_graph("scan_gradient", in_vis, out_vis)
 
-    init_gs = []
-    for k in states:
-        gy = grad_outputs[k]
-        init_gs.append(gy if gy else _zeros_like(g, ctx.inputs[k]))
-    init_gp = [_zeros_like(g, p) for p in params]
-    scan_inputs = stacks + list(ctx.inputs[n_state:]) + [
+
+def _batched_zeros(g, like, batch_of):
+    """Zeros of shape [batch] + shape(like), batch = dim 0 of ``batch_of``."""
+    batch = g.op("Gather", g.shape_of(batch_of), g.int64s([0]), axis=0)
+    shape = g.op("Concat", batch, g.shape_of(like), axis=0)
+    return g.op("Expand", g.const(0, g.elem_type(like)), shape)
+
+
+def _reversed_steps(ctx, lay, name, info):
+    """Scan-8: ``name`` [batch, seq, ...] with the first sequence_lens[b]
+    steps of each batch element in reverse order (an Identity body walked
+    backwards; its outputs are stacked in iteration order). ``info``: the
+    type of one step."""
+    sg = _sub_builder(ctx)
+    element = _tensor_type(info)
+    x_in = sg.unique_name("step_in")
+    out = sg.op("Identity", x_in, outputs=[sg.unique_name("step_out")])
+    graph = sg.make_graph("reversed_steps",
+                          [helper.make_value_info(x_in, element)],
+                          [helper.make_value_info(out, element)])
+    return ctx.g.op("Scan", lay.seq_lens, name, body=graph,
+                    num_scan_inputs=1, directions=[1])
+
+
+@register_vjp("Scan")
+def _scan(ctx, *grad_outputs):
+    """A forward Scan recomputes the states entering each iteration; a
+    reverse Scan walks the iterations backwards with the body's gradient
+    graph (see the module docstring). Each scan input is read by the
+    reverse Scan along its own axis in the opposite direction, and so is
+    the gradient of each scan output; the gradients of the scan inputs are
+    stacked in the opposite direction, which puts them in place (Scan-8,
+    whose scan outputs always follow the iterations, reverses the steps of
+    those whose input ran forward)."""
+    lay = _ScanLayout(ctx)
+    types = _scan_input_types(ctx, lay)
+    g, n_state, first = ctx.g, lay.n_state, lay.first
+    floats = [t[0] in FLOAT_TYPES for t in types]
+    states = [k for k in range(n_state) if floats[k]]  # carried gradients
+    params = [p for p, need in zip(ctx.implicit_inputs,
+                                   ctx.implicit_needs_grad) if need]
+    missing = [p for p in params if p not in g.types]
+    if missing:
+        ctx.fail(f"the types of the outer values {missing} are unknown")
+    xs = [k for k in range(n_state, n_state + lay.n_scan)
+          if ctx.needs_grad[first + k] and floats[k]]
+    gz = [j for j in range(lay.n_scan_out) if grad_outputs[n_state + j]]
+    graph = _scan_gradient_graph(ctx, lay, types, states, xs, gz, params)
+    stacks = _states_stack(ctx, lay, types)
+
+    init_gs = [grad_outputs[k] or _zeros_like(g, ctx.inputs[first + k])
+               for k in states]
+    batch_of = ctx.inputs[first]
+    init_gp = [_batched_zeros(g, p, batch_of) if lay.batched
+               else _zeros_like(g, p) for p in params]
+    scan_inputs = stacks + list(ctx.inputs[first + n_state:]) + [
         grad_outputs[n_state + j] for j in gz]
-    final_gs = [g.unique_name(f"{ctx.inputs[k]}_grad_scan") for k in states]
+    final_gs = [g.unique_name(f"{ctx.inputs[first + k]}_grad_scan")
+                for k in states]
     final_gp = [g.unique_name(f"{p}_grad_scan") for p in params]
-    gx = [g.unique_name(f"{ctx.inputs[m]}_grad_scan") for m in xs]
-    g.op("Scan", *init_gs, *init_gp, *scan_inputs,
-         outputs=final_gs + final_gp + gx, body=graph,
-         num_scan_inputs=len(scan_inputs),
-         scan_input_directions=[1] * len(scan_inputs),
-         scan_output_directions=[1] * len(gx) if gx else None)
-    for name, k in zip(final_gs, states):
-        g.set_type(name, *g.types[ctx.inputs[k]])
+    gx = [g.unique_name(f"{ctx.inputs[first + m]}_grad_scan") for m in xs]
+    in_dirs = [1 - d for d in lay.in_dirs]
+    g.op("Scan", *([lay.seq_lens] if lay.batched else []), *init_gs,
+         *init_gp, *scan_inputs, outputs=final_gs + final_gp + gx,
+         body=graph, num_scan_inputs=len(scan_inputs),
+         **lay.scan_attributes(
+             [0] * len(stacks) + lay.in_axes + [lay.out_axes[j] for j in gz],
+             [1] * len(stacks) + in_dirs + [1 - lay.out_dirs[j] for j in gz],
+             [lay.in_axes[m - n_state] for m in xs],
+             [in_dirs[m - n_state] for m in xs]))
+    if lay.batched:  # one sum per batch element
+        final_gp = [g.reduce_sum(name, [0], keepdims=0) for name in final_gp]
     for name, p in zip(final_gp, params):
         g.set_type(name, *g.types[p])
-    for name, m in zip(gx, xs):
-        if ctx.inputs[m] in g.types:
-            g.set_type(name, *g.types[ctx.inputs[m]])
-
     result = [None] * len(ctx.inputs)
     for name, k in zip(final_gs, states):
-        result[k] = name if ctx.needs_grad[k] else None
-    for name, m in zip(gx, xs):
-        result[m] = name
+        result[first + k] = name if ctx.needs_grad[first + k] else None
+    for name, m in zip(final_gs + gx, states + xs):
+        if lay.batched and m >= n_state and lay.in_dirs[m - n_state] == 0:
+            name = _reversed_steps(ctx, lay, name, types[m])
+        if ctx.inputs[first + m] in g.types:
+            g.set_type(name, *g.types[ctx.inputs[first + m]])
+        if m >= n_state:
+            result[first + m] = name
     grads_p = iter(final_gp)
     return tuple(result + [next(grads_p) if need else None
                            for need in ctx.implicit_needs_grad])
@@ -502,19 +633,15 @@ def _condition_kept(ctx, body):
 
 
 def _loop_attributes(ctx):
+    """``(body, n_state, n_scan_out, counted)``; ``counted``: the number of
+    iterations is not the trip count alone (no trip count, or a condition
+    the body computes), so the forward recompute counts them."""
     body = ctx.attributes["body"]
     n_state = len(ctx.inputs) - 2
-    if ctx.input(0) is None:
-        ctx.fail("Loop without a trip count M (its number of iterations "
-                 "depends on the condition) is not differentiated")
     if len(body.input) != n_state + 2:
         ctx.fail("the body's inputs do not match the node's")
-    if not _condition_kept(ctx, body):
-        ctx.fail("Loop with a data-dependent condition: only a condition "
-                 "the body passes through unchanged (Identity of its "
-                 "condition input) or sets to a constant true is "
-                 "differentiated")
-    return body, n_state, len(body.output) - 1 - n_state
+    counted = ctx.input(0) is None or not _condition_kept(ctx, body)
+    return body, n_state, len(body.output) - 1 - n_state, counted
 
 
 def _to_front(sg, start):
@@ -526,14 +653,14 @@ def _to_front(sg, start):
 
 @register_vjp("Loop")
 def _loop(ctx, *grad_outputs):
-    """Loop with a trip count M and a condition that stays true: a forward
-    Loop recomputes the carried values entering each iteration (stacked as
-    scan outputs, only those the gradient reads); a reverse Loop (M
-    iterations, forward index i = M - 1 - iter) runs the body's gradient
-    graph, carrying the gradients of the float carried values and the
-    accumulated gradients of the outer values, and reads the gradients of
-    the scan outputs at [i]."""
-    body, n_state, n_scan_out = _loop_attributes(ctx)
+    """A forward Loop recomputes the carried values entering each iteration
+    (stacked as scan outputs, only those the gradient reads) and, when the
+    number of iterations is not the trip count alone, counts the
+    iterations; a reverse Loop running that many iterations (forward index
+    i = N - 1 - iter) runs the body's gradient graph, carrying the
+    gradients of the float carried values and the accumulated gradients of
+    the outer values, and reads the gradients of the scan outputs at [i]."""
+    body, n_state, n_scan_out, counted = _loop_attributes(ctx)
     g = ctx.g
     n_out = n_state + n_scan_out  # trailing outputs may be omitted
     grad_outputs = list(grad_outputs) + [None] * (n_out - len(grad_outputs))
@@ -553,7 +680,9 @@ def _loop(ctx, *grad_outputs):
     out_types = [g.types.get(outputs[n_state + j]) for j in gz]
     if any(t is None for t in out_types):
         ctx.fail("the types of the scan outputs are unknown")
-    trip = ctx.inputs[0]
+    # the number of iterations the reverse Loop runs: the trip count, or the
+    # count the forward recompute records
+    trip = g.unique_name("loop_iterations") if counted else ctx.inputs[0]
 
     # the reverse body: (iter, cond, gradients of the carried values,
     # accumulated gradients of the outer values)
@@ -613,12 +742,15 @@ def _loop(ctx, *grad_outputs):
                for n, t in zip(outs, out_infos)]
     graph = sg.make_graph("loop_gradient", in_vis, out_vis)
 
-    if stack:  # the forward Loop stacking the carried values read
+    if stack or counted:  # the forward Loop stacking the carried values
         fwd = _stacking_graph(ctx, body, types, 1 + n_state,
                               [types[1]] + types[2:], [2 + k for k in stack],
-                              "Loop body")
+                              "Loop body", counter=counted)
         finals = [g.unique_name("loop_state_final") for _ in range(n_state)]
-        g.op("Loop", *ctx.inputs, outputs=finals + stacks, body=fwd)
+        zero = ([g.const(np.array(0), onnx.TensorProto.INT64)] if counted
+                else [])
+        g.op("Loop", *ctx.inputs, *zero, body=fwd,
+             outputs=finals + ([trip] if counted else []) + stacks)
 
     init_gs = []
     for k in states:
@@ -629,7 +761,7 @@ def _loop(ctx, *grad_outputs):
     final_gs = [g.unique_name(f"{ctx.inputs[2 + k]}_grad_loop")
                 for k in states]
     final_gp = [g.unique_name(f"{p}_grad_loop") for p in params]
-    g.op("Loop", trip, ctx.inputs[1], *init_gs, *init_gp,
+    g.op("Loop", trip, "" if counted else ctx.inputs[1], *init_gs, *init_gp,
          outputs=final_gs + final_gp, body=graph)
     for name, k in zip(final_gs, states):
         if ctx.inputs[2 + k] in g.types:

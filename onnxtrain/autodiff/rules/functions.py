@@ -7,7 +7,9 @@ and its context-dependent twin). Their VJP expands the node into that body
 the body was written for an older one), recomputes the expansion in the
 gradient graph from the node's inputs and runs the reverse pass over it, so
 the gradient is exactly the one of the standard's definition, built from
-the rules of the primitive ops.
+the rules of the primitive ops. A body may hold control flow
+(LinearAttention's recurrence is a Scan): its subgraphs are copied with
+fresh names and differentiated by the rules of control_flow.py.
 """
 from itertools import zip_longest
 
@@ -19,14 +21,15 @@ from onnx.reference import ReferenceEvaluator
 
 from ...graph import infer_value_types
 from ..backward import (_accumulate, _check_rules, _dependents, _path_nodes,
-                        constant_node_value, reverse_pass)
+                        constant_node_value, implicit_inputs, reverse_pass)
 from ..registry import register_vjp
 
 #: Ops differentiated through their function body (no closed-form rule).
 EXPANDED_OPS = (
     "Attention", "RMSNormalization", "CausalConvWithState",
-    "GroupNormalization", "LayerNormalization", "NegativeLogLikelihoodLoss",
-    "SoftmaxCrossEntropyLoss")
+    "GroupNormalization", "LayerNormalization", "LinearAttention",
+    "MeanVarianceNormalization", "NegativeLogLikelihoodLoss",
+    "RotaryEmbedding", "SoftmaxCrossEntropyLoss")
 
 
 def _type_proto(ctx, name):
@@ -91,6 +94,75 @@ def _renamer(ctx, function, node):
     return rename
 
 
+def _resolved_attributes(ctx, node, given, rename):
+    """The attributes of a body node: references to the function's
+    attributes (``ref_attr_name``) replaced by the node's values (dropped
+    when absent), subgraphs renamed (see :func:`_renamed_subgraph`)."""
+    attrs = []
+    for att in node.attribute:
+        if att.ref_attr_name:
+            if att.ref_attr_name not in given:
+                continue
+            new = AttributeProto()
+            new.CopyFrom(given[att.ref_attr_name])
+            new.name = att.name
+            att = new
+        if att.type == AttributeProto.GRAPH:
+            new = AttributeProto()
+            new.CopyFrom(att)
+            new.g.CopyFrom(_renamed_subgraph(ctx, att.g, given, rename))
+            att = new
+        elif att.type == AttributeProto.GRAPHS:
+            new = AttributeProto()
+            new.CopyFrom(att)
+            del new.graphs[:]
+            new.graphs.extend(_renamed_subgraph(ctx, sub, given, rename)
+                              for sub in att.graphs)
+            att = new
+        attrs.append(att)
+    return attrs
+
+
+def _renamed_subgraph(ctx, graph, given, outer):
+    """Copy of a subgraph of the function body (a Scan's body...) whose
+    local values take fresh names (one namespace for every scope, so that
+    two expansions never clash) and whose reads of enclosing values follow
+    ``outer`` (a function mapping a name of the enclosing scope to its
+    expansion name)."""
+    if len(graph.sparse_initializer):
+        ctx.fail("a subgraph of its function body holds sparse initializers")
+    local = {}
+
+    def rename(name):
+        if not name:
+            return ""
+        return local[name] if name in local else outer(name)
+
+    def fresh(name):
+        local[name] = ctx.g.unique_name(f"{ctx.node.op_type}_fn_{name}")
+        return local[name]
+
+    new = onnx.GraphProto()
+    new.name = graph.name
+    for vi in graph.input:
+        new.input.add().CopyFrom(vi)
+        new.input[-1].name = fresh(vi.name)
+    for init in graph.initializer:
+        new.initializer.add().CopyFrom(init)
+        new.initializer[-1].name = fresh(init.name)
+    for node in graph.node:
+        copy = helper.make_node(
+            node.op_type, [rename(i) for i in node.input], [],
+            domain=node.domain, name=ctx.g.unique_name(f"{node.op_type}_node"))
+        copy.attribute.extend(_resolved_attributes(ctx, node, given, rename))
+        copy.output.extend(fresh(o) if o else "" for o in node.output)
+        new.node.append(copy)
+    for vi in graph.output:
+        new.output.add().CopyFrom(vi)
+        new.output[-1].name = rename(vi.name)
+    return new
+
+
 def _expanded_nodes(ctx, function, node):
     """The body's nodes with fresh value names and attributes resolved;
     returns ``(nodes, names of the body's outputs)``."""
@@ -99,18 +171,7 @@ def _expanded_nodes(ctx, function, node):
     given.update({a.name: a for a in node.attribute})
     nodes = []
     for body in function.node:
-        attrs = []
-        for att in body.attribute:
-            if att.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
-                ctx.fail("its function body holds subgraphs")
-            if att.ref_attr_name:
-                if att.ref_attr_name not in given:
-                    continue
-                new = AttributeProto()
-                new.CopyFrom(given[att.ref_attr_name])
-                new.name = att.name
-                att = new
-            attrs.append(att)
+        attrs = _resolved_attributes(ctx, body, given, rename)
         new_node = helper.make_node(
             body.op_type, [rename(i) for i in body.input],
             [rename(o) for o in body.output], domain=body.domain,
@@ -151,9 +212,17 @@ def _at_model_opset(ctx, nodes, inputs, outputs, opset):
 
 
 def _record_types(ctx, nodes, inputs, outputs):
+    """Infer the types of the expansion's values into ``ctx.g.types``.
+    They are fresh names: a second call, after constant folding, refines
+    what the first one found (a Split whose sizes were computed from a
+    Shape gets its output shapes once those sizes are constants)."""
     model = _typed_model(ctx, nodes, inputs, outputs, ctx.opset)
+    produced = {o for n in nodes for o in n.output if o}
     for name, info in infer_value_types(model).items():
-        ctx.g.types.setdefault(name, info)
+        if name in produced:
+            ctx.g.types[name] = info
+        else:
+            ctx.g.types.setdefault(name, info)
 
 
 def _fold(ctx, node, known, ranks):
@@ -175,7 +244,7 @@ def _fold(ctx, node, known, ranks):
     if node.op_type == "Size" and node.input[0] in ranks:
         return [np.array(ranks[node.input[0]], dtype=np.int64)]
     inputs = [i for i in node.input if i]
-    if (node.domain or "Random" in node.op_type
+    if (node.domain or "Random" in node.op_type or implicit_inputs(node)
             or not all(i in known for i in inputs)):
         return None
     try:
@@ -206,13 +275,15 @@ def _fold_constants(ctx, nodes):
 
 def _prune(g, start, count):
     """Drop the expansion's nodes (``g.nodes[start:start + count]``) whose
-    outputs no gradient node reads."""
-    needed = {i for n in g.nodes[start + count:] for i in n.input}
+    outputs no gradient node reads (subgraphs included)."""
+    needed = {i for n in g.nodes[start + count:]
+              for i in list(n.input) + implicit_inputs(n)}
     kept = []
     for node in reversed(g.nodes[start:start + count]):
         if any(o in needed for o in node.output):
             kept.append(node)
             needed.update(node.input)
+            needed.update(implicit_inputs(node))
     g.nodes[start:start + count] = kept[::-1]
 
 
@@ -222,6 +293,7 @@ def vjp_by_expansion(ctx, *grad_outputs):
     nodes, outputs = _expanded_nodes(ctx, function, node)
     nodes = _at_model_opset(ctx, nodes, node.input, outputs,
                             _body_opset(function))
+    _record_types(ctx, nodes, node.input, outputs)  # shapes to fold
     nodes, known = _fold_constants(ctx, nodes)
     _record_types(ctx, nodes, node.input, outputs)
     wrt = [i for i, need in zip(node.input, ctx.needs_grad) if need]
