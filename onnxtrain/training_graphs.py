@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import onnx
 from onnx import TensorProto, helper
 
 from .autodiff import build_fused_model
@@ -144,8 +145,14 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         outputs += [helper.make_tensor_value_info(f"{s}__new", elem_type, shape)
                     for s in group]
     n_forward = len(model.graph.node)  # fused nodes: forward, then backward
+    backward_nodes = list(fused.graph.node[n_forward:])
+    if "learning_rate" in scalars:
+        backward_nodes, update_nodes = _fold_learning_rate(
+            backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
+            "learning_rate", taken | {n for node in loss_nodes + update_nodes
+                                      for n in node.output})
     nodes = (list(fused.graph.node[:n_forward]) + loss_nodes
-             + list(fused.graph.node[n_forward:]) + update_nodes)
+             + backward_nodes + update_nodes)
     graph = helper.make_graph(
         nodes, "training_step",
         inputs, outputs,
@@ -153,6 +160,51 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
     data = [x.name, target_name] + ([weight_name] if weighted else [])
     return TrainingStep(step, data, scalars, list(wrt), states)
+
+
+def _fold_learning_rate(backward, update, seed, grads, rate, taken):
+    """Scale the backward pass's seed by the learning rate instead of every
+    weight gradient, when the update only ever reads ``rate * gradient``.
+
+    The backward pass is linear in its seed dE/dY, so ``rate * dW`` equals
+    the gradient of ``rate * dE/dY``: one Mul on the (batch, outputs) seed
+    replaces one Mul per weight (SGD, momentum, Nesterov; not Adam, nor a
+    penalty added to the gradient first). Returns (backward, update) nodes,
+    unchanged when the pattern does not hold."""
+    readers = {}
+    for node in backward + update:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    scaling = []
+    for grad in grads:
+        users = readers.get(grad, [])
+        if (len(users) != 1 or users[0] not in update or users[0].op_type != "Mul"
+                or sorted(users[0].input) != sorted([grad, rate])):
+            return backward, update
+        scaling.append(users[0])
+    if any(node not in backward for node in readers.get(seed, [])):
+        return backward, update
+    scaled = next(f"{seed}__scaled{k or ''}" for k in range(len(taken) + 1)
+                  if f"{seed}__scaled{k or ''}" not in taken)
+    folded = {node.output[0]: grad for node, grad in zip(scaling, grads)}
+    new_backward = [helper.make_node("Mul", [seed, rate], [scaled],
+                                     name=f"{scaled}_node")]
+    for node in backward:
+        new_backward.append(_with_inputs(node, {seed: scaled}))
+    new_update = [_with_inputs(node, folded) for node in update
+                  if node not in scaling]
+    return new_backward, new_update
+
+
+def _with_inputs(node, rename):
+    """``node``, or a copy reading ``rename[name]`` instead of ``name``."""
+    if not any(i in rename for i in node.input):
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    del copy.input[:]
+    copy.input.extend(rename.get(i, i) for i in node.input)
+    return copy
 
 
 def _free_shape(shape):
@@ -202,11 +254,15 @@ def build_training_loop(step):
     starts = g.op("Range", g.const(0, int64), rows, "batch_size")
     ends = g.op("Min", g.op("Add", starts, "batch_size"), rows)
     n_batches = g.op("Gather", g.shape_of(starts), g.const(0, int64))
-    per_step = {"starts": g.unsqueeze(starts, [1]), "ends": g.unsqueeze(ends, [1]),
-                "step": g.op("Add", "step", g.cast(
-                    g.op("Range", g.const(0, int64), n_batches, g.const(1, int64)),
-                    elem_type))}
-    if len(step.data_inputs) <= 2:
+    per_step = {"starts": g.unsqueeze(starts, [1]), "ends": g.unsqueeze(ends, [1])}
+    # a step rule without a schedule or a penalty reads neither: no kernel
+    # computes them then
+    read = {name for node in graph.node for name in node.input}
+    if "step" in read:
+        per_step["step"] = g.op("Add", "step", g.cast(
+            g.op("Range", g.const(0, int64), n_batches, g.const(1, int64)),
+            elem_type))
+    if "penalty_scale" in read and len(step.data_inputs) <= 2:
         per_step["penalty_scale"] = g.op("Reciprocal", g.cast(
             g.op("Sub", ends, starts), elem_type))
     body = _loop_body(step, opset, carried, per_step, g.used_names)
@@ -231,9 +287,10 @@ def build_training_loop(step):
 def _loop_body(step, opset, carried, per_step, outer_names):
     """The Loop body: gather the step's values, slice batch i, run the step.
 
-    ``per_step`` maps ``starts``/``ends`` (shape (n_batches, 1)), ``step``
-    and, without sample weights, ``penalty_scale`` (shape (n_batches,)) to
-    the outer-scope vectors holding them."""
+    ``per_step`` maps ``starts``/``ends`` (shape (n_batches, 1)) and, when
+    the step reads them, ``step`` and (without sample weights)
+    ``penalty_scale`` (shape (n_batches,)) to the outer-scope vectors
+    holding them."""
     graph = step.model.graph
     by_name = {i.name: i for i in graph.input}
     taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
@@ -246,12 +303,14 @@ def _loop_body(step, opset, carried, per_step, outer_names):
     for name in step.data_inputs:
         rename[name] = g.op("Slice", name, starts, ends, g.int64s([0]))
     elem_type = by_name[step.data_inputs[1]].type.tensor_type.elem_type
+    read = {name for node in graph.node for name in node.input}
     if "penalty_scale" in per_step:
         rename["penalty_scale"] = g.op("Gather", per_step["penalty_scale"], "iter__")
-    else:  # 1 / the sum of the batch's sample weights
+    elif "penalty_scale" in read:  # 1 / the sum of the batch's sample weights
         rename["penalty_scale"] = g.op("Reciprocal", g.reduce_sum(
             rename[step.data_inputs[2]], None, keepdims=0))
-    rename["step"] = g.op("Gather", per_step["step"], "iter__")
+    if "step" in per_step:
+        rename["step"] = g.op("Gather", per_step["step"], "iter__")
     rename.update({c: f"{c}__in" for c in carried})  # no outer-name shadowing
     body_nodes = g.nodes + _renamed_nodes(graph.node, rename)
     outputs = [helper.make_tensor_value_info("cond__out", TensorProto.BOOL, [])]
