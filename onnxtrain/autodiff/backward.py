@@ -283,6 +283,7 @@ def backward(model, wrt, outputs=None):
         grads[out] = [name]
     reverse_pass(g, path, grads, upstream, _constants(model))
     grad_names = [_final_gradient(g, grads, w) for w in wrt]
+    fold_output_identities(g.nodes, grad_names)
     return BackwardGraph(g, list(wrt), list(outputs), grad_output_names,
                          grad_names, types, model if named else None)
 
@@ -321,6 +322,87 @@ def _final_gradient(g, grads, w):
         zero = g.const(0, g.elem_type(w))
         return g.op("Expand", zero, g.shape_of(w), outputs=[name])
     return g.op("Identity", total, outputs=[name])
+
+
+def _rename_reads(nodes, old, new):
+    """Make ``nodes`` (and the subgraphs they hold, where ``old`` is not
+    defined locally) read ``new`` wherever they read ``old``."""
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+        for att in node.attribute:
+            for graph in list(att.graphs) + ([att.g] if att.HasField("g")
+                                              else []):
+                local = {v.name for v in graph.input}
+                local |= {v.name for v in graph.initializer}
+                local |= {o for n in graph.node for o in n.output}
+                if old in local:  # shadowed: the subgraph's own value
+                    continue
+                _rename_reads(graph.node, old, new)
+                for out in graph.output:
+                    if out.name == old:
+                        out.name = new
+
+
+def fold_output_identities(nodes, outputs):
+    """Drop the Identity nodes producing the graph outputs ``outputs`` from
+    a value another node of ``nodes`` produces: that node writes the output
+    itself and every reader of the value reads the output instead (in
+    place; chains of Identity are folded too).
+
+    Why: onnxruntime 1.32 breaks a graph (or a Scan/Loop/If body) in which
+    an output is the Identity of a value v that a MatMul also reads, once
+    that MatMul is followed by an Add and one of its operands is a
+    Transpose read by nothing else (the gradients of ``x @ W`` produce this
+    pattern: the gradient of W reads Transpose(x) and the gradient of the
+    pre-activation, which may be exactly the gradient of an input or of a
+    scan input). MatMulAddFusion makes a Gemm; GemmTransposeFusion
+    rebuilds it without the Transpose and moves only the Transpose's input
+    edges to the new Gemm, so the edge v -> Gemm is missing until the graph
+    is resolved again; EliminateIdentity, in the same pass (level 1, so
+    ORT_ENABLE_BASIC already), then sees the Identity as v's only reader,
+    removes it and renames v to the output, and the Gemm reads a v that no
+    longer exists ("Missing Input: v" at run time in a subgraph, "Node
+    input 'v' is not a graph input, initializer, or output of a previous
+    node" at session creation in the main graph). Without the Identity,
+    the Gemm and the output name one value; renaming it is harmless.
+
+    A value that no node of ``nodes`` produces (an input, an initializer,
+    an outer-scope value) keeps its Identity, as does one that is already
+    an output (a second output of the same value).
+    """
+    outputs = list(outputs)
+    wanted = set(outputs)
+    producers = {o: n for n in nodes for o in n.output if o}
+    readers = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    holders = [n for n in nodes if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for a in n.attribute)]  # their subgraphs may read the value too
+    removed = set()
+    for out in outputs:
+        while True:
+            node = producers.get(out)
+            if (node is None or node.op_type != "Identity"
+                    or node.domain not in ("", "ai.onnx")):
+                break
+            value = node.input[0]
+            source = producers.get(value)
+            if source is None or value in wanted:
+                break
+            removed.add(id(node))
+            source.output[list(source.output).index(value)] = out
+            producers[out] = source
+            del producers[value]
+            moved = [r for r in readers.pop(value, []) if r is not node]
+            _rename_reads(moved, value, out)
+            _rename_reads(holders, value, out)
+            readers.setdefault(out, []).extend(moved)
+    if removed:
+        nodes[:] = [n for n in nodes if id(n) not in removed]
 
 
 def trainable_initializers(model, candidates=None):

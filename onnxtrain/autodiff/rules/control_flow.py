@@ -50,7 +50,8 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from ...graph import FLOAT_TYPES, GraphBuilder, infer_value_types
 from ..backward import (_accumulate, _check_rules, _dependents, _path_nodes,
-                        constant_node_value, implicit_inputs, reverse_pass)
+                        constant_node_value, fold_output_identities,
+                        implicit_inputs, reverse_pass)
 from ..registry import register_vjp
 
 
@@ -207,6 +208,7 @@ def _branch_gradient(ctx, graph, grad_outputs, wrt, what):
             total = _zeros_like(sg, w)
         sg.op("Identity", total, outputs=[name])
         names.append(name)
+    fold_output_identities(sg.nodes, names)  # see there: onnxruntime 1.32
     return sg.make_graph(
         f"{graph.name or what}_gradient", [],
         [_grad_value_info(ctx, n, w) for n, w in zip(names, wrt)])
@@ -260,7 +262,9 @@ def _slice_type(info, axes=(0,)):
 
 def _identity_outputs(sg, names, base):
     """Fresh names, each the Identity of one of ``names`` (graph outputs
-    must be produced by a node of the graph)."""
+    must be produced by a node of the graph). Once the graph is complete,
+    :func:`fold_output_identities` drops those copying a value a node of
+    the graph produces (onnxruntime 1.32 may otherwise break the graph)."""
     return [sg.op("Identity", n, outputs=[sg.unique_name(f"{base}_{i}")])
             for i, n in enumerate(names)]
 
@@ -416,6 +420,7 @@ def _stacking_graph(ctx, body, types, keep, keep_types, stack, what,
         out_infos.append(count)
     outs += _identity_outputs(sg, [names[k] for k in stack], "stacked_in")
     _prune(sg.nodes, len(nodes))
+    fold_output_identities(sg.nodes, outs)
     out_vis = [helper.make_value_info(n, _tensor_type(t)) for n, t in zip(
         outs, out_infos + [types[k] for k in stack])]
     return sg.make_graph(f"{what.replace(' ', '_')}_states", vis, out_vis)
@@ -508,6 +513,7 @@ def _scan_gradient_graph(ctx, lay, types, states, xs, gz, params):
                  + [types[m] for m in xs])
     out_vis = [helper.make_value_info(n, _tensor_type(t))
                for n, t in zip(outs, out_infos)]
+    fold_output_identities(sg.nodes, outs)
     return sg.make_graph("scan_gradient", in_vis, out_vis)
 
 
@@ -740,6 +746,7 @@ def _loop(ctx, *grad_outputs):
                  + [g.types[p] for p in params])
     out_vis = [helper.make_value_info(n, _tensor_type(t))
                for n, t in zip(outs, out_infos)]
+    fold_output_identities(sg.nodes, outs)
     graph = sg.make_graph("loop_gradient", in_vis, out_vis)
 
     if stack or counted:  # the forward Loop stacking the carried values

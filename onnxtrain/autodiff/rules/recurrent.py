@@ -134,10 +134,10 @@ def _check_attributes(ctx):
 # emission helpers
 # ---------------------------------------------------------------------------
 
-def _split(g, x, n, axis, always=False):
+def _split(g, x, n, axis):
     """``n`` equal parts of ``x`` along a static ``axis`` (``[x]`` when
-    ``n`` is 1, unless ``always``)."""
-    if n == 1 and not always:
+    ``n`` is 1)."""
+    if n == 1:
         return [x]
     attrs = {"num_outputs": n} if g.opset >= 18 else {}
     parts = g.op("Split", x, axis=axis, n_outputs=n, **attrs)
@@ -378,15 +378,8 @@ class _Expansion:
         return y, outs[0], outs[1] if lstm else None
 
     def _body(self, d, outer, n_states):
-        """The Scan body: one step of direction ``d``.
-
-        The step's input projection is split into gates here, even into
-        one part for RNN: its gradient, a scan output of the gradient Scan,
-        is then a Concat that nothing else reads. Where a subgraph output
-        is the Identity of a value that a MatMul also reads, onnxruntime
-        1.32's graph optimizations (MatMulAddFusion, GemmTransposeFusion,
-        EliminateIdentity together) produce a Gemm reading a value that no
-        longer exists ("Missing Input")."""
+        """The Scan body: one step of direction ``d`` (the step's input
+        projection is split into gates here)."""
         ctx, dtype, hidden = self.ctx, self.dtype, self.hidden
         n_gates = len(_GATES[self.op_type])
         sg = _sub_builder(ctx)
@@ -401,7 +394,7 @@ class _Expansion:
             sg.set_type(name, dtype, shape)
         step = _Step(sg, dtype, self.activations[d], ctx.attr("clip"))
         states = names[:n_states]
-        xs = _split(sg, names[n_states], n_gates, 1, always=True)
+        xs = _split(sg, names[n_states], n_gates, 1)
         if self.op_type == "RNN":
             new = _rnn_step(step, states[0], xs, outer)
         elif self.op_type == "GRU":
