@@ -91,6 +91,23 @@ def test_auto_takes_the_loop(regression):
     assert est.training_path_ == "loop"
 
 
+def test_auto_takes_the_fused_step_for_big_parameters(regression, monkeypatch):
+    """Above LOOP_MAX_PARAMETER_BYTES the Loop's extra copies of the
+    parameters cost more than they save; the bytes counted are the weights'
+    and the optimizer state's (two velocities here double them)."""
+    from onnxtrain.estimators import _base
+    X, y, onx = regression
+    rate = LearningRateSGDNesterov(0.01, learning_rate="constant", momentum=0.9)
+    est = OrtGradientForwardBackwardOptimizer(onx, learning_rate=rate, max_iter=1)
+    est.fit(X, y)
+    weights = sum(w.nbytes for w in est.get_state())
+    assert est._trainer.parameter_bytes() == 2 * weights
+    monkeypatch.setattr(_base, "LOOP_MAX_PARAMETER_BYTES", 2 * weights - 1)
+    assert est.fit(X, y).training_path_ == "fused"
+    monkeypatch.setattr(_base, "LOOP_MAX_PARAMETER_BYTES", 2 * weights)
+    assert est.fit(X, y).training_path_ == "loop"
+
+
 def test_non_finite_loss_stops_at_the_same_step_on_every_path(regression):
     X, y, onx = regression
     states = []

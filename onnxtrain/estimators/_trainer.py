@@ -14,6 +14,9 @@ from ..training_graphs import (build_epochs_loop, build_training_loop,
 
 __all__ = ["Trainer"]
 
+_ITEMSIZE = {"tensor(float16)": 2, "tensor(bfloat16)": 2, "tensor(float)": 4,
+             "tensor(double)": 8}
+
 
 def _softmax_cross_entropy_on_logits(model, loss):
     """Cross-entropy on the probabilities of a final Softmax, rewritten as
@@ -216,6 +219,13 @@ class Trainer:
                 weighted)
         except ValueError as exc:
             return str(exc)
+
+    def parameter_bytes(self):
+        """Bytes taken by the weights and the optimizer state."""
+        values = [v for w, state in zip(self.engine.weights, self.state)
+                  for v in [w, *state]]
+        return sum(int(np.prod(v.shape())) * _ITEMSIZE.get(v.data_type(), 8)
+                   for v in values)
 
     def flops_per_step(self, rows):
         """Estimated work of a step on ``rows`` rows: forward and backward

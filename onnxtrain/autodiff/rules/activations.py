@@ -6,9 +6,12 @@ from ..registry import register_vjp
 
 @register_vjp("Relu")
 def _relu(ctx, gy):
-    # gy * (x > 0): a cast mask and a Mul run about 3x faster than Where in
-    # onnxruntime, and this rule sits in every step of every MLP
-    mask = ctx.g.cast(ctx.op("Greater", ctx.inputs[0], ctx.const(0)), ctx.dtype)
+    # gy * (y > 0), y = relu(x) (y > 0 exactly where x > 0): a cast mask and
+    # a Mul run about 3x faster than Where in onnxruntime, and this rule sits
+    # in every step of every MLP. Reading y rather than x leaves x with one
+    # reader, the Relu, so onnxruntime fuses a Gemm/MatMul producing x with
+    # the Relu (one pass over the activations less per step)
+    mask = ctx.g.cast(ctx.op("Greater", ctx.outputs[0], ctx.const(0)), ctx.dtype)
     return ctx.op("Mul", gy, mask)
 
 
