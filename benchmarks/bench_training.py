@@ -27,8 +27,9 @@ fit, which builds the graphs and sessions, and the warm fit; the ONNX graph
 given to fit is converted before the measurement starts, as PyTorch is
 imported before it). The table prints the
 ratio to scikit-learn measured in the same run, and the compute bound:
-measured float32 GEMM GFLOP/s divided by the FLOPs of one step (3 times
-the forward FLOPs).
+measured float32 GEMM GFLOP/s divided by the FLOPs of one step's matrix
+products (3 times the forward FLOPs, less the first layer's input
+gradient, which no system computes).
 """
 from __future__ import annotations
 
@@ -258,10 +259,14 @@ def _time(fn):
 
 
 def step_flops(name, n_features, n_out):
+    """FLOPs of the matrix products of one step: forward, the weight
+    gradients, and the gradients of every layer's input but the first (no
+    system computes the gradient of the data): 3 times the forward FLOPs
+    minus the first layer's once."""
     w = WORKLOADS[name]
     layers = [n_features, *w["hidden"], n_out]
-    forward = sum(2 * w["batch"] * a * b for a, b in zip(layers, layers[1:]))
-    return 3 * forward
+    products = [2 * w["batch"] * a * b for a, b in zip(layers, layers[1:])]
+    return 3 * sum(products) - products[0]
 
 
 def main(argv=None):
