@@ -117,6 +117,8 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     _check_free([target_name, weight_name, "loss"] + scalars
                 + [s for group in states for s in group], taken)
 
+    types = infer_value_types(model)
+    elem_type, out_shape = types[prediction]
     loss_rename = {"X1": target_name, "X2": prediction, "Y": "loss__Y",
                    "Y_grad": bg.grad_output_names[0], "weight": weight_name}
     loss_nodes, loss_inits = _inline(loss_model, "loss__", loss_rename)
@@ -128,8 +130,6 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
             update_rename.update({s: s, f"{s}_new": f"{s}__new"})
     update_nodes, update_inits = _inline(update_model, "update__", update_rename)
 
-    types = infer_value_types(model)
-    elem_type, out_shape = types[prediction]
     x = [i for i in model.graph.input if i.name not in set(wrt)][0]
     inputs = [x, helper.make_tensor_value_info(target_name, elem_type,
                                                _free_shape(out_shape))]
@@ -146,7 +146,7 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
                     for s in group]
     n_forward = len(model.graph.node)  # fused nodes: forward, then backward
     backward_nodes = list(fused.graph.node[n_forward:])
-    if "learning_rate" in scalars:
+    if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes, elem_type):
         backward_nodes, update_nodes = _fold_learning_rate(
             backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
             "learning_rate", taken | {n for node in loss_nodes + update_nodes
@@ -160,6 +160,18 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
     data = [x.name, target_name] + ([weight_name] if weighted else [])
     return TrainingStep(step, data, scalars, list(wrt), states)
+
+
+def _can_fold(nodes, elem_type):
+    """Whether :func:`_fold_learning_rate` may run: not in float16/bfloat16
+    (the per-row seed times a small learning rate would round to float16's
+    subnormals or to zero before the batch sum; float32 and float64 keep
+    it), and not when subgraphs (If, Loop, Scan bodies) may read the seed
+    from the enclosing scope, which the renaming would not reach."""
+    if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        return False
+    return not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                   for node in nodes for a in node.attribute)
 
 
 def _fold_learning_rate(backward, update, seed, grads, rate, taken):

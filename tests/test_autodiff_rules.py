@@ -674,13 +674,31 @@ def test_gather_with_a_scalar_index(opset):
 
 @pytest.mark.parametrize("opset, message", [
     (7, "differentiates opset 8 and newer"),
-    # the bias gradient (ones @ grad) needs ConstantOfShape, born at opset 9
-    (8, "ConstantOfShape does not exist at opset 8 (it needs opset >= 9)")])
+    # LeakyRelu's gradient selects with Where, born at opset 9
+    (8, "The gradient of LeakyRelu node 'Y_node': Where does not exist at opset 8 "
+        "(it needs opset >= 9); upgrade the model with "
+        "onnx.version_converter.convert_version(model, 9)")])
 def test_old_opsets_are_refused_with_what_to_upgrade(opset, message):
-    model = _model([("MatMul", ["X", "W"], ["Z"], {}), ("Add", ["Z", "B"], ["Y"], {})],
+    model = _model([("MatMul", ["X", "W"], ["Z"], {}), ("LeakyRelu", ["Z"], ["Y"], {})],
                    {"X": (TensorProto.FLOAT, ["N", 3])},
                    {"Y": (TensorProto.FLOAT, ["N", 2])},
-                   {"W": np.ones((3, 2), np.float32), "B": np.ones((1, 2), np.float32)},
-                   opset=opset)
+                   {"W": np.ones((3, 2), np.float32)}, opset=opset)
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_gradient_models(model, ["W", "B"])
+        build_gradient_models(model, ["W"])
+
+
+def test_opset_8_dense_layer_and_max_pool_gradients():
+    """At opset 8 a bias gradient is a ReduceSum (ConstantOfShape, used at
+    9+, does not exist) and MaxPool's is a Scatter (ScatterElements is 11+)."""
+    weights = {"W": RNG.normal(size=(3, 2)), "B": RNG.normal(size=(1, 2))}
+    dense = _model([("MatMul", ["X", "W"], ["Z"], {}), ("Add", ["Z", "B"], ["Y"], {})],
+                   {"X": (D, ["N", 3])}, {"Y": (D, ["N", 2])}, weights, opset=8)
+    # (below IR 4 the initializers are graph inputs too: fed their values)
+    _check_split(dense, ["W", "B", "X"], {"X": RNG.normal(size=(4, 3)), **weights})
+    assert "ReduceSum" in {n.op_type for n in
+                           build_gradient_models(dense, ["B"]).backward_model.graph.node}
+    pool = _model([("MaxPool", ["X"], ["Y"], {"kernel_shape": [2, 2], "strides": [2, 2]})],
+                  {"X": (D, [1, 1, 4, 4])}, {"Y": (D, [1, 1, 2, 2])}, {}, opset=10)
+    _check_split(pool, ["X"], {"X": RNG.permutation(16).reshape(1, 1, 4, 4) * 0.5})
+    gm = build_gradient_models(pool, ["X"])
+    assert "Scatter" in {n.op_type for n in gm.backward_model.graph.node}

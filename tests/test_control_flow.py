@@ -536,3 +536,23 @@ def test_loop_without_trip_count():
     model = _loop_model(cond="counter")
     model.graph.node[0].input[0] = ""
     _check_loop(model, ["W", "U", "V", "h0", "X"], n=4, iterations=3)
+
+
+def test_scan_without_states_a_map():
+    """A Scan with scan inputs and outputs only (y_t = tanh(x_t * W)): its
+    gradient has no state to recompute (no empty Scan in the graph)."""
+    D = TensorProto.DOUBLE
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["x_t", "W"], ["m_t"]),
+         helper.make_node("Tanh", ["m_t"], ["y_out"])],
+        "body", [vi("x_t", D, [3])], [vi("y_out", D, [3])])
+    rng = np.random.default_rng(11)
+    weights = {"W": rng.normal(size=(3,))}
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["X"], ["Y"], body=body, num_scan_inputs=1)],
+        "g", [vi("X", D, ["T", 3])], [vi("Y", D, ["T", 3])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _check_gradients(model, ["W", "X"], {"X": rng.normal(size=(4, 3)), **weights})

@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 import pytest
 from numpy.testing import assert_allclose
 from sklearn.exceptions import ConvergenceWarning
@@ -169,3 +170,71 @@ def test_cuda_paths_match_cpu(regression, path):
     assert_allclose(fits[1].train_losses_, fits[0].train_losses_, rtol=1e-4)
     for a, b in zip(fits[1].get_state(), fits[0].get_state()):
         assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _one_sgd_step(model, weights, X, y, lr, elem_type=TensorProto.FLOAT):
+    """(new weights, step graph) of build_training_step with SGD at ``lr``."""
+    import onnxruntime
+    from onnxtrain.losses import SquareLearningLoss
+    from onnxtrain.training_graphs import build_training_step
+    dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    rate = LearningRateSGD(lr, learning_rate="constant")
+    loss = SquareLearningLoss().build_onnx(elem_type, 17, rank=2)
+    update = rate.build_onnx([(w, v.shape) for w, v in weights.items()], elem_type,
+                             17, None, [])
+    step = build_training_step(model, list(weights), loss, update, rate.state_names,
+                               rate.scalar_names)
+    sess = onnxruntime.InferenceSession(step.model.SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+    feeds = {"X": X.astype(dtype), "target__": y.astype(dtype),
+             "learning_rate": np.array(lr, dtype), "step": np.array(1, dtype),
+             "penalty_scale": np.array(1 / len(X), dtype)}
+    feeds.update({w: v.astype(dtype) for w, v in weights.items()})
+    feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
+    return sess.run(None, feeds)[1:], step.model
+
+
+def _linear_model(elem_type=TensorProto.FLOAT, with_if=False):
+    """Y = X @ W + B, or Y = If(cond, X @ W + B, -(X @ W + B)) with cond true."""
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["h0"]),
+             helper.make_node("Add", ["h0", "B"], ["h" if with_if else "Y"])]
+    inits = [helper.make_tensor("B", elem_type, [1, 1], [0.0])]
+    if with_if:
+        then_g = helper.make_graph([helper.make_node("Identity", ["h"], ["t"])], "then",
+                                   [], [vi("t", elem_type, None)])
+        else_g = helper.make_graph([helper.make_node("Neg", ["h"], ["e"])], "else",
+                                   [], [vi("e", elem_type, None)])
+        nodes.append(helper.make_node("If", ["cond"], ["Y"], then_branch=then_g,
+                                      else_branch=else_g))
+        inits.append(helper.make_tensor("cond", TensorProto.BOOL, [], [True]))
+    inits.append(helper.make_tensor("W", elem_type, [3, 1], [0.0] * 3))
+    graph = helper.make_graph(nodes, "g", [vi("X", elem_type, [None, 3])],
+                              [vi("Y", elem_type, [None, 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("with_if, elem_type, folded", [
+    (False, TensorProto.FLOAT, True),
+    # subgraphs may read dE/dY from the enclosing scope: not folded
+    (True, TensorProto.FLOAT, False),
+    # in float16 the per-row seed times the rate would lose digits: not folded
+    (False, TensorProto.FLOAT16, False)])
+def test_fused_sgd_step_applies_the_learning_rate_once(with_if, elem_type, folded):
+    """The fused step scales dE/dY by the learning rate (one Mul) instead of
+    every weight gradient when that is exact, and its step equals numpy's
+    W - lr * X^T (X W + B - y) / n either way."""
+    rng = np.random.default_rng(3)
+    X, y = rng.normal(size=(20, 3)), rng.normal(size=(20, 1))
+    weights = {"W": rng.normal(size=(3, 1)), "B": rng.normal(size=(1, 1))}
+    (w_new, b_new), step = _one_sgd_step(_linear_model(elem_type, with_if), weights,
+                                         X, y, 0.05, elem_type)
+    readers = [n for n in step.graph.node if "learning_rate" in n.input]
+    assert len(readers) == (1 if folded else 2)
+    residual = (X @ weights["W"] + weights["B"] - y) / len(X)
+    rtol = 1e-5 if elem_type == TensorProto.FLOAT else 5e-3
+    assert_allclose(w_new, weights["W"] - 0.05 * X.T @ residual, rtol=rtol, atol=rtol)
+    assert_allclose(b_new, weights["B"] - 0.05 * residual.sum(axis=0, keepdims=True),
+                    rtol=rtol, atol=rtol)

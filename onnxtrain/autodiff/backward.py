@@ -8,7 +8,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..exceptions import MissingVJPRuleError
-from ..graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
+from ..graph import (FLOAT_TYPES, GraphBuilder, OpsetError, infer_value_types,
+                     opset_of)
 from .context import VJPContext, sum_to
 from .registry import get_vjp_rule, is_nondifferentiable
 
@@ -184,13 +185,17 @@ def _apply_rule(g, node, grads, upstream, constants):
     needs = [bool(i) and i in upstream for i in inputs]
     ctx = VJPContext(node, g, needs[:len(node.input)], constants,
                      implicit, needs[len(node.input):])
-    results = _normalize_result(rule.fn(ctx, *gys), len(inputs))
-    for name, need, grad in zip(inputs, needs, results):
-        if not need or grad is None:
-            continue
-        if rule.unbroadcast:
-            grad = sum_to(g, grad, g.shape(node.output[0]), name)
-        grads.setdefault(name, []).append(grad)
+    try:
+        results = _normalize_result(rule.fn(ctx, *gys), len(inputs))
+        for name, need, grad in zip(inputs, needs, results):
+            if not need or grad is None:
+                continue
+            if rule.unbroadcast:
+                grad = sum_to(g, grad, g.shape(node.output[0]), name)
+            grads.setdefault(name, []).append(grad)
+    except OpsetError as exc:
+        raise ValueError(f"The gradient of {node.op_type} node {node.name!r}: "
+                         f"{exc}.") from exc
 
 
 def reverse_pass(g, path, grads, upstream, constants):
@@ -242,7 +247,7 @@ def backward(model, wrt, outputs=None):
     ValueError
         Unknown names in ``wrt`` or ``outputs``, no output depends on wrt, or
         a model opset below 8, or a rule needing an op the model's opset
-        lacks (the message names both).
+        lacks (the message names the node, the op and the opset it needs).
     MissingVJPRuleError
         A node on the path has no VJP rule (the message names op type,
         domain, node name and the weights upstream).

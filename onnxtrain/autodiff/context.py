@@ -64,7 +64,8 @@ def sum_to(g, grad, grad_shape, target):
             static_axes.append(axis)
         else:
             runtime_axes.append(axis)
-    if static_axes == [0] and len(to_shape) == 2 and target in g.types:
+    if (static_axes == [0] and len(to_shape) == 2 and target in g.types
+            and g.opset >= 9):  # ConstantOfShape is born at opset 9
         grad = _sum_rows(g, grad, g.elem_type(target))
     elif static_axes:
         grad = g.reduce_sum(grad, static_axes, keepdims=1)

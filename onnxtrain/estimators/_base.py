@@ -29,9 +29,10 @@ logger = logging.getLogger("onnxtrain")
 _OPSET = 17
 #: 'auto' trains with the fused step rather than the in-graph loop when the
 #: weights and optimizer state take more than this many bytes: the Loop holds
-#: about three more copies of them (measured on W3, 5.4 MB of weights and
-#: velocities: peak 49 MB with the loop, 34 MB with the fused step), which
-#: its speed (1.1x-1.2x the fused step on W3) does not pay for on big models.
+#: about three more copies of them (W3 of benchmarks/bench_training.py,
+#: 5.4 MB of weights and velocities: the fits peak at 49-51 MB with the loop,
+#: 34-39 MB with the fused step, over two runs), which its speed (1.1x-1.2x
+#: the fused step on W3) does not pay for on big models.
 LOOP_MAX_PARAMETER_BYTES = 64 * 2 ** 20
 
 

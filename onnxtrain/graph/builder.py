@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["GraphBuilder", "Dim", "elem_type_to_numpy", "numpy_to_elem_type",
-           "FLOAT_TYPES"]
+           "FLOAT_TYPES", "OpsetError"]
 
 #: ONNX element types onnxtrain differentiates.
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE,
@@ -59,8 +59,26 @@ def _saturating_array(value, dtype):
     return array.astype(dtype)
 
 
+class OpsetError(ValueError):
+    """An op does not exist in the default domain at the graph's opset.
+
+    Attributes: ``op_type``, ``opset`` and ``since`` (the first opset that
+    has it, None when no later opset does)."""
+
+    def __init__(self, op_type, opset, since):
+        self.op_type, self.opset, self.since = op_type, opset, since
+        if since is None:
+            text = (f"{op_type} is not a default-domain op at opset {opset} or "
+                    "any later one")
+        else:
+            text = (f"{op_type} does not exist at opset {opset} (it needs opset "
+                    f">= {since}); upgrade the model with "
+                    f"onnx.version_converter.convert_version(model, {since})")
+        super().__init__(text)
+
 
 def _has_schema(op_type, opset):
+    """Whether the default domain defines ``op_type`` at ``opset``."""
     try:
         onnx.defs.get_schema(op_type, opset, "")
     except onnx.defs.SchemaError:
@@ -70,15 +88,11 @@ def _has_schema(op_type, opset):
 
 @functools.lru_cache(maxsize=None)
 def _check_op_exists(op_type, opset):
-    """Raise ValueError if ``op_type`` has no default-domain schema at ``opset``."""
+    """Raise OpsetError if ``op_type`` has no default-domain schema at ``opset``."""
     if not _has_schema(op_type, opset):
         since = next((v for v in range(opset + 1, onnx.defs.onnx_opset_version() + 1)
                       if _has_schema(op_type, v)), None)
-        raise ValueError(
-            f"{op_type} does not exist at opset {opset}"
-            + ("" if since is None else f" (it needs opset >= {since})")
-            + "; upgrade the model with onnx.version_converter.convert_version."
-        ) from None
+        raise OpsetError(op_type, opset, since)
 
 
 class GraphBuilder:
@@ -159,9 +173,9 @@ class GraphBuilder:
 
         Raises
         ------
-        ValueError
-            If ``op_type`` does not exist in the default domain at the
-            builder's opset (e.g. ``Range`` in an opset-9 graph): the message
+        OpsetError
+            (a ValueError) If ``op_type`` does not exist in the default
+            domain at the builder's opset (e.g. ``Range`` in an opset-9 graph): the message
             names the op and the opset to upgrade to.
         """
         if domain in ("", "ai.onnx"):

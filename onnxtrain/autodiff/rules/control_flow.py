@@ -564,7 +564,8 @@ def _scan(ctx, *grad_outputs):
           if ctx.needs_grad[first + k] and floats[k]]
     gz = [j for j in range(lay.n_scan_out) if grad_outputs[n_state + j]]
     graph = _scan_gradient_graph(ctx, lay, types, states, xs, gz, params)
-    stacks = _states_stack(ctx, lay, types)
+    # a Scan without states (a map) recomputes nothing: no stack to read
+    stacks = _states_stack(ctx, lay, types) if lay.n_state else []
 
     init_gs = [grad_outputs[k] or _zeros_like(g, ctx.inputs[first + k])
                for k in states]

@@ -337,17 +337,20 @@ def _scatter_product(ctx, gy, gather, scatter):
     data, _, updates = ctx.inputs
     zero = ctx.op("Equal", updates, ctx.const(0))
     safe = ctx.op("Where", zero, ctx.const(1), updates)
-    zeros = scatter(_zeros_like(ctx, data), ctx.g.cast(zero, ctx.dtype), "add")
+    # the zero counts are summed in float32 whatever the data type (exact
+    # small integers; onnxruntime's CPU scatter has no float16 'add')
+    f32 = TensorProto.FLOAT
+    zeros = scatter(ctx.g.cast(_zeros_like(ctx, data), f32), ctx.g.cast(zero, f32), "add")
     product = scatter(ctx.op("Expand", ctx.const(1), ctx.g.shape_of(data)),
                       safe, "mul")
-    none_zero = ctx.op("Equal", zeros, ctx.const(0))
+    none_zero = ctx.op("Equal", zeros, ctx.const(0, f32))
     g_data = ctx.op("Mul", gy, ctx.op("Where", none_zero, product, ctx.const(0)))
     if not ctx.needs_grad[2]:
         return g_data, None, None
     zeros_j, product_j = gather(zeros), gather(product)
     others = ctx.op("Where", zero, ctx.op(
-        "Where", ctx.op("Equal", zeros_j, ctx.const(1)), product_j, ctx.const(0)),
-        ctx.op("Where", ctx.op("Equal", zeros_j, ctx.const(0)),
+        "Where", ctx.op("Equal", zeros_j, ctx.const(1, f32)), product_j, ctx.const(0)),
+        ctx.op("Where", ctx.op("Equal", zeros_j, ctx.const(0, f32)),
                ctx.op("Div", product_j, safe), ctx.const(0)))
     g_updates = ctx.op("Mul", ctx.op("Mul", gather(gy), gather(data)), others)
     return g_data, None, g_updates

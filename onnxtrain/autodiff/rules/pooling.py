@@ -31,8 +31,8 @@ def _max_pool(ctx, gy, g_indices=None):
             ctx.op("Reshape", indices, minus_one), ctx.op("Reshape", gy, minus_one))
     if ctx.opset >= 16:
         flat = ctx.g.scatter_add("ScatterElements", *args, ctx.dtype, axis=0)
-    elif not overlap:
-        flat = ctx.op("ScatterElements", *args, axis=0)
+    elif not overlap:  # Scatter is ScatterElements' name before opset 11
+        flat = ctx.op("ScatterElements" if ctx.opset >= 11 else "Scatter", *args, axis=0)
     else:
         ctx.fail("overlapping windows need ScatterElements with "
                  f"reduction='add' (opset >= 16, model opset {ctx.opset})")
