@@ -146,7 +146,8 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
                     for s in group]
     n_forward = len(model.graph.node)  # fused nodes: forward, then backward
     backward_nodes = list(fused.graph.node[n_forward:])
-    if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes, elem_type):
+    if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes,
+                                                 elem_type):
         backward_nodes, update_nodes = _fold_learning_rate(
             backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
             "learning_rate", taken | {n for node in loss_nodes + update_nodes

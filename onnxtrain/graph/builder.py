@@ -168,8 +168,9 @@ class GraphBuilder:
         """Append one node and return its output name (a tuple if several).
 
         ``outputs``, when given, are names the caller reserved with
-        :meth:`unique_name` or :meth:`reserve`. ``None`` in ``inputs`` becomes an empty name (an omitted optional
-        input). Attributes with value None are dropped.
+        :meth:`unique_name` or :meth:`reserve`. ``None`` in ``inputs``
+        becomes an empty name (an omitted optional input). Attributes with
+        value None are dropped.
 
         Raises
         ------
