@@ -19,7 +19,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .models import load_model
-from .graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
+from .graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
+                    infer_value_types, opset_of)
 
 __all__ = ["rewrite_ml_linear_ops", "probability_graph", "prediction_graph"]
 
@@ -506,14 +507,6 @@ def _keep_output(model, output_name, value_info=None):
     return new
 
 
-def _clean_shape(shape):
-    """``shape`` with the symbolic names shape inference invents dropped."""
-    if shape is None:
-        return None
-    return tuple(None if isinstance(d, str) and d.startswith("unk__") else d
-                 for d in shape)
-
-
 def _value_info_of(model, name, types=None):
     """A ValueInfoProto for ``name`` (graph output or intermediate value)."""
     for out in model.graph.output:
@@ -524,7 +517,7 @@ def _value_info_of(model, name, types=None):
         raise ValueError(f"The type of {name!r} cannot be inferred: it cannot "
                          f"become a graph output.")
     elem, shape = types[name]
-    return helper.make_tensor_value_info(name, elem, _clean_shape(shape))
+    return helper.make_tensor_value_info(name, elem, clean_shape(shape))
 
 
 def prediction_graph(model, output_name=None):
@@ -608,7 +601,7 @@ def probability_graph(model):
             info = out
             if shape is not None and not out.type.tensor_type.HasField("shape"):
                 info = helper.make_tensor_value_info(
-                    out.name, out.type.tensor_type.elem_type, _clean_shape(shape))
+                    out.name, out.type.tensor_type.elem_type, clean_shape(shape))
             return _keep_output(source, out.name, info), out.name
     outputs = {o.name for o in graph.output}
     for node in graph.node:
@@ -625,7 +618,7 @@ def probability_graph(model):
         if shape is None or len(shape) != 2:
             shape = (None, n_classes)
         info = helper.make_tensor_value_info(name, elem or TensorProto.FLOAT,
-                                             _clean_shape(shape))
+                                             clean_shape(shape))
         return _keep_output(source, name, info), name
     raise ValueError(
         f"The model has no float probability tensor: expected a float tensor "

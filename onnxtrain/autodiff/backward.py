@@ -324,8 +324,7 @@ def _final_gradient(g, grads, w):
     total = _accumulate(g, grads, w)
     name = g.unique_name(f"{w}_grad")
     if total is None:  # no path: the gradient is zero
-        zero = g.const(0, g.elem_type(w))
-        return g.op("Expand", zero, g.shape_of(w), outputs=[name])
+        return g.zeros_like(w, outputs=[name])
     return g.op("Identity", total, outputs=[name])
 
 

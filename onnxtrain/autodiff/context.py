@@ -207,6 +207,10 @@ class VJPContext:
         """A constant in the element type of the node (or ``elem_type``)."""
         return self.g.const(value, self.dtype if elem_type is None else elem_type)
 
+    def zeros_like(self, x):
+        """Zeros of the run-time shape of ``x`` in the node's element type."""
+        return self.g.zeros_like(x, self.dtype)
+
     def sum_to(self, grad, grad_shape, target):
         """See :func:`sum_to`."""
         return sum_to(self.g, grad, grad_shape, target)

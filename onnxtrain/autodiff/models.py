@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from onnx import helper
 
+from ..graph import clean_shape
 from .backward import backward, implicit_inputs
 
 __all__ = ["GradientModels", "build_gradient_models", "build_fused_model"]
@@ -43,17 +44,9 @@ class GradientModels:
     backward_inputs: list
 
 
-def _clean_shape(shape):
-    """Drop the placeholder names shape inference invents (``unk__0``)."""
-    if shape is None:
-        return None
-    return [None if isinstance(d, str) and d.startswith("unk__") else d
-            for d in shape]
-
-
 def _value_info(name, types):
     elem_type, shape = types.get(name, (None, None))
-    shape = _clean_shape(shape)
+    shape = clean_shape(shape)
     if elem_type is None:
         raise ValueError(f"The element type of {name!r} cannot be inferred; "
                          "add value_info or input shapes to the model.")
@@ -150,7 +143,7 @@ def build_gradient_models(model, wrt, outputs=None):
 
 def _value_info_like(name, like, types):
     elem_type, shape = types[like]
-    return helper.make_tensor_value_info(name, elem_type, _clean_shape(shape))
+    return helper.make_tensor_value_info(name, elem_type, clean_shape(shape))
 
 
 def build_fused_model(model, wrt, outputs=None):

@@ -2,8 +2,8 @@
 from .builder import (FLOAT_TYPES, GraphBuilder, OpsetError, default_ir_version,
                       elem_type_to_numpy, make_model, numpy_to_elem_type,
                       opset_of)
-from .shapes import infer_value_types, type_of_value_info
+from .shapes import clean_shape, infer_value_types, type_of_value_info
 
 __all__ = ["FLOAT_TYPES", "GraphBuilder", "OpsetError", "default_ir_version",
            "elem_type_to_numpy", "make_model", "numpy_to_elem_type",
-           "opset_of", "infer_value_types", "type_of_value_info"]
+           "opset_of", "clean_shape", "infer_value_types", "type_of_value_info"]

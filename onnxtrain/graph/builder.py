@@ -262,6 +262,17 @@ class GraphBuilder:
         """Shape(x) as an int64 1-D tensor."""
         return self.op("Shape", x)
 
+    def zeros_like(self, x, elem_type=None, outputs=None):
+        """Zeros of the run-time shape of ``x``: Expand(0, Shape(x)).
+
+        ``elem_type`` defaults to the element type of ``x`` (KeyError when
+        unknown); ``outputs`` as in :meth:`op`.
+        """
+        if elem_type is None:
+            elem_type = self.elem_type(x)
+        return self.op("Expand", self.const(0, elem_type), self.shape_of(x),
+                       outputs=outputs)
+
     def reshape_like(self, x, like):
         """Reshape ``x`` to the runtime shape of ``like``."""
         allowzero = 1 if self.opset >= 14 else None  # a 0 in Shape is a 0

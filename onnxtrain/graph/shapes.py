@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import onnx
 
-__all__ = ["infer_value_types", "type_of_value_info"]
+__all__ = ["clean_shape", "infer_value_types", "type_of_value_info"]
 
 
 def type_of_value_info(value_info):
@@ -21,6 +21,30 @@ def type_of_value_info(value_info):
             else (d.dim_param if d.HasField("dim_param") and d.dim_param else None)
             for d in tensor.shape.dim)
     return tensor.elem_type, shape
+
+
+def clean_shape(shape):
+    """``shape`` without the symbolic dims shape inference invents.
+
+    :func:`onnx.shape_inference.infer_shapes` names the dims it cannot tell
+    ``unk__0``, ``unk__1``... Those names mean something only within the
+    model inference ran on, so they become unknown dims (None) before a
+    shape is written into another graph.
+
+    Parameters
+    ----------
+    shape : tuple of (int, str or None) or None
+        Dims as :func:`type_of_value_info` returns them; None: rank unknown.
+
+    Returns
+    -------
+    tuple or None
+        The same dims, those named ``unk__*`` replaced by None.
+    """
+    if shape is None:
+        return None
+    return tuple(None if isinstance(d, str) and d.startswith("unk__") else d
+                 for d in shape)
 
 
 def infer_value_types(model):

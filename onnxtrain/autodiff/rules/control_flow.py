@@ -48,31 +48,17 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
-from ...graph import FLOAT_TYPES, GraphBuilder, infer_value_types
-from ..backward import (_accumulate, _check_rules, _dependents, _path_nodes,
-                        constant_node_value, fold_output_identities,
-                        implicit_inputs, reverse_pass)
+from ...graph import FLOAT_TYPES, clean_shape
+from ..backward import (_accumulate, constant_node_value,
+                        fold_output_identities, implicit_inputs)
+from ..expansion import (differentiate_nodes, outer_reads, prune_unread,
+                         record_types, sub_builder)
 from ..registry import register_vjp
 
 
 def _has_subgraphs(node):
     return any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
                for a in node.attribute)
-
-
-def _clean_shape(shape):
-    if shape is None:
-        return None
-    return [None if isinstance(d, str) and d.startswith("unk__") else d
-            for d in shape]
-
-
-def _sub_builder(ctx):
-    """A builder for a subgraph sharing the outer builder's namespace (every
-    name stays unique across scopes) and knowing the outer types."""
-    sg = GraphBuilder(ctx.opset, (), ctx.g.types)
-    sg._used = ctx.g._used  # noqa: SLF001 - one namespace for all scopes
-    return sg
 
 
 def _recomputed(ctx, sg, graph, what):
@@ -118,64 +104,9 @@ def _recomputed(ctx, sg, graph, what):
     return nodes, rename, constants
 
 
-def _outer_reads(nodes):
-    produced, reads = set(), []
-    for node in nodes:
-        for name in node.input:
-            if name and name not in produced and name not in reads:
-                reads.append(name)
-        produced.update(o for o in node.output if o)
-    return reads
-
-
-def _record_types(ctx, sg, nodes, outer, outputs):
-    """Infer the types of the recomputed values (the branch as a model whose
-    inputs are the outer values it reads; those with a known constant value,
-    such as the axes of an Unsqueeze, are given as initializers so that
-    inference sees them)."""
-    inputs, inits = [], []
-    for name in outer:
-        value = ctx.constant_value(name)
-        if value is not None:
-            inits.append(numpy_helper.from_array(np.asarray(value), name))
-            continue
-        info = sg.types.get(name)
-        if info is None:
-            type_proto = onnx.TypeProto()
-        else:
-            type_proto = helper.make_tensor_type_proto(
-                info[0], _clean_shape(info[1]))
-        inputs.append(helper.make_value_info(name, type_proto))
-    domains = {n.domain for n in nodes if n.domain not in ("", "ai.onnx")}
-    graph = helper.make_graph(
-        nodes, "branch", inputs,
-        [helper.make_value_info(o, onnx.TypeProto())
-         for o in dict.fromkeys(outputs) if o not in outer], inits)
-    model = helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", ctx.opset)] + [
-        helper.make_opsetid(d, 1) for d in sorted(domains)])
-    for name, info in infer_value_types(model).items():
-        sg.types.setdefault(name, info)
-
-
-def _prune(nodes, count):
-    """Drop the recomputed nodes (``nodes[:count]``) no later node reads."""
-    needed = {i for n in nodes[count:] for i in n.input}
-    kept = []
-    for node in reversed(nodes[:count]):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(node.input)
-    nodes[:count] = kept[::-1]
-
-
-def _zeros_like(sg, name):
-    return sg.op("Expand", sg.const(0, sg.elem_type(name)), sg.shape_of(name))
-
-
 def _grad_value_info(ctx, name, like):
     elem_type, shape = ctx.g.types[like]
-    return helper.make_tensor_value_info(name, elem_type, _clean_shape(shape))
+    return helper.make_tensor_value_info(name, elem_type, clean_shape(shape))
 
 
 def _branch_gradient(ctx, graph, grad_outputs, wrt, what):
@@ -183,29 +114,24 @@ def _branch_gradient(ctx, graph, grad_outputs, wrt, what):
     values) through ``graph`` for the incoming ``grad_outputs``."""
     if len(graph.input):
         ctx.fail(f"the {what} has inputs")
-    sg = _sub_builder(ctx)
+    sg = sub_builder(ctx)
     nodes, rename, local_constants = _recomputed(ctx, sg, graph, what)
     outputs = [rename(o.name) for o in graph.output]
-    outer = _outer_reads(nodes)
-    _record_types(ctx, sg, nodes, outer, outputs)
-    upstream = _dependents(nodes, list(wrt), sg.types)
+    record_types(sg, nodes, outer_reads(nodes), outputs, ctx.constants)
     grads = {}
     for out, gy in zip(outputs, grad_outputs):
-        if gy and out in upstream:
+        if gy:
             grads.setdefault(out, []).append(gy)
-    path = _path_nodes(nodes, list(grads), upstream)
-    _check_rules(path, upstream)
     constants = dict(ctx.constants)
     constants.update(local_constants)
-    sg.nodes.extend(nodes)  # the branch, recomputed from the outer values
-    reverse_pass(sg, path, grads, upstream, constants)
-    _prune(sg.nodes, len(nodes))
+    # the branch, recomputed from the outer values, then its gradient
+    grads = differentiate_nodes(sg, nodes, grads, wrt, constants)
     names = []
     for w in wrt:
         total = _accumulate(sg, grads, w)
         name = sg.unique_name(f"{w}_grad_{what.replace(' ', '_')}")
         if total is None:  # the branch does not use w differentiably
-            total = _zeros_like(sg, w)
+            total = sg.zeros_like(w)
         sg.op("Identity", total, outputs=[name])
         names.append(name)
     fold_output_identities(sg.nodes, names)  # see there: onnxruntime 1.32
@@ -245,7 +171,7 @@ def _if(ctx, *grad_outputs):
 # ---------------------------------------------------------------------------
 
 def _tensor_type(info):
-    return helper.make_tensor_type_proto(info[0], _clean_shape(info[1]))
+    return helper.make_tensor_type_proto(info[0], clean_shape(info[1]))
 
 
 def _slice_type(info, axes=(0,)):
@@ -389,7 +315,7 @@ def _renamed_body(ctx, sg, body, names, types, what="Scan body"):
     def full_rename(name):
         return mapping.get(name, rename(name))
     outputs = [full_rename(o.name) for o in body.output]
-    _record_types(ctx, sg, nodes, _outer_reads(nodes), outputs)
+    record_types(sg, nodes, outer_reads(nodes), outputs, ctx.constants)
     return nodes, full_rename, constants
 
 
@@ -401,7 +327,7 @@ def _stacking_graph(ctx, body, types, keep, keep_types, stack, what,
     Loop body also carries an int64 scalar (input after the body's inputs,
     output after the kept ones) incremented once per iteration: its final
     value is the number of iterations run."""
-    sg = _sub_builder(ctx)
+    sg = sub_builder(ctx)
     names = [sg.unique_name(f"{vi.name}_fwd") for vi in body.input]
     nodes, rename, _ = _renamed_body(ctx, sg, body, names, types, what)
     sg.nodes.extend(nodes)
@@ -419,7 +345,7 @@ def _stacking_graph(ctx, body, types, keep, keep_types, stack, what,
                           outputs=[sg.unique_name("iterations_out")]))
         out_infos.append(count)
     outs += _identity_outputs(sg, [names[k] for k in stack], "stacked_in")
-    _prune(sg.nodes, len(nodes))
+    prune_unread(sg.nodes, 0, len(nodes))
     fold_output_identities(sg.nodes, outs)
     out_vis = [helper.make_value_info(n, _tensor_type(t)) for n, t in zip(
         outs, out_infos + [types[k] for k in stack])]
@@ -451,26 +377,18 @@ def _body_gradient(ctx, sg, body, names, types, wrt, out_grads, params,
     values ``params`` (None where none flows)."""
     nodes, rename, local_constants = _renamed_body(ctx, sg, body, names,
                                                    types, what)
-    upstream = _dependents(nodes, [names[k] for k in wrt] + list(params),
-                           sg.types)
     grads = {}
     for j, gy in out_grads:
         grads.setdefault(rename(body.output[j].name), []).append(gy)
-    grads = {n: parts for n, parts in grads.items() if n in upstream}
-    path = _path_nodes(nodes, list(grads), upstream)
-    _check_rules(path, upstream)
     constants = dict(ctx.constants)
     constants.update(local_constants)
-    start = len(sg.nodes)
-    sg.nodes.extend(nodes)
-    reverse_pass(sg, path, grads, upstream, constants)
-    kept = sg.nodes[start:]
-    _prune(kept, len(nodes))
-    sg.nodes[start:] = kept
+    grads = differentiate_nodes(sg, nodes, grads,
+                                [names[k] for k in wrt] + list(params),
+                                constants)
     totals = []
     for k in wrt:
         value = _accumulate(sg, grads, names[k])
-        totals.append(_zeros_like(sg, names[k]) if value is None else value)
+        totals.append(sg.zeros_like(names[k]) if value is None else value)
     return totals, [_accumulate(sg, grads, p) for p in params]
 
 
@@ -482,7 +400,7 @@ def _scan_gradient_graph(ctx, lay, types, states, xs, gz, params):
     (indices among the scan outputs); scan outputs: the gradients of the
     scan inputs ``xs`` (body input indices)."""
     body, n_state, g = lay.body, lay.n_state, ctx.g
-    sg = _sub_builder(ctx)
+    sg = sub_builder(ctx)
     gs_in = [sg.unique_name(f"{body.input[k].name}_grad_in") for k in states]
     gp_in = [sg.unique_name(f"{p}_grad_acc") for p in params]
     names = [sg.unique_name(f"{vi.name}_bwd") for vi in body.input]
@@ -529,7 +447,7 @@ def _reversed_steps(ctx, lay, name, info):
     steps of each batch element in reverse order (an Identity body walked
     backwards; its outputs are stacked in iteration order). ``info``: the
     type of one step."""
-    sg = _sub_builder(ctx)
+    sg = sub_builder(ctx)
     element = _tensor_type(info)
     x_in = sg.unique_name("step_in")
     out = sg.op("Identity", x_in, outputs=[sg.unique_name("step_out")])
@@ -567,11 +485,11 @@ def _scan(ctx, *grad_outputs):
     # a Scan without states (a map) recomputes nothing: no stack to read
     stacks = _states_stack(ctx, lay, types) if lay.n_state else []
 
-    init_gs = [grad_outputs[k] or _zeros_like(g, ctx.inputs[first + k])
+    init_gs = [grad_outputs[k] or g.zeros_like(ctx.inputs[first + k])
                for k in states]
     batch_of = ctx.inputs[first]
     init_gp = [_batched_zeros(g, p, batch_of) if lay.batched
-               else _zeros_like(g, p) for p in params]
+               else g.zeros_like(p) for p in params]
     scan_inputs = stacks + list(ctx.inputs[first + n_state:]) + [
         grad_outputs[n_state + j] for j in gz]
     final_gs = [g.unique_name(f"{ctx.inputs[first + k]}_grad_scan")
@@ -693,7 +611,7 @@ def _loop(ctx, *grad_outputs):
 
     # the reverse body: (iter, cond, gradients of the carried values,
     # accumulated gradients of the outer values)
-    sg = _sub_builder(ctx)
+    sg = sub_builder(ctx)
     it_in = sg.unique_name("loop_grad_iter")
     cond_in = sg.unique_name("loop_grad_cond")
     gs_in = [sg.unique_name(f"{body.input[2 + k].name}_grad_in")
@@ -764,8 +682,8 @@ def _loop(ctx, *grad_outputs):
     for k in states:
         gy = grad_outputs[k]
         like = outputs[k] or ctx.inputs[2 + k]
-        init_gs.append(gy if gy else _zeros_like(g, like))
-    init_gp = [_zeros_like(g, p) for p in params]
+        init_gs.append(gy if gy else g.zeros_like(like))
+    init_gp = [g.zeros_like(p) for p in params]
     final_gs = [g.unique_name(f"{ctx.inputs[2 + k]}_grad_loop")
                 for k in states]
     final_gp = [g.unique_name(f"{p}_grad_loop") for p in params]

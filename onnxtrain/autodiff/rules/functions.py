@@ -19,9 +19,8 @@ import onnx.defs
 from onnx import AttributeProto, helper, numpy_helper, version_converter
 from onnx.reference import ReferenceEvaluator
 
-from ...graph import infer_value_types
-from ..backward import (_accumulate, _check_rules, _dependents, _path_nodes,
-                        constant_node_value, implicit_inputs, reverse_pass)
+from ..backward import constant_node_value, implicit_inputs
+from ..expansion import differentiate_expansion, record_types
 from ..registry import register_vjp
 
 #: Ops differentiated through their function body (no closed-form rule).
@@ -211,20 +210,6 @@ def _at_model_opset(ctx, nodes, inputs, outputs, opset):
     return list(converted.graph.node)
 
 
-def _record_types(ctx, nodes, inputs, outputs):
-    """Infer the types of the expansion's values into ``ctx.g.types``.
-    They are fresh names: a second call, after constant folding, refines
-    what the first one found (a Split whose sizes were computed from a
-    Shape gets its output shapes once those sizes are constants)."""
-    model = _typed_model(ctx, nodes, inputs, outputs, ctx.opset)
-    produced = {o for n in nodes for o in n.output if o}
-    for name, info in infer_value_types(model).items():
-        if name in produced:
-            ctx.g.types[name] = info
-        else:
-            ctx.g.types.setdefault(name, info)
-
-
 def _fold(ctx, node, known, ranks):
     """Values of the node's outputs when computable now, else None: shapes
     and ranks of inputs whose types are static, and nodes whose inputs are
@@ -273,46 +258,21 @@ def _fold_constants(ctx, nodes):
     return folded, known
 
 
-def _prune(g, start, count):
-    """Drop the expansion's nodes (``g.nodes[start:start + count]``) whose
-    outputs no gradient node reads (subgraphs included)."""
-    needed = {i for n in g.nodes[start + count:]
-              for i in list(n.input) + implicit_inputs(n)}
-    kept = []
-    for node in reversed(g.nodes[start:start + count]):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(node.input)
-            needed.update(implicit_inputs(node))
-    g.nodes[start:start + count] = kept[::-1]
-
-
 def vjp_by_expansion(ctx, *grad_outputs):
     """Gradient of the node through its standard function body."""
     function, node = _function_body(ctx)
     nodes, outputs = _expanded_nodes(ctx, function, node)
     nodes = _at_model_opset(ctx, nodes, node.input, outputs,
                             _body_opset(function))
-    _record_types(ctx, nodes, node.input, outputs)  # shapes to fold
+    # the expansion's values have fresh names: the second inference, after
+    # constant folding, refines what the first found (a Split whose sizes
+    # were computed from a Shape gets its output shapes once those sizes
+    # are constants); the inputs keep their dims, so that the expansion's
+    # shapes match theirs
+    record_types(ctx.g, nodes, node.input, outputs, refine=True, clean=False)
     nodes, known = _fold_constants(ctx, nodes)
-    _record_types(ctx, nodes, node.input, outputs)
-    wrt = [i for i, need in zip(node.input, ctx.needs_grad) if need]
-    upstream = _dependents(nodes, wrt, ctx.g.types)
-    grads = {o: [gy] for o, gy in zip(outputs, grad_outputs) if gy and o}
-    path = _path_nodes(nodes, list(grads), upstream)
-    _check_rules(path, upstream)
-    constants = dict(ctx.constants)
-    constants.update(known)
-    start = len(ctx.g.nodes)
-    ctx.g.nodes.extend(nodes)  # the expansion, recomputed from the inputs
-    reverse_pass(ctx.g, path, grads, upstream, constants)
-    _prune(ctx.g, start, len(nodes))
-    result, seen = [], set()
-    for name, need in zip(node.input, ctx.needs_grad):
-        result.append(_accumulate(ctx.g, grads, name)
-                      if need and name not in seen else None)
-        seen.add(name)
-    return tuple(result)
+    record_types(ctx.g, nodes, node.input, outputs, refine=True, clean=False)
+    return differentiate_expansion(ctx, nodes, outputs, grad_outputs, known)
 
 
 for _op in EXPANDED_OPS:

@@ -67,10 +67,6 @@ def _dense_scatter_add(ctx, x, positions, gy):
     return ctx.g.reshape_like(flat, x)
 
 
-def _zeros_like(ctx, x):
-    return ctx.op("Expand", ctx.const(0), ctx.g.shape_of(x))
-
-
 def _scatter_add(ctx, x, positions, gy, unique):
     """Sum ``gy`` into a zero tensor shaped like ``x`` at the 1-based flat
     ``positions`` (position 0 copies nothing and is dropped)."""
@@ -83,7 +79,7 @@ def _scatter_add(ctx, x, positions, gy, unique):
     index = ctx.g.cast(ctx.op("Max", ctx.op("Sub", positions, one), zero),
                        TensorProto.INT64)
     minus_one = ctx.g.int64s([-1])
-    flat_zeros = ctx.op("Reshape", _zeros_like(ctx, x), minus_one)
+    flat_zeros = ctx.op("Reshape", ctx.zeros_like(x), minus_one)
     args = (flat_zeros, ctx.op("Reshape", index, minus_one),
             ctx.op("Reshape", gy, minus_one))
     flat = ctx.g.scatter_add("ScatterElements", *args, ctx.dtype, axis=0)
@@ -252,7 +248,7 @@ def _expand(ctx, gy):
 def _split(ctx, *grad_outputs):
     rank = ctx.rank(ctx.inputs[0], "Split")
     axis = ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
-    parts = [gy if gy is not None else _zeros_like(ctx, out)
+    parts = [gy if gy is not None else ctx.zeros_like(out)
              for gy, out in zip(grad_outputs, ctx.outputs)]
     return ctx.op("Concat", *parts, axis=axis)
 
@@ -261,7 +257,7 @@ def _split(ctx, *grad_outputs):
 def _topk(ctx, g_values, g_indices=None):
     # the values are GatherElements(x, indices, axis)
     x, indices = ctx.inputs[0], ctx.outputs[1]
-    zeros = _zeros_like(ctx, x)
+    zeros = ctx.zeros_like(x)
     axis = ctx.attr("axis", -1)
     return ctx.op("ScatterElements", zeros, indices, g_values, axis=axis), None
 
@@ -317,7 +313,7 @@ def _scatter_extremum(ctx, gy, gather, scatter_add):
     y = ctx.outputs[0]
     hit_data = ctx.g.cast(ctx.op("Equal", data, y), ctx.dtype)
     hit_updates = ctx.g.cast(ctx.op("Equal", updates, gather(y)), ctx.dtype)
-    ties = ctx.op("Add", hit_data, scatter_add(_zeros_like(ctx, data), hit_updates))
+    ties = ctx.op("Add", hit_data, scatter_add(ctx.zeros_like(data), hit_updates))
     share = ctx.op("Div", gy, ctx.op("Max", ties, ctx.const(1)))
     return (ctx.op("Mul", share, hit_data), None,
             ctx.op("Mul", gather(share), hit_updates))
@@ -340,7 +336,7 @@ def _scatter_product(ctx, gy, gather, scatter):
     # the zero counts are summed in float32 whatever the data type (exact
     # small integers; onnxruntime's CPU scatter has no float16 'add')
     f32 = TensorProto.FLOAT
-    zeros = scatter(ctx.g.cast(_zeros_like(ctx, data), f32), ctx.g.cast(zero, f32), "add")
+    zeros = scatter(ctx.g.cast(ctx.zeros_like(data), f32), ctx.g.cast(zero, f32), "add")
     product = scatter(ctx.op("Expand", ctx.const(1), ctx.g.shape_of(data)),
                       safe, "mul")
     none_zero = ctx.op("Equal", zeros, ctx.const(0, f32))
@@ -377,7 +373,7 @@ def _scatter_elements(ctx, gy):
     g_data = gy
     if reduction == "none" and ctx.needs_grad[0]:
         g_data = ctx.op("ScatterElements", gy, indices,
-                        _zeros_like(ctx, updates), axis=axis)
+                        ctx.zeros_like(updates), axis=axis)
     g_updates = ctx.op("GatherElements", gy, indices, axis=axis)
     return g_data, None, g_updates
 
@@ -399,7 +395,7 @@ def _scatter_nd(ctx, gy):
                  "'max', 'min')")
     g_data = gy
     if reduction == "none" and ctx.needs_grad[0]:
-        g_data = ctx.op("ScatterND", gy, indices, _zeros_like(ctx, updates))
+        g_data = ctx.op("ScatterND", gy, indices, ctx.zeros_like(updates))
     return g_data, None, ctx.op("GatherND", gy, indices)
 
 
@@ -413,7 +409,7 @@ def _scatter(ctx, gy):
                for s in (dshape, ishape)):
         ctx.fail("symbolic shapes of data or indices (opset < 11)")
     axis = ctx.normalize_axes([ctx.attr("axis", 0)], len(dshape))[0]
-    g_data = ctx.op("Scatter", gy, indices, _zeros_like(ctx, updates), axis=axis)
+    g_data = ctx.op("Scatter", gy, indices, ctx.zeros_like(updates), axis=axis)
     strides = np.cumprod([1] + list(dshape[::-1]))[:-1][::-1]
     coords = np.indices(ishape)
     base = sum(c * s for i, (c, s) in enumerate(zip(coords, strides)) if i != axis)

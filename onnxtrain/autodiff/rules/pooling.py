@@ -8,10 +8,6 @@ import numpy as np
 from ..registry import register_vjp
 
 
-def _zeros_like(ctx, x):
-    return ctx.op("Expand", ctx.const(0), ctx.g.shape_of(x))
-
-
 @register_vjp("MaxPool")
 def _max_pool(ctx, gy, g_indices=None):
     # the gradient goes to the element each window picked: the pool is run
@@ -27,7 +23,7 @@ def _max_pool(ctx, gy, g_indices=None):
     strides = ctx.attr("strides") or [1] * len(kernel)
     overlap = any(k > s for k, s in zip(kernel, strides))
     minus_one = ctx.g.int64s([-1])
-    args = (ctx.op("Reshape", _zeros_like(ctx, x), minus_one),
+    args = (ctx.op("Reshape", ctx.zeros_like(x), minus_one),
             ctx.op("Reshape", indices, minus_one), ctx.op("Reshape", gy, minus_one))
     if ctx.opset >= 16:
         flat = ctx.g.scatter_add("ScatterElements", *args, ctx.dtype, axis=0)

@@ -38,13 +38,11 @@ direction below opset 10 (``ReverseSequence``); ``sequence_lens`` below
 opset 11 (``Range``).
 """
 import numpy as np
-from onnx import TensorProto, TypeProto, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
-from ...graph import infer_value_types
-from ..backward import (_accumulate, _check_rules, _dependents, _path_nodes,
-                        implicit_inputs, reverse_pass)
+from ..expansion import (differentiate_expansion, outer_reads, record_types,
+                         sub_builder)
 from ..registry import register_vjp
-from .control_flow import _clean_shape, _outer_reads, _sub_builder
 
 #: Gates per op, in the order of the rows of W, R and B.
 _GATES = {"RNN": ("i",), "GRU": ("z", "r", "h"),
@@ -382,7 +380,7 @@ class _Expansion:
         projection is split into gates here)."""
         ctx, dtype, hidden = self.ctx, self.dtype, self.hidden
         n_gates = len(_GATES[self.op_type])
-        sg = _sub_builder(ctx)
+        sg = sub_builder(ctx)
         names = [sg.unique_name(f"{self.op_type.lower()}_state_in")
                  for _ in range(n_states)]
         names.append(sg.unique_name(f"{self.op_type.lower()}_x_t"))
@@ -438,38 +436,6 @@ def expand(ctx):
     return _Expansion(ctx).run()
 
 
-def _record_types(g, nodes, outputs):
-    """Infer the types of the expansion's values (the constants it reads
-    given as initializers, so that axes and split sizes are known); returns
-    the constants' values."""
-    outer = _outer_reads(nodes)
-    inits = [t for t in g.initializers if t.name in outer]
-    init_names = {t.name for t in inits}
-    inputs = [helper.make_value_info(n, helper.make_tensor_type_proto(
-        g.types[n][0], _clean_shape(g.types[n][1])))
-        for n in outer if n not in init_names and n in g.types]
-    graph = helper.make_graph(nodes, "expansion", inputs, [
-        helper.make_value_info(o, TypeProto()) for o in outputs], inits)
-    model = helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", g.opset)])
-    for name, info in infer_value_types(model).items():
-        g.types.setdefault(name, info)
-    return {t.name: numpy_helper.to_array(t) for t in inits}
-
-
-def _prune(nodes, count):
-    """Drop the expansion's nodes (``nodes[:count]``) whose outputs no later
-    node reads, directly or from one of its subgraphs."""
-    needed = {i for n in nodes[count:]
-              for i in list(n.input) + implicit_inputs(n)}
-    kept = []
-    for node in reversed(nodes[:count]):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(list(node.input) + implicit_inputs(node))
-    nodes[:count] = kept[::-1]
-
-
 def _recurrent_vjp(ctx, *grad_outputs):
     """Gradient of an RNN, GRU or LSTM node through its expansion."""
     g = ctx.g
@@ -477,25 +443,13 @@ def _recurrent_vjp(ctx, *grad_outputs):
     outputs = expand(ctx)
     nodes = g.nodes[start:]
     del g.nodes[start:]
-    constants = dict(ctx.constants)
-    constants.update(_record_types(g, nodes, outputs))
-    wrt = [i for i, need in zip(ctx.inputs, ctx.needs_grad) if need]
-    upstream = _dependents(nodes, wrt, g.types)
-    grads = {o: [gy] for o, gy in zip(outputs, grad_outputs)
-             if gy and o in upstream}
-    path = _path_nodes(nodes, list(grads), upstream)
-    _check_rules(path, upstream)
-    g.nodes.extend(nodes)  # the expansion, recomputed from the inputs
-    reverse_pass(g, path, grads, upstream, constants)
-    kept = g.nodes[start:]
-    _prune(kept, len(nodes))
-    g.nodes[start:] = kept
-    result, seen = [], set()
-    for name, need in zip(ctx.inputs, ctx.needs_grad):
-        result.append(_accumulate(g, grads, name)
-                      if need and name not in seen else None)
-        seen.add(name)
-    return tuple(result)
+    # the constants the expansion made, given to inference (axes, sizes)
+    outer = outer_reads(nodes)
+    made = {t.name: numpy_helper.to_array(t) for t in g.initializers
+            if t.name in outer}
+    constants = record_types(g, nodes, outer, outputs, made)
+    return differentiate_expansion(ctx, nodes, outputs, grad_outputs,
+                                   constants)
 
 
 for _op in _GATES:
