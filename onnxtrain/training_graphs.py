@@ -256,8 +256,8 @@ def build_training_loop(step):
                for name in [w] + group]
     g = GraphBuilder(opset, {n.name for n in graph.input} | {"losses", "batch_size"},
                      prefix="epochloop__")
-    elem_type = graph.input[[i.name for i in graph.input].index(
-        step.data_inputs[1])].type.tensor_type.elem_type
+    by_name = {i.name: i for i in graph.input}
+    elem_type = by_name[step.data_inputs[1]].type.tensor_type.elem_type
     # everything the steps need that does not depend on the weights is
     # computed once, before the Loop: a step reads its batch bounds, its
     # step number and its penalty scale with one Gather each (fewer, and
@@ -282,7 +282,6 @@ def build_training_loop(step):
     finals = [f"{c}__final" for c in carried]
     g.op("Loop", n_batches, "", *carried, body=body,
          outputs=finals + ["losses"])
-    by_name = {i.name: i for i in graph.input}
     scalars = [s for s in step.scalar_inputs if s != "penalty_scale"]
     inputs = [by_name[n] for n in step.data_inputs + scalars]
     inputs.append(helper.make_tensor_value_info("batch_size", TensorProto.INT64, []))
