@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .autodiff import build_fused_model
+from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 
 __all__ = ["TrainingStep", "build_training_step", "build_training_loop"]
@@ -337,13 +338,17 @@ def _loop_body(step, opset, carried, per_step, outer_names):
 
 
 def _renamed_nodes(nodes, rename):
-    """Copies of ``nodes`` reading ``rename[name]`` instead of ``name``."""
+    """Copies of ``nodes`` reading ``rename[name]`` instead of ``name``,
+    in the subgraphs they hold too (If branches, Loop and Scan bodies read
+    the batch and the parameters from the enclosing scope), except where a
+    subgraph defines the name itself."""
     out = []
     for node in nodes:
-        copy = helper.make_node(node.op_type, [rename.get(i, i) for i in node.input],
-                                list(node.output), name=node.name, domain=node.domain)
-        copy.attribute.extend(node.attribute)
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
         out.append(copy)
+    for old, new in rename.items():  # the new names are all fresh
+        rename_reads(out, old, new)
     return out
 
 

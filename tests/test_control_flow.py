@@ -358,9 +358,10 @@ def test_scan8_with_batch_axis_and_sequence_lens(directions, seq_lens):
     _check_gradients(model, wrt, feeds)
 
 
-def test_estimator_with_if_trains_on_the_split_path():
-    """A graph with control flow trains; 'auto' keeps to the split path (the
-    fused loop would rename weights that subgraphs read from outside)."""
+def test_estimator_with_if_trains_on_every_path():
+    """A graph with control flow trains on every path with the same curve:
+    the fused loop renames the weights and the batch inside the If branches
+    too, which read them from the enclosing scope."""
     from onnx import TensorProto, helper, numpy_helper
 
     from onnxtrain import LearningRateSGD, OrtGradientForwardBackwardOptimizer
@@ -379,14 +380,19 @@ def test_estimator_with_if_trains_on_the_split_path():
     model.ir_version = 8
     X = np.linspace(-1, 1, 40, dtype=np.float32).reshape(-1, 1)
     y = 3 * X.ravel()
-    est = OrtGradientForwardBackwardOptimizer(
-        model, weights_to_train=["W"], warm_start=True, max_iter=100,
-        learning_rate=LearningRateSGD(0.3, learning_rate="constant")).fit(X, y)
-    assert est.training_path_ == "split"
-    np.testing.assert_allclose(est.get_state()[0], [[3.0]], atol=1e-3)
-    with pytest.raises(ValueError, match="control flow"):
-        OrtGradientForwardBackwardOptimizer(model, weights_to_train=["W"],
-                                            training_path="loop").fit(X, y)
+    fits = {}
+    for path in ("split", "fused", "loop", "auto"):
+        fits[path] = OrtGradientForwardBackwardOptimizer(
+            model, weights_to_train=["W"], warm_start=True, max_iter=100,
+            training_path=path, batch_size=8,
+            learning_rate=LearningRateSGD(0.3, learning_rate="constant")).fit(X, y)
+    assert fits["auto"].training_path_ == "loop"
+    np.testing.assert_allclose(fits["split"].get_state()[0], [[3.0]], atol=1e-3)
+    for path in ("fused", "loop", "auto"):
+        np.testing.assert_allclose(fits[path].train_losses_, fits["split"].train_losses_,
+                                   rtol=1e-5, atol=1e-12)
+        np.testing.assert_allclose(fits[path].get_state()[0],
+                                   fits["split"].get_state()[0], rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------

@@ -328,7 +328,7 @@ def _final_gradient(g, grads, w):
     return g.op("Identity", total, outputs=[name])
 
 
-def _rename_reads(nodes, old, new):
+def rename_reads(nodes, old, new):
     """Make ``nodes`` (and the subgraphs they hold, where ``old`` is not
     defined locally) read ``new`` wherever they read ``old``."""
     for node in nodes:
@@ -343,7 +343,7 @@ def _rename_reads(nodes, old, new):
                 local |= {o for n in graph.node for o in n.output}
                 if old in local:  # shadowed: the subgraph's own value
                     continue
-                _rename_reads(graph.node, old, new)
+                rename_reads(graph.node, old, new)
                 for out in graph.output:
                     if out.name == old:
                         out.name = new
@@ -402,8 +402,8 @@ def fold_output_identities(nodes, outputs):
             producers[out] = source
             del producers[value]
             moved = [r for r in readers.pop(value, []) if r is not node]
-            _rename_reads(moved, value, out)
-            _rename_reads(holders, value, out)
+            rename_reads(moved, value, out)
+            rename_reads(holders, value, out)
             readers.setdefault(out, []).extend(moved)
     if removed:
         nodes[:] = [n for n in nodes if id(n) not in removed]

@@ -4,7 +4,6 @@ numpy copies and rebuild a Trainer lazily."""
 from __future__ import annotations
 
 import numpy as np
-from onnx import AttributeProto
 
 from ..graph import opset_of
 from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
@@ -199,11 +198,6 @@ class Trainer:
         opset = opset_of(self.model)
         if opset is None or opset < 13:
             return f"opset {opset} < 13"
-        if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
-               for node in self.model.graph.node for a in node.attribute):
-            # the loop renames the weights inside its body; subgraphs reading
-            # them from the enclosing scope would see stale values
-            return "the model has control flow (If, Loop, Scan)"
         from sklearn.base import clone
         model, loss = _softmax_cross_entropy_on_logits(self.model, clone(spec["loss"]))
         loss = loss.build_onnx(
