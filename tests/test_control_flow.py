@@ -204,20 +204,7 @@ def test_scan_with_states_scan_outputs_and_outer_weights(opset):
     wrt = ["W", "U", "V", "h0", "c0", "X"]
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     feeds = {"X": rng.normal(size=(4, 3)), **inits}
-    gm = build_gradient_models(model, wrt)
-    for m in (gm.inference_model, gm.forward_model, gm.backward_model):
-        check_model(m)
-    fused, bg = build_fused_model(model, wrt)
-    check_model(fused)
-    inference = session(gm.inference_model)
-    y = run(inference, feeds)
-    grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
-    _, split = split_gradients(gm, feeds, grad_outputs)
-    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
-    for w in wrt:
-        num = numeric_gradient(inference, feeds, w, grad_outputs)
-        assert relative_error(num, split[w]) < TOL, (w, split[w], num)
-        assert relative_error(num, fused_grads[w]) < TOL, w
+    _check_gradients(model, wrt, feeds, seed=2)
 
 
 def test_scan_only_the_scan_output_differentiated():

@@ -78,13 +78,20 @@ def _scan_model(elem):
     """h_t = h_{t-1} + Tanh(h_{t-1} @ W + x_t) (a residual recurrence: the
     gradient of x_t is that of the pre-activation, which the MatMuls of the
     gradients of W and h also read); y_t = Identity(Tanh(...))."""
-    body = helper.make_graph(
+    return _scan_of(
         [helper.make_node("MatMul", ["h_in", "W"], ["a"]),
          helper.make_node("Add", ["a", "x_t"], ["pre"]),
          helper.make_node("Tanh", ["pre"], ["t"]),
          helper.make_node("Add", ["h_in", "t"], ["h_out"]),
          helper.make_node("Identity", ["t"], ["y_t"])],
-        "scan_body", [_vi("h_in", elem, [B, H]), _vi("x_t", elem, [B, H])],
+        elem)
+
+
+def _scan_of(body_nodes, elem):
+    """A Scan over X [T, B, H] carrying h (from h0) whose body (inputs h_in,
+    x_t; outputs h_out, y_t) is ``body_nodes`` and reads the weight W."""
+    body = helper.make_graph(
+        body_nodes, "scan_body", [_vi("h_in", elem, [B, H]), _vi("x_t", elem, [B, H])],
         [_vi("h_out", elem, [B, H]), _vi("y_t", elem, [B, H])])
     node = helper.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body,
                             num_scan_inputs=1)
@@ -98,19 +105,12 @@ def _scan_shared_gradient_model(elem):
     """h_t = Tanh(h_{t-1} + x_t) @ W, y_t = Identity(Tanh(...)): the
     gradients of h and of x_t entering the step are one value, two outputs
     of the reverse body (the second stays an Identity of the first)."""
-    body = helper.make_graph(
+    return _scan_of(
         [helper.make_node("Add", ["h_in", "x_t"], ["pre"]),
          helper.make_node("Tanh", ["pre"], ["t"]),
          helper.make_node("MatMul", ["t", "W"], ["h_out"]),
          helper.make_node("Identity", ["t"], ["y_t"])],
-        "scan_body", [_vi("h_in", elem, [B, H]), _vi("x_t", elem, [B, H])],
-        [_vi("h_out", elem, [B, H]), _vi("y_t", elem, [B, H])])
-    node = helper.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body,
-                            num_scan_inputs=1)
-    w = _weights()
-    return _make_model([node], [("X", [T, B, H])],
-                       [("hT", [B, H]), ("Y", [T, B, H])],
-                       {k: w[k] for k in ("W", "h0")}, elem)
+        elem)
 
 
 def _loop_model(elem):
