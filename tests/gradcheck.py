@@ -8,8 +8,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnxtrain.autodiff.context import VJPContext
+from onnxtrain.graph import GraphBuilder, infer_value_types
+
 __all__ = ["session", "run", "check_model", "split_gradients",
-           "fused_gradients", "numeric_gradient", "relative_error"]
+           "fused_gradients", "numeric_gradient", "central_differences",
+           "relative_error", "expansion_model"]
 
 
 def session(model):
@@ -83,13 +87,19 @@ def numeric_gradient(sess, feeds, wrt, grad_outputs, eps=1e-6):
                    for o, g in grad_outputs.items())
 
     base = np.asarray(feeds[wrt])
-    point = base.astype(np.float64)
-    grad = np.zeros(point.shape, dtype=np.float64)
-    for idx in np.ndindex(point.shape):
-        plus, minus = point.copy(), point.copy()
+    return central_differences(objective, base.astype(np.float64), eps)
+
+
+def central_differences(f, p, eps=1e-6):
+    """``(f(p + eps e_i) - f(p - eps e_i)) / (2 eps)`` for every element i
+    of the array ``p``: the gradient of the scalar function ``f``, in
+    ``p``'s dtype."""
+    grad = np.zeros_like(p)
+    for idx in np.ndindex(p.shape):
+        plus, minus = p.copy(), p.copy()
         plus[idx] += eps
         minus[idx] -= eps
-        grad[idx] = (objective(plus) - objective(minus)) / (2 * eps)
+        grad[idx] = (f(plus) - f(minus)) / (2 * eps)
     return grad
 
 
@@ -100,3 +110,24 @@ def relative_error(num, ana):
     assert num.shape == ana.shape, f"shape {ana.shape} != expected {num.shape}"
     return float(np.max(np.abs(num - ana), initial=0.0)
                  / max(float(np.max(np.abs(num), initial=0.0)), 1e-12))
+
+
+def expansion_model(model, expand):
+    """The expansion ``expand(ctx)`` that a VJP rule differentiates, of the
+    single node of ``model``, as a model of the same inputs, outputs, opset
+    and IR version (``expand`` returns one output name or a list)."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    node = model.graph.node[0]
+    g = GraphBuilder(opset, {i.name for i in model.graph.input},
+                     infer_value_types(model))
+    ctx = VJPContext(node, g, [True] * len(node.input), {})
+    outputs = expand(ctx)
+    for name, out in zip([outputs] if isinstance(outputs, str) else outputs,
+                         model.graph.output):
+        g.op("Identity", name, outputs=[out.name])
+    graph = onnx.helper.make_graph(g.nodes, "expansion", list(model.graph.input),
+                                   list(model.graph.output), g.initializers)
+    expanded = onnx.helper.make_model(graph, opset_imports=model.opset_import)
+    expanded.ir_version = model.ir_version
+    check_model(expanded)
+    return expanded

@@ -69,7 +69,6 @@ class Case:
 
     def model(self, dtype, values):
         """ModelProto in ``dtype`` whose weights hold ``values``."""
-        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
         nodes = [helper.make_node(op, ins, outs, name=f"{outs[0]}_node", **att)
                  for op, ins, outs, att in self.nodes]
         inputs = [helper.make_tensor_value_info(

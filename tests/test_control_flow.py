@@ -67,15 +67,21 @@ def _then_else_w(opset=17):
     return _model(then_b, else_b, opset=opset)
 
 
-def _check(model, wrt, cond, n=4):
-    rng = np.random.default_rng(1)
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    feeds = {"X": rng.normal(size=(n, 3)), "cond": np.array(cond)}
-    feeds.update({w: inits[w] for w in wrt if w in inits})
-    gm = build_gradient_models(model, wrt)
+def _initializers(model):
+    """``{name: array}`` of the model's initializers."""
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+
+def _check_gradients(model, wrt, feeds, seed=4, outputs=None):
+    """Split and fused gradients of ``model`` (of ``outputs``, None: all)
+    against finite differences; ``seed``: a seed or the Generator drawing
+    the output gradients. Returns the inference outputs and the split
+    gradients."""
+    rng = np.random.default_rng(seed)
+    gm = build_gradient_models(model, wrt, outputs=outputs)
     for m in (gm.inference_model, gm.forward_model, gm.backward_model):
         check_model(m)
-    fused, bg = build_fused_model(model, wrt)
+    fused, bg = build_fused_model(model, wrt, outputs=outputs)
     check_model(fused)
     inference = session(gm.inference_model)
     y = run(inference, feeds)
@@ -84,9 +90,19 @@ def _check(model, wrt, cond, n=4):
     fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
     for w in wrt:
         num = numeric_gradient(inference, feeds, w, grad_outputs)
-        assert relative_error(num, split[w]) < TOL, (w, cond, split[w], num)
-        assert relative_error(num, fused_grads[w]) < TOL, (w, cond)
-    return split
+        assert relative_error(num, split[w]) < TOL, (w, split[w], num)
+        assert relative_error(num, fused_grads[w]) < TOL, w
+    return y, split
+
+
+def _check(model, wrt, cond, n=4):
+    """:func:`_check_gradients` of an If model on X [n, 3] for ``cond``;
+    returns the split gradients."""
+    rng = np.random.default_rng(1)
+    inits = _initializers(model)
+    feeds = {"X": rng.normal(size=(n, 3)), "cond": np.array(cond)}
+    feeds.update({w: inits[w] for w in wrt if w in inits})
+    return _check_gradients(model, wrt, feeds, rng)[1]
 
 
 @pytest.mark.parametrize("cond", [True, False])
@@ -202,46 +218,15 @@ def test_scan_with_states_scan_outputs_and_outer_weights(opset):
     model = _rnn_model(opset=opset)
     rng = np.random.default_rng(2)
     wrt = ["W", "U", "V", "h0", "c0", "X"]
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    feeds = {"X": rng.normal(size=(4, 3)), **inits}
+    feeds = {"X": rng.normal(size=(4, 3)), **_initializers(model)}
     _check_gradients(model, wrt, feeds, seed=2)
 
 
 def test_scan_only_the_scan_output_differentiated():
     model = _rnn_model()
     rng = np.random.default_rng(3)
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    feeds = {"X": rng.normal(size=(5, 3)), **inits}
-    gm = build_gradient_models(model, ["W", "U"], outputs=["Z"])
-    check_model(gm.backward_model)
-    inference = session(gm.inference_model)
-    y = run(inference, feeds)
-    grad_outputs = {"Z": rng.normal(size=y["Z"].shape)}
-    _, split = split_gradients(gm, feeds, grad_outputs)
-    for w in ("W", "U"):
-        num = numeric_gradient(inference, feeds, w, grad_outputs)
-        assert relative_error(num, split[w]) < TOL, w
-
-
-def _check_gradients(model, wrt, feeds, seed=4):
-    """Split and fused gradients of ``model`` against finite differences;
-    returns the inference outputs."""
-    rng = np.random.default_rng(seed)
-    gm = build_gradient_models(model, wrt)
-    for m in (gm.inference_model, gm.forward_model, gm.backward_model):
-        check_model(m)
-    fused, bg = build_fused_model(model, wrt)
-    check_model(fused)
-    inference = session(gm.inference_model)
-    y = run(inference, feeds)
-    grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
-    _, split = split_gradients(gm, feeds, grad_outputs)
-    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
-    for w in wrt:
-        num = numeric_gradient(inference, feeds, w, grad_outputs)
-        assert relative_error(num, split[w]) < TOL, (w, split[w], num)
-        assert relative_error(num, fused_grads[w]) < TOL, w
-    return y
+    feeds = {"X": rng.normal(size=(5, 3)), **_initializers(model)}
+    _check_gradients(model, ["W", "U"], feeds, rng, outputs=["Z"])
 
 
 def _layout_scan_model(axes, directions, out_axis, out_dir, opset=17):
@@ -297,11 +282,10 @@ def test_scan_along_other_axes_and_in_reverse(axes, directions, out_axis,
                                               out_dir, opset):
     model = _layout_scan_model(axes, directions, out_axis, out_dir, opset)
     rng = np.random.default_rng(5)
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     feeds = {vi.name: rng.normal(size=[d.dim_value for d in
                                        vi.type.tensor_type.shape.dim])
              for vi in model.graph.input}
-    feeds.update(inits)
+    feeds.update(_initializers(model))
     _check_gradients(model, ["W", "U", "V", "h0", "X", "Y"], feeds)
 
 
@@ -339,8 +323,7 @@ def _scan8_model(directions=(0,), seq_lens=None):
 def test_scan8_with_batch_axis_and_sequence_lens(directions, seq_lens):
     model = _scan8_model(directions, seq_lens)
     rng = np.random.default_rng(6)
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    feeds = {"X": rng.normal(size=(2, 4, 3)), **inits}
+    feeds = {"X": rng.normal(size=(2, 4, 3)), **_initializers(model)}
     wrt = ["W", "U", "V", "h0", "c0", "X"]
     _check_gradients(model, wrt, feeds)
 
@@ -473,25 +456,13 @@ def _loop_model(opset=17, cond="absent", trip="input", n=4):
 
 
 def _check_loop(model, wrt, n=4, outputs=None, iterations=None):
+    """:func:`_check_gradients` of a Loop model run ``n`` times (Z has
+    ``iterations`` rows, default n); returns the split gradients."""
     rng = np.random.default_rng(2)
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     feeds = {"X": rng.normal(size=(n + 1, 3)), "M": np.array(n, np.int64),
-             **inits}
-    gm = build_gradient_models(model, wrt, outputs=outputs)
-    for m in (gm.inference_model, gm.forward_model, gm.backward_model):
-        check_model(m)
-    fused, bg = build_fused_model(model, wrt, outputs=outputs)
-    check_model(fused)
-    inference = session(gm.inference_model)
-    y = run(inference, feeds)
+             **_initializers(model)}
+    y, split = _check_gradients(model, wrt, feeds, rng, outputs=outputs)
     assert y["Z"].shape == (n if iterations is None else iterations, 2)
-    grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
-    _, split = split_gradients(gm, feeds, grad_outputs)
-    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
-    for w in wrt:
-        num = numeric_gradient(inference, feeds, w, grad_outputs)
-        assert relative_error(num, split[w]) < TOL, (w, split[w], num)
-        assert relative_error(num, fused_grads[w]) < TOL, w
     return split
 
 

@@ -18,12 +18,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from gradcheck import (check_model, numeric_gradient, relative_error, run,
-                       session, split_gradients)
+from gradcheck import (check_model, expansion_model, numeric_gradient,
+                       relative_error, run, session, split_gradients)
 from onnxtrain.autodiff import build_gradient_models
-from onnxtrain.autodiff.context import VJPContext
 from onnxtrain.autodiff.rules.deform_conv import expand
-from onnxtrain.graph import GraphBuilder, infer_value_types
 
 D = TensorProto.DOUBLE
 
@@ -79,21 +77,6 @@ def _feeds(model, n, seed):
     return feeds
 
 
-def _expansion_model(model):
-    """The rule's sampling and im2col convolution as a model."""
-    types = infer_value_types(model)
-    node = model.graph.node[0]
-    g = GraphBuilder(19, {i.name for i in model.graph.input}, types)
-    ctx = VJPContext(node, g, [True] * len(node.input), {})
-    g.op("Identity", expand(ctx), outputs=["Y"])
-    graph = helper.make_graph(g.nodes, "expansion", list(model.graph.input),
-                              list(model.graph.output), g.initializers)
-    expanded = helper.make_model(graph, opset_imports=model.opset_import)
-    expanded.ir_version = 9
-    check_model(expanded)
-    return expanded
-
-
 # one row per configuration: (model arguments, attributes)
 CASES = [
     ({"inputs": ()}, {"pads": [1, 1, 1, 1]}),
@@ -114,7 +97,7 @@ def test_expansion_matches_onnxruntime(args, attrs):
     model = _model(**args, **attrs)
     feeds = _feeds(model, 2, seed=1)
     expected = session(model).run(None, feeds)[0]
-    got = session(_expansion_model(model)).run(None, feeds)[0]
+    got = session(expansion_model(model, expand)).run(None, feeds)[0]
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 

@@ -17,6 +17,7 @@ from sklearn.metrics import (log_loss, mean_absolute_error, mean_poisson_devianc
                              mean_squared_error)
 from sklearn.neural_network._base import LOSS_FUNCTIONS as MLP_LOSSES
 
+from gradcheck import central_differences
 from onnxtrain.losses import (_LOSSES, AbsoluteLearningLoss, BaseLearningLoss,
                               CrossEntropyLearningLoss, ElasticLearningLoss,
                               NegLogLearningLoss, PoissonLearningLoss,
@@ -196,16 +197,6 @@ def _data(name, shape, seed=0):
     return y, p, w
 
 
-def _central_differences(f, p, eps=1e-6):
-    grad = np.zeros_like(p)
-    for idx in np.ndindex(p.shape):
-        plus, minus = p.copy(), p.copy()
-        plus[idx] += eps
-        minus[idx] -= eps
-        grad[idx] = (f(plus) - f(minus)) / (2 * eps)
-    return grad
-
-
 # ------------------------------------------------------------------ the table
 
 def test_every_registered_loss_has_a_row():
@@ -251,7 +242,7 @@ def test_gradient_matches_finite_differences(name, shape, weighted):
     sw = w if weighted else None
     sess = _session(name, np.float64, weighted, len(shape))
     _, grad = _run(sess, y, p, sw)
-    numeric = _central_differences(lambda q: _run(sess, y, q, sw)[0], p)
+    numeric = central_differences(lambda q: _run(sess, y, q, sw)[0], p)
     k = p.size // p.shape[0] if case.grad_scale_k else 1
     assert_allclose(grad, k * numeric, rtol=1e-6, atol=1e-9)
 

@@ -16,12 +16,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from gradcheck import (check_model, numeric_gradient, relative_error, run,
-                       session, split_gradients)
+from gradcheck import (check_model, expansion_model, numeric_gradient,
+                       relative_error, run, session, split_gradients)
 from onnxtrain.autodiff import build_gradient_models
-from onnxtrain.autodiff.context import VJPContext
 from onnxtrain.autodiff.rules.recurrent import expand
-from onnxtrain.graph import GraphBuilder, infer_value_types
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 OPTIONAL = ("B", "L", "H0", "C0", "P")
@@ -72,24 +70,6 @@ def _feeds(model, dtype, seed=0, t=3, n=2, lens=None):
     return feeds
 
 
-def _expansion_model(model):
-    """The expansion the rule differentiates, as a model of the same
-    inputs and outputs."""
-    types = infer_value_types(model)
-    node = model.graph.node[0]
-    g = GraphBuilder(17, {i.name for i in model.graph.input}, types)
-    ctx = VJPContext(node, g, [True] * len(node.input), {})
-    outputs = expand(ctx)
-    for name, out in zip(outputs, model.graph.output):
-        g.op("Identity", name, outputs=[out.name])
-    graph = helper.make_graph(g.nodes, "expansion", list(model.graph.input),
-                              list(model.graph.output), g.initializers)
-    expanded = helper.make_model(graph, opset_imports=model.opset_import)
-    expanded.ir_version = 8
-    check_model(expanded)
-    return expanded
-
-
 def _to_layout0(feeds):
     moved = dict(feeds)
     for k in ("X", "H0", "C0"):
@@ -126,7 +106,7 @@ def test_expansion_matches_onnxruntime(op, attrs, inputs, lens):
     model = _model(op, inputs=inputs, **attrs)
     feeds = _feeds(model, np.float32, lens=lens)
     expected = session(model).run(None, feeds)
-    got = session(_expansion_model(model)).run(None, feeds)
+    got = session(expansion_model(model, expand)).run(None, feeds)
     for e, a in zip(expected, got):
         np.testing.assert_allclose(a, e, atol=2e-6)
     if lens is not None:  # Y is zero after the shortest row's length
@@ -141,7 +121,7 @@ def test_layout_1_matches_onnxruntime_on_transposed_inputs(op):
     feeds = _feeds(model, np.float32, lens=[3, 2])
     reference = _model(op, inputs=inputs, direction="bidirectional")
     expected = session(reference).run(None, _to_layout0(feeds))
-    got = session(_expansion_model(model)).run(None, feeds)
+    got = session(expansion_model(model, expand)).run(None, feeds)
     np.testing.assert_allclose(got[0], np.transpose(expected[0], (2, 0, 1, 3)),
                                atol=2e-6)
     for e, a in zip(expected[1:], got[1:]):
@@ -175,7 +155,7 @@ def test_gradients_match_finite_differences_float64(op, attrs, lens):
     wrt = [i.name for i in model.graph.input if i.name != "L"]
     gm = build_gradient_models(model, wrt)
     check_model(gm.backward_model)
-    reference = session(_expansion_model(model))
+    reference = session(expansion_model(model, expand))
     for t, n, lens_tn in ((3, 2, lens), (4, 1, lens and [4])):
         feeds = _feeds(model, np.float64, seed=t, t=t, n=n, lens=lens_tn)
         outputs = run(reference, feeds)
@@ -221,7 +201,7 @@ def test_only_some_outputs_and_inputs():
     model = _model("LSTM", np.float64, inputs=("B", "H0", "C0", "P"))
     gm = build_gradient_models(model, ["R", "C0"], outputs=["Y_h"])
     feeds = _feeds(model, np.float64)
-    reference = session(_expansion_model(model))
+    reference = session(expansion_model(model, expand))
     grad_outputs = {"Y_h": np.random.default_rng(3).normal(size=(1, 2, 2))}
     grads = _backward_gradients(gm, feeds, grad_outputs)
     for w in ("R", "C0"):

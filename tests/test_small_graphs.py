@@ -10,6 +10,7 @@ from numpy.testing import assert_allclose
 from onnx import TensorProto
 from sklearn.metrics import mean_squared_error
 
+from gradcheck import central_differences
 from onnxtrain import LearningRateSGD, SquareLearningLoss
 from onnxtrain.losses import resolve_learning_loss
 from onnxtrain.optim import resolve_learning_rate
@@ -96,16 +97,6 @@ def test_square_loss_unit_weights_equal_unweighted():
     assert_allclose(grad_w, grad, rtol=1e-12)
 
 
-def _central_differences(f, p, eps=1e-6):
-    grad = np.zeros_like(p)
-    for idx in np.ndindex(p.shape):
-        plus, minus = p.copy(), p.copy()
-        plus[idx] += eps
-        minus[idx] -= eps
-        grad[idx] = (f(plus) - f(minus)) / (2 * eps)
-    return grad
-
-
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_square_loss_gradient_finite_differences(weighted, k):
@@ -116,7 +107,7 @@ def test_square_loss_gradient_finite_differences(weighted, k):
     sw = w if weighted else None
     sess = _loss_session(np.float64, weighted)
     _, grad = _run_loss(sess, y, p, sw)
-    numeric = _central_differences(lambda q: _run_loss(sess, y, q, sw)[0], p)
+    numeric = central_differences(lambda q: _run_loss(sess, y, q, sw)[0], p)
     assert_allclose(grad, k * numeric, rtol=1e-7, atol=1e-10)
 
 

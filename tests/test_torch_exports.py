@@ -85,6 +85,17 @@ def _onnx_vjp(model, weights, feeds, grad_y):
     return gm, forward, grads
 
 
+def _assert_matches_torch(net, y, grad_y, forward, grads):
+    """onnxtrain's output equals torch's ``y`` and its weight gradients equal
+    autograd's VJP of ``grad_y`` through ``net``."""
+    np.testing.assert_allclose(forward["y"], y.detach().numpy(), rtol=1e-4,
+                               atol=1e-5)
+    (y * torch.from_numpy(grad_y)).sum().backward()
+    for name, param in net.named_parameters():
+        np.testing.assert_allclose(grads[name], param.grad.numpy(), rtol=1e-3,
+                                   atol=1e-5, err_msg=name)
+
+
 def _dropout_mask(model, gm, forward):
     """The mask the forward run drew (Dropout's second output)."""
     node = next(n for n in model.graph.node if n.op_type == "Dropout")
@@ -103,12 +114,7 @@ def test_cnn_gradients_match_torch_autograd():
     assert 0 < mask.mean() < 1  # a real training-mode draw
     net.zero_grad()
     y = net(x, mask=torch.from_numpy(mask.astype(np.float32)))
-    np.testing.assert_allclose(forward["y"], y.detach().numpy(), rtol=1e-4,
-                               atol=1e-5)
-    (y * torch.from_numpy(grad_y)).sum().backward()
-    for name, param in net.named_parameters():
-        np.testing.assert_allclose(grads[name], param.grad.numpy(), rtol=1e-3,
-                                   atol=1e-5, err_msg=name)
+    _assert_matches_torch(net, y, grad_y, forward, grads)
 
 
 def test_transformer_block_gradients_match_torch_autograd():
@@ -123,12 +129,7 @@ def test_transformer_block_gradients_match_torch_autograd():
     _, forward, grads = _onnx_vjp(model, weights, {"tokens": tokens.numpy()},
                                   grad_y)
     y = net(tokens)
-    np.testing.assert_allclose(forward["y"], y.detach().numpy(), rtol=1e-4,
-                               atol=1e-5)
-    (y * torch.from_numpy(grad_y)).sum().backward()
-    for name, param in net.named_parameters():
-        np.testing.assert_allclose(grads[name], param.grad.numpy(), rtol=1e-3,
-                                   atol=1e-5, err_msg=name)
+    _assert_matches_torch(net, y, grad_y, forward, grads)
 
 
 def test_sgd_with_onnxtrain_gradients_lowers_the_loss():

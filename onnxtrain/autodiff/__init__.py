@@ -5,7 +5,7 @@ Rules live in a registry keyed by (domain, op type) (:func:`register_vjp`,
 nodes; :func:`build_gradient_models` (split form) and
 :func:`build_fused_model` (fused form) assemble models from them.
 """
-from . import rules  # noqa: F401  (registers the rules)
+from . import rules  # importing registers the rules
 from .backward import BackwardGraph, backward, trainable_initializers
 from .context import VJPContext, sum_to
 from .models import GradientModels, build_fused_model, build_gradient_models
@@ -17,4 +17,4 @@ __all__ = ["BackwardGraph", "GradientModels", "VJPContext", "backward",
            "build_fused_model", "build_gradient_models", "get_vjp_rule",
            "is_nondifferentiable", "nondifferentiable_ops",
            "register_nondifferentiable", "register_vjp", "registered_vjp_ops",
-           "sum_to", "trainable_initializers"]
+           "rules", "sum_to", "trainable_initializers"]

@@ -121,6 +121,18 @@ def _model(g, name, inputs, outputs, initializers):
     return make_model(graph, [helper.make_opsetid("", g.opset)])
 
 
+def _one_output_model(coefs, intercepts, activation, exp, output, graph_name):
+    """The layers, then Exp (``exp``) or Identity into ``output`` of shape
+    (n, n_outputs)."""
+    g, initializers, inputs, z = _layers(coefs, intercepts, activation)
+    elem_type = numpy_to_elem_type(np.asarray(coefs[0]).dtype)
+    g.reserve(output)
+    g.op("Exp" if exp else "Identity", z, outputs=[output])
+    outputs = [helper.make_tensor_value_info(output, elem_type,
+                                             [None, coefs[-1].shape[1]])]
+    return _model(g, graph_name, inputs, outputs, initializers)
+
+
 def training_graph(coefs, intercepts, activation, exp_output=False):
     """The graph trained: input ``X`` (n, n_features), output ``output``
     (n, n_outputs), the last pre-activation, or its exponential when
@@ -137,13 +149,8 @@ def training_graph(coefs, intercepts, activation, exp_output=False):
     -------
     onnx.ModelProto
     """
-    g, initializers, inputs, z = _layers(coefs, intercepts, activation)
-    elem_type = numpy_to_elem_type(np.asarray(coefs[0]).dtype)
-    g.reserve("output")
-    g.op("Exp" if exp_output else "Identity", z, outputs=["output"])
-    outputs = [helper.make_tensor_value_info("output", elem_type,
-                                             [None, coefs[-1].shape[1]])]
-    return _model(g, "mlp_training", inputs, outputs, initializers)
+    return _one_output_model(coefs, intercepts, activation, exp_output,
+                             "output", "mlp_training")
 
 
 def regressor_graph(coefs, intercepts, activation, out_activation="identity"):
@@ -160,14 +167,9 @@ def regressor_graph(coefs, intercepts, activation, out_activation="identity"):
     -------
     onnx.ModelProto
     """
-    g, initializers, inputs, z = _layers(coefs, intercepts, activation)
-    elem_type = numpy_to_elem_type(np.asarray(coefs[0]).dtype)
-    g.reserve("variable")
-    g.op("Exp" if out_activation == "exp" else "Identity", z,
-         outputs=["variable"])
-    outputs = [helper.make_tensor_value_info("variable", elem_type,
-                                             [None, coefs[-1].shape[1]])]
-    return _model(g, "mlp_regressor", inputs, outputs, initializers)
+    return _one_output_model(coefs, intercepts, activation,
+                             out_activation == "exp", "variable",
+                             "mlp_regressor")
 
 
 def _label_tensor(classes):

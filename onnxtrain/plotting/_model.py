@@ -1,7 +1,6 @@
-"""Load a model from the accepted input types; describe tensor types as text."""
+"""Describe tensor types and shapes as text."""
 import onnx
 
-from ..models import load_model  # noqa: F401  (re-exported for the plotting modules)
 
 _DTYPE_NAMES = {"FLOAT": "float32", "DOUBLE": "float64", "FLOAT16": "float16"}
 

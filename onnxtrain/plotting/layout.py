@@ -12,7 +12,8 @@ from typing import List, Tuple
 
 import onnx
 
-from ._model import load_model, shape_label, value_shape_label
+from ..models import load_model
+from ._model import shape_label, value_shape_label
 
 #: kinds of boxes, in the order a legend shows them
 BOX_KINDS = ("op", "input", "initializer", "weight", "output", "gradient")

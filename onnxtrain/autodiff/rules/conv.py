@@ -88,12 +88,20 @@ def _conv_weight_grad(ctx, x, gy, kernel, strides, dilations, pads, rank):
                   ctx.g.int64s(kernel), ctx.g.int64s(list(range(2, rank))))
 
 
+def _bias_grad(ctx, gy, rank):
+    """dB of Conv and ConvTranspose: dY summed over the batch and spatial
+    axes (None without B or when B needs no gradient)."""
+    if len(ctx.inputs) > 2 and ctx.needs_grad[2]:
+        return ctx.g.reduce_sum(gy, [0] + list(range(2, rank)), keepdims=0)
+    return None
+
+
 @register_vjp("Conv")
 def _conv(ctx, gy):
     x, w = ctx.inputs[:2]
     rank = ctx.rank(x, "Conv")
     kernel, strides, dilations, begins, ends = conv_geometry(ctx, x, w)
-    gx = gw = gb = None
+    gx = gw = None
     if ctx.needs_grad[0]:
         full = ctx.op("ConvTranspose", gy, w, strides=strides,
                       dilations=dilations, group=ctx.attr("group", 1),
@@ -103,9 +111,7 @@ def _conv(ctx, gy):
     if ctx.needs_grad[1]:
         gw = _conv_weight_grad(ctx, x, gy, kernel, strides, dilations,
                                begins + ends, rank)
-    if len(ctx.inputs) > 2 and ctx.needs_grad[2]:
-        gb = ctx.g.reduce_sum(gy, [0] + list(range(2, rank)), keepdims=0)
-    return (gx, gw, gb)[:len(ctx.inputs)]
+    return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
 
 
 def _conv_transpose_pads(ctx, x, kernel, strides, dilations):
@@ -142,7 +148,7 @@ def _conv_transpose(ctx, gy):
     begins, ends = _conv_transpose_pads(ctx, x, kernel, strides, dilations)
     if min(begins + ends) < 0:
         ctx.fail(f"negative pads {begins + ends}")
-    gx = gw = gb = None
+    gx = gw = None
     if ctx.needs_grad[0]:
         gx = ctx.op("Conv", gy, w, strides=strides, dilations=dilations,
                     group=ctx.attr("group", 1), pads=begins + ends)
@@ -150,9 +156,7 @@ def _conv_transpose(ctx, gy):
     if ctx.needs_grad[1]:
         gw = _conv_weight_grad(ctx, gy, x, kernel, strides, dilations,
                                begins + ends, rank)
-    if len(ctx.inputs) > 2 and ctx.needs_grad[2]:
-        gb = ctx.g.reduce_sum(gy, [0] + list(range(2, rank)), keepdims=0)
-    return (gx, gw, gb)[:len(ctx.inputs)]
+    return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
 
 
 @register_vjp("Col2Im")

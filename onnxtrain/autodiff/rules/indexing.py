@@ -161,17 +161,25 @@ def _one_hot(ctx, indices, x, axis, where):
     return ctx.g.cast(hot, ctx.dtype)
 
 
+def _one_hot_operands(ctx):
+    """``(x, indices, rank of x, axis)`` of a Gather or GatherElements before
+    opset 16, whose gradient is then summed back through a one-hot tensor
+    (Einsum: opset >= 12)."""
+    if ctx.opset < 12:
+        ctx.fail(f"opset {ctx.opset} has neither ScatterND with reduction nor "
+                 "Einsum to sum the gradient back; use opset >= 12")
+    x, indices = ctx.inputs
+    rank = ctx.rank(x, ctx.node.op_type)
+    return x, indices, rank, ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
+
+
 @register_vjp("Gather")
 def _gather(ctx, gy):
     # before opset 16 (no scatter-add): dx = contraction of dy with one-hot
     if ctx.opset >= 16:
         return copy_adjoint(ctx, gy)
-    if ctx.opset < 12:
-        ctx.fail(f"opset {ctx.opset} has neither ScatterND with reduction nor "
-                 "Einsum to sum the gradient back; use opset >= 12")
-    x, indices = ctx.inputs
-    rank, k = ctx.rank(x, "Gather"), ctx.rank(indices, "Gather")
-    axis = ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
+    x, indices, rank, axis = _one_hot_operands(ctx)
+    k = ctx.rank(indices, "Gather")
     letters = "abcdefghijklmnopqrstuvwxyz"
     pre, idx, post = letters[:axis], letters[axis:axis + k], letters[
         axis + k:rank + k - 1]
@@ -186,12 +194,7 @@ def _gather_elements(ctx, gy):
     # padded with zeros where indices is smaller than x
     if ctx.opset >= 16:
         return copy_adjoint(ctx, gy)
-    if ctx.opset < 12:
-        ctx.fail(f"opset {ctx.opset} has neither ScatterND with reduction nor "
-                 "Einsum to sum the gradient back; use opset >= 12")
-    x, indices = ctx.inputs
-    rank = ctx.rank(x, "GatherElements")
-    axis = ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
+    x, indices, rank, axis = _one_hot_operands(ctx)
     hot = _one_hot(ctx, indices, x, axis, axis + 1)
     spread = ctx.op("Mul", hot, ctx.g.unsqueeze(gy, [axis + 1]))
     gx = ctx.g.reduce_sum(spread, [axis], keepdims=0)

@@ -5,7 +5,6 @@ Every rule broadcasts the output gradient back to the input's shape with
 input unreduced) and multiplies it by the local derivative.
 """
 
-import numpy as np
 from onnx import TensorProto
 
 from ..registry import register_vjp
