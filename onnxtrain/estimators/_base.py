@@ -98,8 +98,18 @@ class BaseOrtGradientEstimator(BaseEstimator):
         cached = getattr(self, "_model_cache", None)
         if cached is None or cached[0] is not self.model_onnx:
             full, training = self._make_training_model(load_model(self.model_onnx))
-            cached = self._model_cache = (self.model_onnx, training, full)
+            cached = self._model_cache = (self.model_onnx, training, full, {})
         return cached[1]
+
+    def _training_types(self):
+        """:func:`~onnxtrain.graph.infer_value_types` of the graph trained,
+        cached with it: shape inference would otherwise run at every
+        ``fit``, ``predict`` and ``score`` call."""
+        model = self._training_model()
+        types = self._model_cache[3]
+        if not types:
+            types.update(infer_value_types(model))
+        return types
 
     def _make_training_model(self, model):
         """(model after rewrites, graph trained): subclasses choose."""
@@ -226,7 +236,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     def _validate_data_for_fit(self, model, X, y, sample_weight, classes, first):
         _check_feature_names(self, X, reset=first)  # feature_names_in_
-        X = check_features(model, X, "X")
+        X = check_features(model, X, "X", self._training_types())
         y = self._encode_targets(y, X.shape[0], classes, first)
         if sample_weight is not None:
             sample_weight = check_targets(sample_weight, X.shape[0],
@@ -243,7 +253,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             raise ValueError("X_val and y_val must be given together.")
         if X_val is None:
             return None, None
-        X_val = check_features(model, X_val, "X_val")
+        X_val = check_features(model, X_val, "X_val", self._training_types())
         return X_val, self._encode_targets(y_val, X_val.shape[0], None, False,
                                            name="y_val")
 
@@ -472,7 +482,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def _raw_predict(self, X):
         trainer = self._ensure_trainer()
         _check_feature_names(self, X, reset=False)  # other names: an error
-        X = check_features(self._training_model(), X, "X")
+        X = check_features(self._training_model(), X, "X", self._training_types())
         return trainer.predict(X)
 
     def get_state(self):
@@ -527,7 +537,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self._trainer = None
 
 
-def prediction_dtype(model):
-    """numpy dtype of the model's first output."""
-    types = infer_value_types(model)
+def prediction_dtype(model, types=None):
+    """numpy dtype of the model's first output (``types``: the model's
+    :func:`~onnxtrain.graph.infer_value_types`, computed if None)."""
+    types = infer_value_types(model) if types is None else types
     return elem_type_to_numpy(types[model.graph.output[0].name][0])

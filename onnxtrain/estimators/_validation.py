@@ -18,8 +18,11 @@ def _check_numeric(array, name):
                         "string columns first.")
 
 
-def check_features(model, X, name="X"):
+def check_features(model, X, name="X", types=None):
     """Validate ``X`` for ``model``'s first input and cast it to its type.
+
+    ``types`` is the model's :func:`~onnxtrain.graph.infer_value_types`,
+    computed if None.
 
     Raises
     ------
@@ -30,7 +33,7 @@ def check_features(model, X, name="X"):
     """
     X = check_array(X, dtype=None, ensure_2d=True, input_name=name)
     _check_numeric(X, name)
-    types = infer_value_types(model)
+    types = infer_value_types(model) if types is None else types
     elem_type, shape = types[model.graph.input[0].name]
     if shape is not None and len(shape) == 2 and isinstance(shape[1], int) \
             and shape[1] != X.shape[1]:

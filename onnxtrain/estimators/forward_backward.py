@@ -201,7 +201,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
 
     # ---------------------------------------------------------- targets
     def _encode_targets(self, y, n_samples, classes, first, name="y"):
-        y = check_targets(y, n_samples, name, prediction_dtype(self._training_model()))
+        y = check_targets(y, n_samples, name, prediction_dtype(
+            self._training_model(), self._training_types()))
         if first:
             self._y_ndim = y.ndim
         rank = getattr(self, "_output_rank", None)
@@ -219,9 +220,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
 
     def _check_width(self, y, name):
         """The prediction must have as many columns as y."""
-        from ..graph import infer_value_types
         model = self._training_model()
-        shape = infer_value_types(model)[model.graph.output[0].name][1]
+        shape = self._training_types()[model.graph.output[0].name][1]
         width = shape[-1] if shape is not None and len(shape) == 2 else None
         if isinstance(width, int) and y.ndim == 2 and y.shape[1] != width:
             raise ValueError(
@@ -337,9 +337,8 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
         return model, probability_graph(model)[0]
 
     def _n_columns(self):
-        from ..graph import infer_value_types
         model = self._training_model()
-        shape = infer_value_types(model)[model.graph.output[0].name][1]
+        shape = self._training_types()[model.graph.output[0].name][1]
         return None if not shape or not isinstance(shape[-1], int) else shape[-1]
 
     def _encode_targets(self, y, n_samples, classes, first, name="y"):
@@ -365,7 +364,7 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
             raise ValueError(f"{name} has labels unseen at fit time: "
                              f"{unseen.tolist()}; known classes: {self.classes_.tolist()}.")
         index = np.searchsorted(self.classes_, y)
-        dtype = prediction_dtype(self._training_model())
+        dtype = prediction_dtype(self._training_model(), self._training_types())
         if self._n_columns() == 1:
             return index.astype(dtype).reshape(-1, 1)
         return np.eye(len(self.classes_), dtype=dtype)[index]

@@ -127,7 +127,7 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         """Value of the loss output on all of (X, y), in one pass (float)."""
         trainer = self._ensure_trainer()
         from ._validation import check_features
-        X = check_features(self._training_model(), X, "X")
+        X = check_features(self._training_model(), X, "X", self._training_types())
         y = self._encode_targets(y, X.shape[0], None, False)
         return trainer.dataset_loss(X, y)
 
