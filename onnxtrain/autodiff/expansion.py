@@ -114,12 +114,42 @@ def record_types(g, nodes, inputs, outputs, constants=None, refine=False,
         helper.make_opsetid("", g.opset)] + [
         helper.make_opsetid(d, 1) for d in sorted(domains)])
     produced = {o for n in nodes for o in n.output if o} if refine else set()
-    for name, info in infer_value_types(model).items():
+    for name, info in _infer_with_reshape_ranks(model).items():
         if name in produced:
             g.types[name] = info
         else:
             g.types.setdefault(name, info)
     return values
+
+
+def _infer_with_reshape_ranks(model):
+    """:func:`~onnxtrain.graph.infer_value_types`, plus the rank of a Reshape
+    whose target shape is computed (a Shape of a value with a symbolic dim)
+    and whose output shape inference left unknown: the length of that 1-D shape.
+    Reshape before opset 14 does not read the shape data inference
+    propagates (SoftmaxCrossEntropyLoss's body at opset 13 reshapes its
+    log-probabilities back to ``Shape(scores)``). The ranks found are given
+    as value infos and inference runs again, so that the readers of the
+    Reshape are typed too."""
+    types = infer_value_types(model)
+    for _ in range(8):  # one more Reshape typed per round at the most
+        hints = []
+        for node in model.graph.node:
+            if (node.op_type != "Reshape" or node.domain not in ("", "ai.onnx")
+                    or types.get(node.output[0], (0, None))[1] is not None
+                    or node.input[0] not in types):
+                continue
+            target = types.get(node.input[1])
+            if target is None or target[1] is None or len(target[1]) != 1 \
+                    or not isinstance(target[1][0], int):
+                continue
+            hints.append(helper.make_tensor_value_info(
+                node.output[0], types[node.input[0]][0], [None] * target[1][0]))
+        if not hints:
+            break
+        model.graph.value_info.extend(hints)
+        types = infer_value_types(model)
+    return types
 
 
 def differentiate_nodes(g, nodes, grads, wrt, constants):

@@ -38,10 +38,11 @@ def _type_proto(ctx, name):
     return helper.make_tensor_type_proto(elem_type, shape)
 
 
-def _with_defaults(ctx, node, schema):
+def _with_defaults(ctx, node, schema, raise_stash=True):
     """Copy of ``node`` with the schema's default attributes filled in; a
     ``stash_type`` below the input's precision is raised to it (float64
-    inputs are normalized in float64, as onnxruntime's kernels do)."""
+    inputs are normalized in float64, as onnxruntime's kernels do) unless
+    not ``raise_stash``."""
     full = onnx.NodeProto()
     full.CopyFrom(node)
     present = {a.name for a in node.attribute}
@@ -49,7 +50,7 @@ def _with_defaults(ctx, node, schema):
         if name not in present and attr.default_value.name:
             full.attribute.append(attr.default_value)
     for att in full.attribute:
-        if (att.name in ("stash_type", "softmax_precision")
+        if (raise_stash and att.name in ("stash_type", "softmax_precision")
                 and ctx.dtype == onnx.TensorProto.DOUBLE):
             att.i = onnx.TensorProto.DOUBLE
     return full
@@ -68,15 +69,35 @@ def _function_body(ctx):
                  f"opset {ctx.opset} (bodies at {sorted(c[0] for c in candidates)})")
     version, dependent = max(usable)
     full = _with_defaults(ctx, node, schema)
+    function = _build_body(ctx, schema, version, dependent, full)
+    if not len(function.node) and ctx.dtype == onnx.TensorProto.DOUBLE:
+        # onnx builds LayerNormalization's body for a float32 stash only
+        # (no body at all otherwise): build it so, then stash in float64
+        function = _build_body(ctx, schema, version, dependent,
+                               _with_defaults(ctx, node, schema, raise_stash=False))
+        for body_node in function.node:
+            for att in body_node.attribute:
+                if (body_node.op_type == "Cast" and att.name == "to"
+                        and att.i == onnx.TensorProto.FLOAT):
+                    att.i = onnx.TensorProto.DOUBLE
+    if not len(function.node):
+        ctx.fail(f"onnx builds no function body for this node at opset "
+                 f"{version} (an attribute or input type its builder refuses)")
+    return function, full
+
+
+def _build_body(ctx, schema, version, dependent, node):
+    """The FunctionProto of ``node`` (attributes filled in) at ``version``;
+    empty when onnx's context-dependent builder refuses the node."""
     if dependent:
         types = [_type_proto(ctx, i).SerializeToString() for i in node.input]
         data = schema.get_context_dependent_function_with_opset_version(
-            version, full.SerializeToString(), types)
+            version, node.SerializeToString(), types)
     else:
         data = schema.get_function_with_opset_version(version)
     function = onnx.FunctionProto()
     function.ParseFromString(data)
-    return function, full
+    return function
 
 
 def _renamer(ctx, function, node):
@@ -188,11 +209,16 @@ def _body_opset(function):
 
 
 def _typed_model(ctx, nodes, inputs, outputs, opset):
+    """The expansion as a model, for the version converter. Its outputs are
+    the body outputs the nodes produce: a context-dependent body leaves out
+    the nodes of outputs the node does not use (LayerNormalization's Mean
+    and InvStdDev), and the converter refuses an undefined graph output."""
     vis = [helper.make_value_info(i, _type_proto(ctx, i))
            for i in dict.fromkeys(inputs) if i]
+    produced = {o for n in nodes for o in n.output}
     graph = helper.make_graph(nodes, "expansion", vis,
                               [helper.make_value_info(o, onnx.TypeProto())
-                               for o in outputs])
+                               for o in outputs if o in produced])
     return helper.make_model(graph, opset_imports=[
         helper.make_opsetid("", opset)])
 
