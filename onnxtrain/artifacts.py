@@ -89,6 +89,14 @@ def _resolve_optimizer(optimizer):
                     f"or None, not {optimizer!r}.")
 
 
+def _name_list(names):
+    """None -> [], a str -> [names] (one name, as the estimators'
+    ``weights_to_train``), other iterables -> a list."""
+    if names is None:
+        return []
+    return [names] if isinstance(names, str) else list(names)
+
+
 def _check_parameters(model, requires_grad, frozen_params):
     both = sorted(set(requires_grad) & set(frozen_params))
     if both:
@@ -178,12 +186,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     model : onnx.ModelProto, str or pathlib.Path
         The forward model; never modified (a path is read with its external
         data).
-    requires_grad : list of str, default=None
-        Initializers to train (at least one). They become inputs of the
+    requires_grad : str or list of str, default=None
+        Initializers to train (at least one); a str is one name
+        (``"weight1"``, not its characters). They become inputs of the
         training and eval models and are stored in the checkpoint.
-    frozen_params : list of str, default=None
+    frozen_params : str or list of str, default=None
         Initializers that become inputs and checkpoint entries but are not
-        trained. Other initializers stay constants of the graphs.
+        trained (a str is one name). Other initializers stay constants of
+        the graphs.
     loss : LossType or onnxblock.Block, default=None
         The loss applied to the model outputs (or ``loss_input_names``);
         None: the model's first output is the loss already.
@@ -246,8 +256,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
             "custom_op_library is not supported: onnxtrain's artifacts use "
             "standard ONNX ops only.")
     base_model = load_model(model)
-    requires_grad = list(requires_grad or [])
-    frozen_params = list(frozen_params or [])
+    requires_grad = _name_list(requires_grad)
+    frozen_params = _name_list(frozen_params)
     _check_parameters(base_model, requires_grad, frozen_params)
     loss_block = _resolve_loss(loss)
     optimizer_block = _resolve_optimizer(optimizer)

@@ -9,11 +9,13 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .autodiff import trainable_initializers
-from .graph import FLOAT_TYPES
+from .autodiff import is_nondifferentiable, trainable_initializers
+from .autodiff.backward import implicit_inputs
+from .graph import FLOAT_TYPES, infer_value_types
 
-__all__ = ["load_model", "select_weights", "get_train_initializer",
-           "replace_initializers", "to_onnx", "add_loss_output"]
+__all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
+           "get_train_initializer", "replace_initializers", "to_onnx",
+           "add_loss_output"]
 
 
 def load_model(model):
@@ -52,7 +54,10 @@ def select_weights(model, weights_to_train=None):
     ------
     ValueError
         A name that is not a float initializer of the model (the message
-        lists the candidates), a duplicate, or nothing to train.
+        lists the candidates), a duplicate, nothing to train, or weights
+        none of which reaches a float output through differentiable ops
+        (the message names the non-differentiable ops that stop their
+        gradient).
     """
     candidates = trainable_initializers(model)
     if weights_to_train is None:
@@ -73,11 +78,80 @@ def select_weights(model, weights_to_train=None):
         raise ValueError(f"weights_to_train has duplicates: {names}.")
     if not names:
         raise ValueError("weights_to_train is empty: nothing to train.")
+    if not set(names) & set(candidates):  # else one reaches: nothing to check
+        check_weights_reach_outputs(model, names)
     return names
+
+
+def check_weights_reach_outputs(model, names, outputs=None,
+                                what="weights_to_train", target="the outputs",
+                                types=None):
+    """Raise ValueError when no weight of ``names`` reaches ``outputs``
+    through differentiable ops, the case where
+    :func:`onnxtrain.autodiff.backward` finds nothing to differentiate.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    names : list of str
+        The weights.
+    outputs : list of str, default=None
+        Default: the graph outputs (only float ones have gradients).
+    what, target : str
+        How the message calls ``names`` and ``outputs``.
+    types : dict, default=None
+        The model's :func:`~onnxtrain.graph.infer_value_types` (computed
+        when None).
+
+    Raises
+    ------
+    ValueError
+        Naming the weights and the ops where their gradient stops: ops
+        declared non-differentiable (Floor, ArgMax, Shape...) or producing
+        no float value (a Cast to an integer type).
+    """
+    types = infer_value_types(model) if types is None else types
+
+    def is_float(name):
+        info = types.get(name)
+        return info is None or info[0] in FLOAT_TYPES
+
+    ends = set(outputs or [o.name for o in model.graph.output])
+    outputs = {o for o in ends if is_float(o)}
+    differentiable, reached, stops = set(names), set(names), []
+    for node in model.graph.node:
+        inputs = set(node.input) | set(implicit_inputs(node))
+        produced = [o for o in node.output if o]
+        if reached & inputs:
+            reached.update(produced)
+        if not differentiable & inputs:
+            continue
+        blocked = is_nondifferentiable(node.op_type, node.domain)
+        if blocked or not all(is_float(o) for o in produced):
+            stops.append(node)
+        if not blocked:
+            differentiable.update(o for o in produced if is_float(o))
+    if differentiable & outputs:
+        return
+    if not reached & ends or not stops:
+        raise ValueError(f"{what} {names} do not reach {target}: nothing to "
+                         "train.")
+    ops = list(dict.fromkeys(
+        f"{n.op_type} node {n.name!r}" if n.name else n.op_type for n in stops))
+    raise ValueError(
+        f"{what} {names} reach {target} only through non-differentiable ops "
+        f"({', '.join(ops)}): their gradient is zero, nothing to train.")
 
 
 def get_train_initializer(model):
     """Float initializers of ``model`` that training can change.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or str
+        The model, its serialized bytes or a path to an ONNX file (see
+        :func:`load_model`); not modified.
 
     Returns
     -------
@@ -85,6 +159,16 @@ def get_train_initializer(model):
         ``name -> (numpy.ndarray, onnx.TensorProto)`` for every float
         initializer reaching an output through differentiable ops, in graph
         order (the layout onnxcustom's function of the same name returned).
+        The TensorProtos are the model's own (not copies). Integer and
+        rank-0 initializers are left out (see
+        :func:`onnxtrain.autodiff.trainable_initializers`).
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a ModelProto, bytes or a path.
+    FileNotFoundError
+        If the path does not exist.
     """
     model = load_model(model)
     keep = set(trainable_initializers(model))

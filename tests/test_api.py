@@ -8,6 +8,7 @@ import pytest
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import api, artifacts
+from onnxtrain.runtime import to_ortvalue
 from test_artifacts_models import PARAM_SHAPES, batch, two_head_model
 
 TRAINABLE = ["weight1", "bias1", "weight2", "bias2"]
@@ -208,6 +209,73 @@ def test_module_and_optimizer_errors(sgd_paths, tmp_path):
         api.Module(sgd_paths["training_model"], partial)
     with pytest.raises(ValueError, match="metadata"):
         api.Module(two_head_model(), state)
+
+
+# the model is float64, the batch float32 (a cast within the kind is allowed)
+@pytest.mark.parametrize("inputs, error, pattern", [
+    (lambda x, t: (x[:, :3], t), ValueError,
+     r"Input 'input' of the training model has shape \('batch', 4\); got shape "
+     r"\(16, 3\)"),
+    (lambda x, t: (x, t[:, :2]), ValueError,
+     r"Input 'target' of the training model has shape \('batch', 3\)"),
+    (lambda x, t: (x[0], t), ValueError, r"'input'.*got shape \(4,\)"),
+    (lambda x, t: (x, t[:5]), ValueError,
+     r"Inputs 'input' and 'target' of the training model share dimension "
+     r"'batch'; got sizes 16 and 5"),
+    (lambda x, t: (x.astype(str), t), TypeError,
+     r"Input 'input' of the training model is float64; got <U\d+, which is "
+     r"not cast to it"),
+    (lambda x, t: (x, t.astype(complex)), TypeError, r"'target'.*complex128"),
+    (lambda x, t: (x.astype(object), t), TypeError, r"'input'.*got object"),
+    (lambda x, t: (to_ortvalue(x), t), TypeError,
+     r"'input' of the training model is float64; got an OrtValue of float32"),
+])
+def test_module_checks_inputs_before_running(sgd_paths, inputs, error, pattern):
+    state, module, _ = open_training(sgd_paths)
+    x, t1, _ = batch()
+    with pytest.raises(error, match=pattern):
+        module(*inputs(x, t1))
+    assert all(state.parameters[n].grad is None for n in TRAINABLE)
+    with pytest.raises(error, match=pattern.replace("training", "eval")):
+        module.eval()(*inputs(x, t1))
+    # accepted: a cast within the kind (float32, int64 into float64), OrtValues
+    # of the input's dtype
+    module.train()
+    expected = module(x, t1)
+    assert module(x.astype(np.float64), to_ortvalue(t1.astype(np.float64))) == \
+        pytest.approx(expected, rel=1e-12)
+    assert np.isfinite(module(np.rint(x).astype(np.int64), t1))
+
+
+@pytest.mark.parametrize("bad", [-1.0, -1e-12, float("nan"), float("inf"), "0.1",
+                                 None, True, [0.1]])
+def test_set_learning_rate_refuses_bad_values(sgd_paths, bad):
+    """onnxruntime-training stored any float; a negative or non-finite one
+    makes training climb or diverge, so onnxtrain refuses it (0 is allowed:
+    a linear warmup starts there)."""
+    _, _, optimizer = open_training(sgd_paths)
+    with pytest.raises(ValueError, match="learning_rate must be a finite float "
+                                         ">= 0, got"):
+        optimizer.set_learning_rate(bad)
+    assert optimizer.get_learning_rate() == 0.001
+    optimizer.set_learning_rate(0)
+    assert optimizer.get_learning_rate() == 0.0
+    optimizer.set_learning_rate(np.float32(0.5))
+    assert optimizer.get_learning_rate() == 0.5
+
+
+@pytest.mark.parametrize("args, pattern", [
+    ((2.5, 10, 0.1), "warmup_step_count must be an int >= 0, got 2.5"),
+    ((-1, 10, 0.1), "warmup_step_count must be an int >= 0, got -1"),
+    ((2, "10", 0.1), "total_step_count must be an int >= 0, got '10'"),
+    ((2, 10, -0.1), "initial_lr must be a finite float >= 0, got -0.1"),
+    ((2, 10, float("nan")), "initial_lr must be a finite float >= 0, got nan"),
+])
+def test_linear_lr_scheduler_refuses_bad_values(sgd_paths, args, pattern):
+    _, _, optimizer = open_training(sgd_paths)
+    with pytest.raises(ValueError, match=pattern):
+        api.LinearLRScheduler(optimizer, *args)
+    assert optimizer.get_learning_rate() == 0.001
 
 
 # checkpoints -------------------------------------------------------------

@@ -291,3 +291,52 @@ def test_loss_none_uses_the_first_output_and_writes_to_cwd(tmp_path):
         artifacts.generate_artifacts(model, requires_grad=["w"], prefix="p_")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "p_checkpoint", "p_eval_model.onnx", "p_training_model.onnx"]
+
+
+def test_a_str_names_one_parameter(tmp_path):
+    """requires_grad="weight1" is one name (not the characters of it), as
+    the estimators' weights_to_train; the artifacts train that parameter
+    and keep frozen_params="weight3" as a frozen input."""
+    paths = artifacts.generate_artifacts(
+        two_head_model(np.float64), requires_grad="weight1",
+        frozen_params="weight3", loss=onnxblock.loss.MSELoss(),
+        loss_input_names=["output1"], optimizer=artifacts.OptimType.SGD,
+        artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    assert {n: p.requires_grad for n, p in state.parameters.items()} == \
+        {"weight1": True, "weight3": False}
+    module = api.Module(paths["training_model"], state, paths["eval_model"])
+    optimizer = api.Optimizer(paths["optimizer_model"], module)
+    before = {n: p.data for n, p in state.parameters.items()}
+    x, t1, _ = batch(dtype=np.float64)
+    module(x, t1)
+    grad = state.parameters["weight1"].grad
+    assert np.abs(grad).max() > 1e-3
+    optimizer.set_learning_rate(0.5)
+    optimizer.step()
+    np.testing.assert_allclose(state.parameters["weight1"].data,
+                               before["weight1"] - 0.5 * grad, rtol=1e-12)
+    np.testing.assert_array_equal(state.parameters["weight3"].data,
+                                  before["weight3"])
+
+
+def _floor_model():
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["t"]),
+         helper.make_node("Floor", ["t"], ["y"])], "floor",
+        [helper.make_tensor_value_info("x", f, ["N", 3])],
+        [helper.make_tensor_value_info("y", f, ["N", 3])],
+        [onnx.numpy_helper.from_array(np.ones(3, np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_parameters_reaching_the_loss_only_through_floor(tmp_path):
+    """The message names the parameters and the op that stops their
+    gradient (autodiff said 'No output among [...] depends on ...')."""
+    with pytest.raises(ValueError, match=r"Trainable parameters \['w'\] reach the "
+                       r"loss '\w+' only through non-differentiable ops \(Floor\)"):
+        artifacts.generate_artifacts(_floor_model(), requires_grad="w",
+                                     loss=artifacts.LossType.MSELoss,
+                                     artifact_directory=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

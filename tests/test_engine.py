@@ -315,3 +315,54 @@ def test_rank0_tensors_keep_their_rank():
     assert_allclose(engine.forward([X], training=False)[0].numpy(), np.ones(4))
     with pytest.raises(ValueError, match="'b' has shape"):
         engine.set_weights([np.zeros(3), np.array([1.0])])
+
+
+# ------------------------------------------- weights without a gradient path
+
+def _blocked_graph():
+    """x (N, 3) -> Mul(x, w) -> Floor -> y; Cast(Mul(x, v) to int64) ->
+    Cast back -> z; u is used by no node (w, v and u get no gradient)."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["t"], name="scale"),
+             helper.make_node("Floor", ["t"], ["y"], name="floor"),
+             helper.make_node("Mul", ["x", "v"], ["s"]),
+             helper.make_node("Cast", ["s"], ["si"], to=TensorProto.INT64),
+             helper.make_node("Cast", ["si"], ["z"], to=TensorProto.FLOAT)]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "blocked", [helper.make_tensor_value_info("x", f, ["N", 3])],
+        [helper.make_tensor_value_info("y", f, ["N", 3]),
+         helper.make_tensor_value_info("z", f, ["N", 3])],
+        [numpy_helper.from_array(np.ones(3, np.float32), n) for n in "wvu"])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("weights, pattern", [
+    (["w"], r"weights_to_train \['w'\] reach the outputs only through "
+            r"non-differentiable ops \(Floor node 'floor'\): their gradient is zero"),
+    ("w", r"\['w'\] reach the outputs only through non-differentiable ops"),
+    (["w", "v"], r"\['w', 'v'\] reach the outputs only through non-differentiable "
+                 r"ops \(Floor node 'floor', Cast\)"),
+    (["u"], r"weights_to_train \['u'\] do not reach the outputs"),
+])
+def test_weights_without_a_gradient_path_are_named(weights, pattern):
+    """Explicit weights that reach the outputs only through ops without a
+    gradient get a message naming them and those ops (not the autodiff's
+    'No output among [] depends on ...'), before anything is built."""
+    model = _blocked_graph()
+    before = model.SerializeToString()
+    with pytest.raises(ValueError, match=pattern):
+        OrtGradientForwardBackward(model, weights)
+    assert model.SerializeToString() == before
+
+
+def test_estimator_names_weights_without_a_gradient_path():
+    """The estimators train the first output, here Floor(x * w)."""
+    from onnxtrain import OrtGradientForwardBackwardOptimizer
+    model = _blocked_graph()
+    X = np.ones((4, 3), np.float32)
+    est = OrtGradientForwardBackwardOptimizer(model, "w", max_iter=1)
+    with pytest.raises(ValueError, match=r"weights_to_train \['w'\] reach the "
+                       r"outputs only through non-differentiable ops \(Floor "
+                       r"node 'floor'\)"):
+        est.fit(X, X)
+    assert not hasattr(est, "train_losses_")

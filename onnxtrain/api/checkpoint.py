@@ -185,6 +185,8 @@ def read_checkpoint(path):
 
     Raises
     ------
+    FileNotFoundError
+        If ``path`` does not exist.
     ValueError
         If the file is not an onnxtrain checkpoint or is inconsistent.
     """

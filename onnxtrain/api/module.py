@@ -9,7 +9,8 @@ from onnx import helper, numpy_helper
 
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
-from ..runtime import SessionRunner, parse_device, to_numpy, to_ortvalue
+from ..runtime import (SessionRunner, is_ortvalue, ortvalue_dtype, parse_device,
+                       to_numpy, to_ortvalue)
 
 __all__ = ["Module"]
 
@@ -36,6 +37,75 @@ def read_layout(model, key, what):
             return json.loads(prop.value)
     raise ValueError(f"The {what} has no {key!r} metadata: it was not written "
                      "by onnxtrain.artifacts.generate_artifacts.")
+
+
+def input_specs(model, names):
+    """``name -> (numpy dtype, shape)`` of the tensor inputs ``names`` of
+    ``model``: shape is None when undeclared, else a tuple of int (static
+    dims), str (symbolic dims) or None (unknown dims)."""
+    infos = {vi.name: vi.type for vi in model.graph.input}
+    specs = {}
+    for name in names:
+        if name not in infos or not infos[name].HasField("tensor_type"):
+            continue
+        tensor = infos[name].tensor_type
+        shape = None
+        if tensor.HasField("shape"):
+            shape = tuple(d.dim_value if d.dim_value > 0 else (d.dim_param or None)
+                          for d in tensor.shape.dim)
+        specs[name] = (elem_type_to_numpy(tensor.elem_type), shape)
+    return specs
+
+
+def check_inputs(specs, names, values, what):
+    """Check ``values`` against the declared types of the inputs ``names``
+    (see :func:`input_specs`); returns them, arrays as numpy arrays.
+
+    An array may differ from the input's dtype only by a cast within its
+    kind or to a wider kind (``np.can_cast(..., 'same_kind')``: float64 to
+    float32, int to float, not float to int); an OrtValue is fed as it is,
+    so its dtype must be the input's. ``what`` names the model in messages.
+
+    Raises
+    ------
+    TypeError
+        A dtype that does not cast to the input's.
+    ValueError
+        A rank or a static dimension other than the declared one, or a
+        symbolic dimension of different sizes in two inputs.
+    """
+    checked, sizes = [], {}
+    for name, value in zip(names, values):
+        if is_ortvalue(value):
+            dtype, shape = ortvalue_dtype(value), tuple(value.shape())
+            if name in specs and dtype != specs[name][0]:
+                raise TypeError(f"Input {name!r} of the {what} is "
+                                f"{specs[name][0]}; got an OrtValue of {dtype} "
+                                "(OrtValues are not cast).")
+        else:
+            value = np.asarray(value)
+            dtype, shape = value.dtype, value.shape
+            if name in specs and not np.can_cast(dtype, specs[name][0], "same_kind"):
+                raise TypeError(f"Input {name!r} of the {what} is "
+                                f"{specs[name][0]}; got {dtype}, which is not "
+                                "cast to it (arrays are cast between floats, "
+                                "between ints, and from bool or int to float).")
+        checked.append(value)
+        expected = specs.get(name, (None, None))[1]
+        if expected is None:
+            continue
+        if len(shape) != len(expected) or any(
+                isinstance(e, int) and e != g for e, g in zip(expected, shape)):
+            raise ValueError(f"Input {name!r} of the {what} has shape "
+                             f"{expected}; got shape {tuple(shape)}.")
+        for dim, size in zip(expected, shape):
+            if isinstance(dim, str):
+                first, seen = sizes.setdefault(dim, (name, size))
+                if seen != size:
+                    raise ValueError(
+                        f"Inputs {first!r} and {name!r} of the {what} share "
+                        f"dimension {dim!r}; got sizes {seen} and {size}.")
+    return checked
 
 
 class Module:
@@ -76,6 +146,9 @@ class Module:
         self._state = state
         for mode in self._models:
             self._check_parameters(mode)
+        self._input_specs = {
+            mode: input_specs(model, self._layouts[mode]["user_inputs"])
+            for mode, model in self._models.items()}
         self._training = True
         self._reset_grad = True
         self._runners = {}
@@ -216,7 +289,20 @@ class Module:
         Raises
         ------
         ValueError
-            If the number of inputs differs from :meth:`input_names`.
+            If the number of inputs differs from :meth:`input_names`, or an
+            input's rank or a static dimension differs from the model's
+            declared shape, or two inputs sharing a symbolic dimension
+            (the batch) have different sizes along it (the message names
+            the input, the expected and the received shape).
+        TypeError
+            If an array's dtype does not cast to the input's within its kind
+            (float64 to float32 and int to float do; float to int, strings
+            and objects do not) or an OrtValue has another dtype.
+        RuntimeError
+            In eval mode without an eval model.
+
+        Every check runs before the model runs; parameters and gradients
+        are left as they were when one fails.
         """
         mode = self._mode()
         layout = self._layouts[mode]
@@ -224,6 +310,9 @@ class Module:
         if len(user_inputs) != len(names):
             raise ValueError(f"The {mode} model takes {len(names)} inputs "
                              f"{names}; got {len(user_inputs)}.")
+        user_inputs = check_inputs(
+            self._input_specs[mode], names, user_inputs,
+            "training model" if mode == "train" else "eval model")
         feeds = dict(zip(names, user_inputs))
         for name in layout["parameters"]:
             feeds[name] = self._device_value(self._state.parameters[name])

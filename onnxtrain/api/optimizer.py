@@ -1,6 +1,8 @@
 """Optimizer (runs ``optimizer_model.onnx``) and LinearLRScheduler."""
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from ..onnxblock.optim import OPTIMIZER_METADATA
@@ -9,6 +11,22 @@ from .module import load_model, read_layout
 from .state import OptimizerState
 
 __all__ = ["Optimizer", "LinearLRScheduler"]
+
+
+def _check_rate(value, name):
+    """``value`` as a float; ValueError unless a finite real >= 0 (0 is
+    allowed: onnxruntime-training accepted it and a warmup starts there)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite float >= 0, got {value!r}.")
+    return float(value)
+
+
+def _check_step_count(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
+    return int(value)
 
 
 class Optimizer:
@@ -107,8 +125,21 @@ class Optimizer:
         opt.step += 1
 
     def set_learning_rate(self, learning_rate):
-        """Set the learning rate of the next steps (float)."""
-        self._state.learning_rate = float(learning_rate)
+        """Set the learning rate of the next steps.
+
+        Parameters
+        ----------
+        learning_rate : float
+            Finite and >= 0 (0 leaves the parameters unchanged, as a linear
+            warmup's first step does).
+
+        Raises
+        ------
+        ValueError
+            A negative, non-finite or non-numeric value (the learning rate
+            is left unchanged).
+        """
+        self._state.learning_rate = _check_rate(learning_rate, "learning_rate")
 
     def get_learning_rate(self):
         """The current learning rate (float, 0.001 by default)."""
@@ -137,7 +168,7 @@ class LinearLRScheduler:
     total_step_count : int
         Step at which the learning rate reaches 0.
     initial_lr : float
-        Peak learning rate.
+        Peak learning rate (finite, >= 0).
 
     Notes
     -----
@@ -147,19 +178,22 @@ class LinearLRScheduler:
     Raises
     ------
     ValueError
-        If ``warmup_step_count < 0`` or ``total_step_count <
-        warmup_step_count``.
+        If a step count is not an int >= 0, ``total_step_count <
+        warmup_step_count``, or ``initial_lr`` is negative, non-finite or
+        not a number.
     """
 
     def __init__(self, optimizer, warmup_step_count, total_step_count, initial_lr):
-        warmup, total = int(warmup_step_count), int(total_step_count)
-        if warmup < 0 or total < warmup:
+        warmup = _check_step_count(warmup_step_count, "warmup_step_count")
+        total = _check_step_count(total_step_count, "total_step_count")
+        initial_lr = _check_rate(initial_lr, "initial_lr")
+        if total < warmup:
             raise ValueError(f"Expected 0 <= warmup_step_count <= total_step_count, "
                              f"got warmup_step_count={warmup}, "
                              f"total_step_count={total}.")
         self._optimizer = optimizer
         self.warmup_step_count, self.total_step_count = warmup, total
-        self.initial_lr = float(initial_lr)
+        self.initial_lr = initial_lr
         self.step()
 
     def get_lr(self, step):

@@ -206,6 +206,8 @@ class CheckpointState:
 
         Raises
         ------
+        FileNotFoundError
+            If ``checkpoint_uri`` does not exist.
         ValueError
             If the file is not an onnxtrain checkpoint.
         """

@@ -51,6 +51,29 @@ class Block(abc.ABC):
         output name(s)."""
 
     def __call__(self, *args, **kwargs):
+        """Append this block's nodes to the current base model.
+
+        Brings the base model up to date with the nodes earlier blocks
+        added, then calls :meth:`build` with the same arguments.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Passed to :meth:`build`: usually the names of tensors of the
+            base model (str) and the block's options.
+
+        Returns
+        -------
+        str or tuple of str
+            What :meth:`build` returned: the name(s) of the tensor(s) the
+            block produced, to pass to the next block.
+
+        Raises
+        ------
+        RuntimeError
+            Outside ``with onnxblock.base(model):`` or
+            ``with onnxblock.empty_base():``.
+        """
         current_base().sync()
         return self.build(*args, **kwargs)
 

@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from ..autodiff import backward
 from ..graph import (FLOAT_TYPES, default_ir_version, elem_type_to_numpy,
                      infer_value_types)
+from ..models import check_weights_reach_outputs
 
 __all__ = ["TrainingResult", "build_training_models", "set_graph_outputs",
            "LAZY_RESET_GRAD", "buffer_name", "accumulated_name",
@@ -190,6 +191,8 @@ def build_training_models(state, output_names, trainable, frozen):
     types = infer_value_types(model)
     if types.get(loss, (0,))[0] not in FLOAT_TYPES:
         raise ValueError(f"The loss {loss!r} must be a float tensor.")
+    check_weights_reach_outputs(model, trainable, [loss], "Trainable parameters",
+                                f"the loss {loss!r}", types)
     bg = backward(model, trainable, outputs=[loss])
     g = bg.builder
     _seed_loss_gradient(g, loss, bg.grad_output_names[0], types[loss][0])

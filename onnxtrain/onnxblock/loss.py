@@ -56,6 +56,11 @@ class _Loss(Block):
 class MSELoss(_Loss):
     """Mean squared error, ``(output - target)^2`` reduced.
 
+    Calling the block, ``loss(output_name, target_name="target")``,
+    compares ``output_name`` with the tensor ``target_name``: by default a
+    new graph input named ``"target"`` with the output's element type and
+    shape (an existing value of that name is used as it is).
+
     Parameters
     ----------
     reduction : {'mean', 'sum', 'none'}, default='mean'
@@ -73,6 +78,11 @@ class MSELoss(_Loss):
 
 class L1Loss(_Loss):
     """Mean absolute error, ``|output - target|`` reduced.
+
+    Calling the block, ``loss(output_name, target_name="target")``,
+    compares ``output_name`` with the tensor ``target_name``: by default a
+    new graph input named ``"target"`` with the output's element type and
+    shape (an existing value of that name is used as it is).
 
     Parameters
     ----------
@@ -96,6 +106,12 @@ class BCEWithLogitsLoss(_Loss):
     without overflow for large ``|x|``) the element loss is
     ``weight * ((1 - y) sp(x) + pos_weight * y (sp(x) - x))``, which is
     ``-weight [pos_weight y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))]``.
+
+    Calling the block, ``loss(output_name, target_name="target")``,
+    compares the logits ``output_name`` with the targets ``target_name``:
+    by default a new graph input named ``"target"`` with the output's
+    element type and shape (an existing value of that name is used as it
+    is).
 
     Parameters
     ----------
@@ -143,6 +159,11 @@ class CrossEntropyLoss(_Loss):
     The element loss is ``-w[y_i] log_softmax(x_i)[y_i]``; 'mean' divides the
     sum by ``sum_i w[y_i]`` over the elements whose label is not
     ``ignore_index`` (ignored elements count zero in every reduction).
+
+    Calling the block, ``loss(scores_name, labels_name="labels")``, reads
+    the class indices from the tensor ``labels_name``: by default a new
+    int64 graph input named ``"labels"`` of the scores' shape without the
+    class axis (an existing value of that name is used as it is).
 
     Parameters
     ----------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime
+from onnx import TensorProto
 from onnxruntime import OrtValue
 
 from ..graph import elem_type_to_numpy
@@ -48,6 +49,18 @@ def to_ortvalue(value, device="cpu", dtype=None):
     if not array.flags.c_contiguous:  # np.ascontiguousarray makes rank 0 rank 1
         array = np.ascontiguousarray(array)
     return OrtValue.ortvalue_from_numpy(array, device.type, device.index)
+
+
+def is_ortvalue(value):
+    """True for an onnxruntime OrtValue."""
+    return isinstance(value, OrtValue)
+
+
+def ortvalue_dtype(value):
+    """numpy dtype of an OrtValue tensor (``data_type()`` is
+    "tensor(float)"...)."""
+    name = value.data_type()[len("tensor("):-1]
+    return elem_type_to_numpy(TensorProto.DataType.Value(name.upper()))
 
 
 def to_numpy(value):
