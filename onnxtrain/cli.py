@@ -105,21 +105,24 @@ def build_parser():
         description="Train ONNX graphs on onnxruntime.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    defaults = argparse.ArgumentDefaultsHelpFormatter
+    # every default is written in its help by hand: the options whose
+    # default is None say what None means, required ones say nothing
     demo = sub.add_parser("demo", help="train two scikit-learn MLPs converted "
-                          "to ONNX and compare with scikit-learn",
-                          formatter_class=defaults)
+                          "to ONNX and compare with scikit-learn")
     demo.add_argument("--output-dir", default="onnxtrain_demo",
                       help="folder for the trained models and the loss-curve "
-                      "PNG")
-    demo.add_argument("--epochs", type=int, default=50)
-    demo.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+                      "PNG (default: %(default)s)")
+    demo.add_argument("--epochs", type=int, default=50,
+                      help="epochs of each training (default: %(default)s)")
+    demo.add_argument("--device", default="cpu",
+                      help="cpu, cuda or cuda:N (default: %(default)s)")
     demo.add_argument("--verbose", type=int, default=0,
-                      help="1: a progress bar per training, 2: with the loss")
+                      help="0: quiet, 1: a progress bar per training, 2: with "
+                      "the loss (default: %(default)s)")
     demo.set_defaults(func=_demo)
 
     train = sub.add_parser("train", help="train the initializers of an ONNX "
-                           "model on a CSV file", formatter_class=defaults)
+                           "model on a CSV file")
     train.add_argument("model", help="ONNX prediction graph (first output = "
                        "prediction)")
     train.add_argument("data", help="CSV file with a header row, numbers only")
@@ -130,18 +133,24 @@ def build_parser():
     train.add_argument("--weights", nargs="+", default=None,
                        help="initializers to train (default: every trainable "
                        "float initializer)")
-    train.add_argument("--epochs", type=int, default=100)
-    train.add_argument("--batch-size", type=int, default=10)
-    train.add_argument("--learning-rate", type=float, default=0.01)
+    train.add_argument("--epochs", type=int, default=100,
+                       help="training epochs (default: %(default)s)")
+    train.add_argument("--batch-size", type=int, default=10,
+                       help="rows per step (default: %(default)s)")
+    train.add_argument("--learning-rate", type=float, default=0.01,
+                       help="initial learning rate eta0 (default: %(default)s)")
     train.add_argument("--schedule", default="invscaling",
                        choices=["constant", "invscaling", "optimal"],
                        help="learning-rate schedule: invscaling decays as "
-                       "lr / (epoch + 1) ** 0.25")
+                       "lr / (epoch + 1) ** 0.25 (default: %(default)s)")
     train.add_argument("--warm-start", action=argparse.BooleanOptionalAction,
                        default=True, help="start from the model's own weights "
                        "(default) or from Glorot-uniform draws (--no-warm-start)")
-    train.add_argument("--random-state", type=int, default=None)
-    train.add_argument("--device", default="cpu")
+    train.add_argument("--random-state", type=int, default=None,
+                       help="seed of the initial weights with --no-warm-start "
+                       "(default: a new seed each run)")
+    train.add_argument("--device", default="cpu",
+                       help="cpu, cuda or cuda:N (default: %(default)s)")
     train.add_argument("--output", required=True, help="trained ONNX model")
     train.set_defaults(func=_train)
     return parser

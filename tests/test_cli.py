@@ -127,3 +127,31 @@ def test_train_command_clean_errors(csv_and_model, tmp_path, capsys):
     bad.write_text("a,target\n1,2\nnan,3\n")
     with pytest.raises(ValueError, match=r"line 3, column 'a': 'nan'"):
         read_csv(str(bad), "target")
+
+
+@pytest.mark.parametrize("command,defaults", [
+    ("train", {"--epochs": "100", "--batch-size": "10", "--learning-rate": "0.01",
+               "--schedule": "invscaling", "--device": "cpu",
+               "--features": "every column but the target",
+               "--weights": "every trainable float initializer"}),
+    ("demo", {"--output-dir": "onnxtrain_demo", "--epochs": "50",
+              "--device": "cpu", "--verbose": "0"})])
+def test_help_gives_each_default_once(command, defaults, capsys):
+    """Each option's help states its real default once; required options
+    and options whose None means something else never say 'None'."""
+    from onnxtrain.cli import build_parser
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # undo the wrapping
+    text = text.split(" options: ", 1)[1]
+    assert "None" not in text
+    sections = text.split(" --")
+    for option, default in defaults.items():
+        section = [s for s in sections if s.startswith(option[2:] + " ")]
+        assert len(section) == 1, option
+        assert section[0].count("(default:") == 1, section[0]
+        assert f"(default: {default})" in section[0], section[0]
+    if command == "train":
+        for required in ("target", "output"):
+            section = [s for s in sections if s.startswith(required + " ")]
+            assert len(section) == 1 and "(default" not in section[0]

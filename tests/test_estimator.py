@@ -9,6 +9,7 @@ import pickle
 
 import joblib
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from numpy.testing import assert_allclose
@@ -560,6 +561,32 @@ def test_deepcopy_trains_its_own_weights(mlp_onnx, regression_data):
     assert twin.train_losses_[0] < est.train_losses_[0]  # continued
     assert not np.allclose(twin.predict(X), expected)
     assert_allclose(est.predict(X), expected, rtol=0, atol=0)
+
+
+def test_model_onnx_replaced_without_refit(mlp_onnx, regression_data):
+    """set_params(model_onnx=other) leaves weights of the previous model:
+    predict and the state refuse them (NotFittedError, not onnxruntime's
+    RuntimeError nor the old model's predictions), also after a pickle; an
+    equal copy of the model keeps the fit; fit, warm start included, trains
+    the new model."""
+    X, y = regression_data
+    est = _fit(mlp_onnx(), X, y)
+    expected = est.predict(X)
+    same = onnx.load_model_from_string(est.model_onnx.SerializeToString())
+    assert_allclose(est.set_params(model_onnx=same).predict(X), expected,
+                    rtol=0, atol=0)
+    est.set_params(model_onnx=mlp_onnx(hidden=(4,)))
+    pattern = ("model_onnx changed since this OrtGradientForwardBackwardOptimizer "
+               "was fitted.*Call 'fit' again")
+    for call in (lambda e: e.predict(X), lambda e: e.score(X, y),
+                 lambda e: e.get_state(), lambda e: e.get_trained_onnx()):
+        with pytest.raises(NotFittedError, match=pattern):
+            call(est)
+    with pytest.raises(NotFittedError, match=pattern):
+        pickle.loads(pickle.dumps(est)).predict(X)
+    est.set_params(warm_start=True).fit(X, y)  # starts from the new graph
+    assert [w.shape for w in est.get_state()] == [(5, 4), (1, 4), (4, 1), (1, 1)]
+    assert est.predict(X).shape == (105,)
 
 
 def test_grid_search(mlp_onnx, regression_data):

@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
@@ -101,6 +102,12 @@ class BaseOrtGradientEstimator(BaseEstimator):
             cached = self._model_cache = (self.model_onnx, training, full, {})
         return cached[1]
 
+    def _float_dtype(self):
+        """numpy dtype of the training's floats (learning rate, sample
+        weights): the graph's first output's, the prediction or the loss of a
+        graph computing its own (whose targets may be integer labels)."""
+        return prediction_dtype(self._training_model(), self._training_types())
+
     def _training_types(self):
         """:func:`~onnxtrain.graph.infer_value_types` of the graph trained,
         cached with it: shape inference would otherwise run at every
@@ -120,7 +127,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         types = infer_value_types(model)
         self.weights_to_train_ = select_weights(model, self.weights_to_train)
         learning_rate = resolve_learning_rate(self.learning_rate)
-        loss = resolve_learning_loss(self.learning_loss or self._default_loss)
+        loss = self._resolve_loss()
         penalty = resolve_learning_penalty(self.learning_penalty)
         out_type, out_shape = types[model.graph.output[0].name]
         self._elem_type = out_type
@@ -138,6 +145,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self.learning_rate_, self.learning_loss_ = learning_rate, loss
         self.learning_penalty_ = penalty
 
+    def _resolve_loss(self):
+        """A new loss object from ``learning_loss`` (subclasses may adapt it
+        to the graph)."""
+        return resolve_learning_loss(self.learning_loss or self._default_loss)
+
     def _build_loss_models(self, loss, elem_type):
         """(unweighted, weighted) loss graphs; ``loss.loss_grad_onnx_`` ends
         as the unweighted one."""
@@ -151,9 +163,31 @@ class BaseOrtGradientEstimator(BaseEstimator):
                        self.learning_rate_, self._weight_input(),
                        self._fused_spec)
 
+    def _model_changed(self):
+        """True when ``model_onnx`` is no longer the model of the last fit
+        (replaced by set_params with another object of other content)."""
+        fitted = getattr(self, "_fitted_model_onnx", None)
+        if fitted is None or fitted is self.model_onnx:
+            return False
+        if type(fitted) is type(self.model_onnx) and fitted == self.model_onnx:
+            self._fitted_model_onnx = self.model_onnx  # an equal copy
+            return False
+        return True
+
     def _ensure_trainer(self):
-        """The trainer, rebuilt from numpy copies after unpickling."""
+        """The trainer, rebuilt from numpy copies after unpickling.
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before fit, or when ``model_onnx`` changed since the last fit.
+        """
         check_is_fitted(self, "weights_to_train_")
+        if self._model_changed():
+            raise NotFittedError(
+                f"model_onnx changed since this {type(self).__name__} was "
+                "fitted (set_params): its weights belong to the previous model. "
+                "Call 'fit' again before using this estimator.")
         if getattr(self, "_trainer", None) is None:
             trainer = self._new_trainer(self._training_model())
             trainer.engine.set_weights(self._pickled["weights"])
@@ -168,10 +202,10 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self._check_params()
         model = self._training_model()
         first = not hasattr(self, "weights_to_train_") or (
-            not incremental and not self.warm_start)
+            not incremental and not self.warm_start) or self._model_changed()
         X, y, sample_weight = self._validate_data_for_fit(
             model, X, y, sample_weight, classes, first)
-        X_val, y_val = self._validate_validation(model, X_val, y_val, y.dtype)
+        X_val, y_val = self._validate_validation(model, X_val, y_val)
         if first:
             self._start(model)
         else:
@@ -192,6 +226,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """First fit: resolve everything, draw or read the initial weights."""
         self._rng = check_random_state(self.random_state)
         self._resolve(model)
+        self._fitted_model_onnx = self.model_onnx
         self._trainer = self._new_trainer(model)
         if not self.warm_start:
             self._trainer.engine.set_weights(glorot_uniform_weights(
@@ -240,7 +275,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         y = self._encode_targets(y, X.shape[0], classes, first)
         if sample_weight is not None:
             sample_weight = check_targets(sample_weight, X.shape[0],
-                                          "sample_weight", y.dtype, ndim=1)
+                                          "sample_weight", self._float_dtype(), ndim=1)
             if (sample_weight < 0).any():
                 raise ValueError("sample_weight has negative values.")
             if not sample_weight.sum() > 0:
@@ -248,7 +283,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self.n_features_in_ = X.shape[1]
         return X, y, sample_weight
 
-    def _validate_validation(self, model, X_val, y_val, dtype):
+    def _validate_validation(self, model, X_val, y_val):
         if (X_val is None) != (y_val is None):
             raise ValueError("X_val and y_val must be given together.")
         if X_val is None:
@@ -404,13 +439,14 @@ class BaseOrtGradientEstimator(BaseEstimator):
         order = self._shuffled_order(X.shape[0]) if self.shuffle and reshuffle \
             else None
         step = self._trainer.fused_step if path == "fused" else self._trainer.step
+        dtype = self._float_dtype()
         total = weight_total = 0.0
         for batch in gen_batches(X.shape[0], batch_size):
             index = batch if order is None else order[batch]
             wb = None if sample_weight is None else sample_weight[index]
             if wb is not None and not wb.sum() > 0:
                 continue  # a batch of zero weights carries no gradient
-            loss = step(X[index], y[index], wb, y.dtype)
+            loss = step(X[index], y[index], wb, dtype)
             if not np.isfinite(loss):
                 self._non_finite(loss)
                 return None

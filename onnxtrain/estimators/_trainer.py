@@ -11,33 +11,50 @@ from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
 from ..training_graphs import (build_epochs_loop, build_training_loop,
                                build_training_step)
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "final_activation"]
 
 _ITEMSIZE = {"tensor(float16)": 2, "tensor(bfloat16)": 2, "tensor(float)": 4,
              "tensor(double)": 8}
 
 
-def _softmax_cross_entropy_on_logits(model, loss):
-    """Cross-entropy on the probabilities of a final Softmax, rewritten as
-    cross-entropy on its logits for the fused paths: the gradient w.r.t. the
-    logits is softmax(z) - y (per row, weighted), skipping the Softmax VJP
-    and the clipped log. The value differs from the clipped one only where
-    a probability is below the loss's ``eps``. Returns (model, loss)."""
-    from ..losses import CrossEntropyLearningLoss
-    from ..rewrite import prediction_graph
-
-    if not isinstance(loss, CrossEntropyLearningLoss) or loss.from_logits:
-        return model, loss
-    output = model.graph.output[0].name
+def final_activation(model):
+    """(op_type, input name) of the node computing ``model``'s first output
+    (seen through Identity nodes) when it is a Sigmoid or a Softmax over
+    axis -1 or 1 (the class axis of an (N, C) output); (None, None)
+    otherwise."""
     producers = {o: n for n in model.graph.node for o in n.output}
-    node = producers.get(output)
+    node = producers.get(model.graph.output[0].name)
     while node is not None and node.op_type == "Identity":
         node = producers.get(node.input[0])
-    axis = None if node is None else next(
-        (a.i for a in node.attribute if a.name == "axis"), -1)
-    if node is None or node.op_type != "Softmax" or axis not in (-1, 1):
-        return model, loss
-    return prediction_graph(model, node.input[0]), loss.set_params(from_logits=True)
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None, None
+    if node.op_type == "Sigmoid":
+        return "Sigmoid", node.input[0]
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+    if node.op_type == "Softmax" and axis in (-1, 1):
+        return "Softmax", node.input[0]
+    return None, None
+
+
+def _loss_on_logits(model, loss):
+    """A loss on the probabilities of a final Softmax (cross-entropy) or
+    Sigmoid (log loss), rewritten as the same loss on the logits for the
+    fused paths: the gradient w.r.t. the logits is p - y (per row,
+    weighted), skipping the activation's VJP and the clipped log. The value
+    differs from the clipped one only where a probability lies within the
+    loss's ``eps`` of 0 or 1. Returns (model, loss)."""
+    from ..losses import CrossEntropyLearningLoss, NegLogLearningLoss
+    from ..rewrite import prediction_graph
+
+    kind, logits = final_activation(model)
+    if kind == "Softmax" and isinstance(loss, CrossEntropyLearningLoss) \
+            and not loss.from_logits:
+        return prediction_graph(model, logits), loss.set_params(from_logits=True)
+    if kind == "Sigmoid" and isinstance(loss, NegLogLearningLoss) \
+            and loss.probability_function in (None, "none"):
+        return prediction_graph(model, logits), loss.set_params(
+            probability_function="sigmoid")
+    return model, loss
 
 
 class Trainer:
@@ -199,7 +216,7 @@ class Trainer:
         if opset is None or opset < 13:
             return f"opset {opset} < 13"
         from sklearn.base import clone
-        model, loss = _softmax_cross_entropy_on_logits(self.model, clone(spec["loss"]))
+        model, loss = _loss_on_logits(self.model, clone(spec["loss"]))
         loss = loss.build_onnx(
             spec["elem_type"], opset, weight_name="weight" if weighted else None,
             rank=spec["rank"])

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import expit, softmax
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.multiclass import unique_labels
 
+from ..losses import CrossEntropyLearningLoss, NegLogLearningLoss
 from ..rewrite import (prediction_graph, probability_graph,
                        rewrite_ml_linear_ops)
 from ._base import BaseOrtGradientEstimator, prediction_dtype
+from ._trainer import final_activation
 from ._validation import check_targets
 
 __all__ = ["OrtGradientForwardBackwardOptimizer",
@@ -294,6 +297,22 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
         return self.learning_loss_.loss_per_row(y, prediction)
 
 
+def _not_probabilities(proba, rows_sum_to_one):
+    """What makes ``proba`` (n, C) not probabilities, or None: a value
+    outside [0, 1], or with ``rows_sum_to_one`` and C > 1 a row sum other
+    than 1, beyond ``max(1e-4, 16 * eps)`` of its dtype."""
+    tol = max(1e-4, 16 * float(np.finfo(proba.dtype).eps))
+    low, high = float(proba.min()), float(proba.max())
+    if not (-tol <= low and high <= 1 + tol):  # NaN fails too
+        return f"its values lie in [{low:.4g}, {high:.4g}], not in [0, 1]"
+    if rows_sum_to_one and proba.shape[1] > 1:
+        sums = proba.sum(axis=1)
+        if np.abs(sums - 1).max() > tol:
+            return (f"its rows sum to values in [{sums.min():.4g}, "
+                    f"{sums.max():.4g}], not to 1")
+    return None
+
+
 class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardParams,
                                            BaseOrtGradientEstimator):
     __doc__ = ("""Train the initializers of an ONNX classification graph.
@@ -305,12 +324,50 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
     initializers (:func:`onnxtrain.rewrite.rewrite_ml_linear_ops`). The
     classes are the sorted unique labels of ``y`` (or ``classes`` of the
     first ``partial_fit``); their number must equal the probability width.
+
+    What the graph's output means:
+
+    * (N, n_classes) probabilities, rows summing to 1 (skl2onnx classifiers,
+      a final Softmax): trained with ``'cross_entropy'``. When the output
+      comes from a Softmax, the fused paths train on its input (the logits),
+      which gives the same steps up to rounding.
+    * (N, 1), two classes: the column is P(``classes_[1]``) and
+      ``predict_proba`` returns ``(1 - p, p)``. ``'cross_entropy'`` then
+      trains the binary log loss ``-[y log p + (1 - y) log(1 - p)]``
+      (``learning_loss_`` is ``NegLogLearningLoss(probability_function=None,
+      eps=eps)``, or ``NegLogLearningLoss()`` on a score with
+      ``from_logits=True``). A final Sigmoid is trained through its input
+      on the fused paths.
+    * Logits or scores, not probabilities: pass
+      ``learning_loss=CrossEntropyLearningLoss(from_logits=True)`` (softmax
+      of the output) or ``NegLogLearningLoss()`` (sigmoid of each column);
+      ``predict_proba`` applies that function (and divides sigmoid rows of
+      several columns by their sum, one-vs-rest as scikit-learn's
+      LogisticRegression); ``get_trained_onnx`` keeps the raw output.
+
+    When the loss reads the output as probabilities and the graph does not
+    end with a Softmax or a Sigmoid, ``fit`` evaluates the graph on the
+    first batch with the initial weights and raises a ValueError if a value
+    lies outside [0, 1] or, for several columns with the cross-entropy, a
+    row does not sum to 1 (beyond a tolerance of
+    ``max(1e-4, 16 * finfo(dtype).eps)``): a regression graph, or a
+    classifier's raw decision scores (skl2onnx's SGDClassifier) is not
+    silently trained as probabilities.
     """ + _COMMON_PARAMETERS.format(
-        model="It outputs class probabilities of shape (N, n_classes).",
+        model="It outputs class probabilities of shape (N, n_classes) or, for "
+              "two classes, (N, 1); see above.",
         loss="cross_entropy", stratified=" (stratified)",
         score="accuracy") + _COMMON_ATTRIBUTES + """
     classes_ : ndarray of shape (n_classes,)
         Labels, in the order of the probability columns.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Invalid parameters or data, or an output that is not probabilities
+        (see above), raised by ``fit`` before any step.
+    ConvergenceError
+        A non-finite loss while ``exc=True``.
     """)
 
     _default_loss = "cross_entropy"
@@ -335,6 +392,55 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model)
         return model, probability_graph(model)[0]
+
+    def _resolve_loss(self):
+        """The cross-entropy of a one-column graph, p = P(classes_[1]), is
+        the binary log loss of p (or of sigmoid(s) on logits)."""
+        loss = super()._resolve_loss()
+        if self._n_columns() == 1 and isinstance(loss, CrossEntropyLearningLoss):
+            return NegLogLearningLoss(
+                eps=loss.eps,
+                probability_function="sigmoid" if loss.from_logits else None)
+        return loss
+
+    def _output_kind(self):
+        """How the loss reads the output: 'probabilities', 'logits'
+        (softmax), 'scores' (sigmoid), or None (another loss)."""
+        loss = self.learning_loss_
+        if isinstance(loss, CrossEntropyLearningLoss):
+            return "logits" if loss.from_logits else "probabilities"
+        if isinstance(loss, NegLogLearningLoss):
+            return ("scores" if loss.probability_function == "sigmoid"
+                    else "probabilities")
+        return None
+
+    def _epochs(self, X, y, sample_weight, X_val, y_val, n_epochs, incremental):
+        if self.t_ == 0:  # weights just initialized: no step run yet
+            self._check_probabilities(X[:int(np.clip(self.batch_size, 1, len(X)))])
+        super()._epochs(X, y, sample_weight, X_val, y_val, n_epochs, incremental)
+
+    def _check_probabilities(self, X):
+        """Raise when the loss reads the output as probabilities, the graph
+        does not end with a Softmax or a Sigmoid, and its values on ``X``
+        are not probabilities."""
+        model = self._training_model()
+        if self._output_kind() != "probabilities" or \
+                final_activation(model)[0] is not None:
+            return
+        problem = _not_probabilities(
+            self._trainer.predict(X).reshape(len(X), -1),
+            rows_sum_to_one=isinstance(self.learning_loss_, CrossEntropyLearningLoss))
+        if problem is not None:
+            raise ValueError(
+                f"The graph's output {model.graph.output[0].name!r} is not a "
+                f"probability: on the first batch ({len(X)} rows, initial "
+                f"weights) {problem}. The learning loss "
+                f"({type(self.learning_loss_).__name__}) reads it as "
+                "probabilities: end the graph with a Softmax (n_classes "
+                "columns) or a Sigmoid (one column, P(classes_[1])), or, if "
+                "it holds logits, pass learning_loss=CrossEntropyLearningLoss"
+                "(from_logits=True) (predict_proba then applies the softmax, "
+                "the sigmoid for one column).")
 
     def _n_columns(self):
         model = self._training_model()
@@ -373,14 +479,24 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
         return y.argmax(axis=1) if y.ndim == 2 and y.shape[1] > 1 else y.ravel()
 
     def _validation_score(self, X_val, y_val):
-        proba = self._trainer.predict(X_val)
-        return accuracy_score(self._stratify(y_val), self._labels_index(proba))
+        proba = self._probabilities(self._trainer.predict(X_val))
+        return accuracy_score(self._stratify(y_val), proba.argmax(axis=1))
 
-    @staticmethod
-    def _labels_index(proba):
-        if proba.ndim == 2 and proba.shape[1] > 1:
-            return proba.argmax(axis=1)
-        return (proba.ravel() > 0.5).astype(np.int64)
+    def _probabilities(self, output):
+        """(n_samples, n_classes) probabilities from the graph's output."""
+        output = output.reshape(output.shape[0], -1)
+        kind = self._output_kind()
+        if kind == "logits":
+            proba = softmax(output, axis=1)
+        elif kind == "scores":
+            proba = expit(output)
+        else:
+            proba = output
+        if proba.shape[1] == 1:
+            return np.hstack([1 - proba, proba])
+        if kind == "scores":  # one-vs-rest, as LogisticRegression(ovr)
+            proba = proba / proba.sum(axis=1, keepdims=True)
+        return proba
 
     # ------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
@@ -394,12 +510,11 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
         return self._fit(X, y, sample_weight, classes=classes, incremental=True)
 
     def predict_proba(self, X):
-        """Probabilities: ndarray of shape (n_samples, n_classes)."""
-        proba = self._raw_predict(X)
-        if proba.ndim == 1 or proba.shape[1] == 1:
-            proba = proba.reshape(-1, 1)
-            return np.hstack([1 - proba, proba])
-        return proba
+        """Probabilities: ndarray of shape (n_samples, n_classes), columns in
+        the order of ``classes_``. A one-column graph's p gives
+        ``(1 - p, p)``; logits or scores (``learning_loss`` with
+        ``from_logits=True`` or a sigmoid) go through softmax or sigmoid."""
+        return self._probabilities(self._raw_predict(X))
 
     def predict(self, X):
         """Labels (of the type seen in fit): ndarray of shape (n_samples,)."""
