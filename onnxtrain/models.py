@@ -109,7 +109,8 @@ def check_weights_reach_outputs(model, names, outputs=None,
     ValueError
         Naming the weights and the ops where their gradient stops: ops
         declared non-differentiable (Floor, ArgMax, Shape...) or producing
-        no float value (a Cast to an integer type).
+        no float value (a Cast to an integer type; TopK, whose values are
+        float, is not one).
     """
     types = infer_value_types(model) if types is None else types
 
@@ -128,8 +129,8 @@ def check_weights_reach_outputs(model, names, outputs=None,
         if not differentiable & inputs:
             continue
         blocked = is_nondifferentiable(node.op_type, node.domain)
-        if blocked or not all(is_float(o) for o in produced):
-            stops.append(node)
+        if blocked or not any(is_float(o) for o in produced):
+            stops.append(node)  # not TopK: its values are float
         if not blocked:
             differentiable.update(o for o in produced if is_float(o))
     if differentiable & outputs:

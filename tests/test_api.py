@@ -244,7 +244,8 @@ def test_module_checks_inputs_before_running(sgd_paths, inputs, error, pattern):
     expected = module(x, t1)
     assert module(x.astype(np.float64), to_ortvalue(t1.astype(np.float64))) == \
         pytest.approx(expected, rel=1e-12)
-    assert np.isfinite(module(np.rint(x).astype(np.int64), t1))
+    rounded = np.rint(x)
+    assert module(rounded.astype(np.int64), t1) == module(rounded, t1)
 
 
 @pytest.mark.parametrize("bad", [-1.0, -1e-12, float("nan"), float("inf"), "0.1",
@@ -262,6 +263,8 @@ def test_set_learning_rate_refuses_bad_values(sgd_paths, bad):
     assert optimizer.get_learning_rate() == 0.0
     optimizer.set_learning_rate(np.float32(0.5))
     assert optimizer.get_learning_rate() == 0.5
+    optimizer.set_learning_rate(np.array(0.25))  # a 0-d array, as float() takes
+    assert optimizer.get_learning_rate() == 0.25
 
 
 @pytest.mark.parametrize("args, pattern", [

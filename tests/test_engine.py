@@ -355,6 +355,25 @@ def test_weights_without_a_gradient_path_are_named(weights, pattern):
     assert model.SerializeToString() == before
 
 
+def test_an_op_with_float_values_and_int_indices_does_not_stop_the_gradient():
+    """TopK passes the gradient through its values (its int64 indices beside
+    them do not block it): only the Floor after it is named."""
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Mul", ["x", "w"], ["t"]),
+             helper.make_node("TopK", ["t", "k"], ["values", "indices"],
+                              name="topk"),
+             helper.make_node("Floor", ["values"], ["y"], name="floor")]
+    graph = helper.make_graph(
+        nodes, "topk_floor", [helper.make_tensor_value_info("x", f, ["N", 3])],
+        [helper.make_tensor_value_info("y", f, ["N", 2])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "w"),
+         numpy_helper.from_array(np.array([2], np.int64), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match=r"non-differentiable ops \(Floor node "
+                                         r"'floor'\): their gradient is zero"):
+        OrtGradientForwardBackward(model, ["w"])
+
+
 def test_estimator_names_weights_without_a_gradient_path():
     """The estimators train the first output, here Floor(x * w)."""
     from onnxtrain import OrtGradientForwardBackwardOptimizer

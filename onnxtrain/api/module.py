@@ -40,9 +40,11 @@ def read_layout(model, key, what):
 
 
 def input_specs(model, names):
-    """``name -> (numpy dtype, shape)`` of the tensor inputs ``names`` of
-    ``model``: shape is None when undeclared, else a tuple of int (static
-    dims), str (symbolic dims) or None (unknown dims)."""
+    """``name -> (numpy dtype, shape, onnxruntime type)`` of the tensor
+    inputs ``names`` of ``model``: shape is None when undeclared, else a
+    tuple of int (static dims), str (symbolic dims) or None (unknown dims);
+    the onnxruntime type is the string ``OrtValue.data_type()`` returns
+    ("tensor(float)"...)."""
     infos = {vi.name: vi.type for vi in model.graph.input}
     specs = {}
     for name in names:
@@ -53,7 +55,8 @@ def input_specs(model, names):
         if tensor.HasField("shape"):
             shape = tuple(d.dim_value if d.dim_value > 0 else (d.dim_param or None)
                           for d in tensor.shape.dim)
-        specs[name] = (elem_type_to_numpy(tensor.elem_type), shape)
+        ort_type = f"tensor({onnx.TensorProto.DataType.Name(tensor.elem_type).lower()})"
+        specs[name] = (elem_type_to_numpy(tensor.elem_type), shape, ort_type)
     return specs
 
 
@@ -77,21 +80,22 @@ def check_inputs(specs, names, values, what):
     checked, sizes = [], {}
     for name, value in zip(names, values):
         if is_ortvalue(value):
-            dtype, shape = ortvalue_dtype(value), tuple(value.shape())
-            if name in specs and dtype != specs[name][0]:
+            shape = tuple(value.shape())
+            if name in specs and value.data_type() != specs[name][2]:
                 raise TypeError(f"Input {name!r} of the {what} is "
-                                f"{specs[name][0]}; got an OrtValue of {dtype} "
-                                "(OrtValues are not cast).")
+                                f"{specs[name][0]}; got an OrtValue of "
+                                f"{ortvalue_dtype(value)} (OrtValues are not cast).")
         else:
             value = np.asarray(value)
             dtype, shape = value.dtype, value.shape
-            if name in specs and not np.can_cast(dtype, specs[name][0], "same_kind"):
+            if name in specs and dtype != specs[name][0] \
+                    and not np.can_cast(dtype, specs[name][0], "same_kind"):
                 raise TypeError(f"Input {name!r} of the {what} is "
                                 f"{specs[name][0]}; got {dtype}, which is not "
                                 "cast to it (arrays are cast between floats, "
                                 "between ints, and from bool or int to float).")
         checked.append(value)
-        expected = specs.get(name, (None, None))[1]
+        expected = specs[name][1] if name in specs else None
         if expected is None:
             continue
         if len(shape) != len(expected) or any(
@@ -274,9 +278,11 @@ class Module:
 
         Parameters
         ----------
-        *user_inputs : ndarray
-            One per :meth:`input_names`, in that order; cast to the input's
-            dtype.
+        *user_inputs : ndarray or OrtValue
+            One per :meth:`input_names`, in that order. Arrays are cast to
+            the input's dtype within their kind or to a wider one (float64
+            to float32, int to float, not float to int); OrtValues are fed
+            as they are and must have the input's dtype.
 
         Returns
         -------

@@ -14,12 +14,20 @@ __all__ = ["Optimizer", "LinearLRScheduler"]
 
 
 def _check_rate(value, name):
-    """``value`` as a float; ValueError unless a finite real >= 0 (0 is
-    allowed: onnxruntime-training accepted it and a warmup starts there)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not np.isfinite(value) or value < 0:
+    """``value`` as a float; ValueError unless a finite number >= 0 (0 is
+    allowed: onnxruntime-training accepted it and a warmup starts there).
+    Anything ``float()`` takes is accepted (a 0-d array, a torch scalar
+    tensor: onnxruntime-training's binding took them too) except bool and
+    text."""
+    number = None
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = None
+    if number is None or not np.isfinite(number) or number < 0:
         raise ValueError(f"{name} must be a finite float >= 0, got {value!r}.")
-    return float(value)
+    return number
 
 
 def _check_step_count(value, name):
