@@ -123,11 +123,14 @@ class BaseOrtGradientEstimator(BaseEstimator):
         raise NotImplementedError
 
     def _resolve(self, model):
-        """Weights, learning rate, loss, penalty and the small graphs."""
+        """Weights, learning rate, loss, penalty and the small graphs. The
+        loss comes first: one that does not fit the graph raises before any
+        graph is built."""
+        resolved = resolve_learning_loss(self.learning_loss or self._default_loss)
+        loss = self._adapt_loss(resolved)
         types = infer_value_types(model)
         self.weights_to_train_ = select_weights(model, self.weights_to_train)
         learning_rate = resolve_learning_rate(self.learning_rate)
-        loss = self._resolve_loss()
         penalty = resolve_learning_penalty(self.learning_penalty)
         out_type, out_shape = types[model.graph.output[0].name]
         self._elem_type = out_type
@@ -144,11 +147,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
             "elem_type": out_type, "rank": self._output_rank}
         self.learning_rate_, self.learning_loss_ = learning_rate, loss
         self.learning_penalty_ = penalty
+        self._resolved_loss = resolved  # what fit publishes as learning_loss
 
-    def _resolve_loss(self):
-        """A new loss object from ``learning_loss`` (subclasses may adapt it
-        to the graph)."""
-        return resolve_learning_loss(self.learning_loss or self._default_loss)
+    def _adapt_loss(self, loss):
+        """The loss trained on this graph, from the one resolved from
+        ``learning_loss`` (never modified: a subclass adapting it returns a
+        new object). Raises ValueError when they cannot go together."""
+        return loss
 
     def _build_loss_models(self, loss, elem_type):
         """(unweighted, weighted) loss graphs; ``loss.loss_grad_onnx_`` ends
@@ -198,7 +203,27 @@ class BaseOrtGradientEstimator(BaseEstimator):
     # --------------------------------------------------------------- fit
     def _fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
              classes=None, incremental=False):
-        """The one code path of fit and partial_fit."""
+        """The one code path of fit and partial_fit. An error raised before
+        the first step (parameters, data, a loss that does not fit the
+        graph) leaves the estimator as it was: its parameters, its fitted
+        state or the absence of one."""
+        before = self.__dict__.copy()
+        try:
+            X, y, sample_weight, X_val, y_val = self._prepare_fit(
+                X, y, sample_weight, X_val, y_val, classes, incremental)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+        self._epochs(X, y, sample_weight, X_val, y_val,
+                     1 if incremental else self.max_iter, incremental)
+        return self
+
+    def _prepare_fit(self, X, y, sample_weight, X_val, y_val, classes,
+                     incremental):
+        """Everything before the first step: validation, resolution, the
+        trainer, :meth:`_check_start`, the early-stopping split, then the
+        published parameters. Returns the data to train on."""
         self._check_params()
         model = self._training_model()
         first = not hasattr(self, "weights_to_train_") or (
@@ -206,21 +231,28 @@ class BaseOrtGradientEstimator(BaseEstimator):
         X, y, sample_weight = self._validate_data_for_fit(
             model, X, y, sample_weight, classes, first)
         X_val, y_val = self._validate_validation(model, X_val, y_val)
+        restart = not first and not incremental and self._objects_changed()
         if first:
             self._start(model)
         else:
             self._ensure_trainer()
-            if not incremental:  # a new fit starts a new optimizer, as
-                self._trainer.reset_state()  # scikit-learn's warm start does
-                if self._objects_changed():
-                    self._restart_keeping_weights(model)
+            if restart:
+                self._restart_keeping_weights(model)
+        if first or restart:
+            self._check_start(X[:int(np.clip(self.batch_size, 1, len(X)))])
         if self.early_stopping and not incremental:
             X, X_val, y, y_val, sample_weight = self._early_stopping_split(
                 X, y, sample_weight)
+        if not (first or restart or incremental):
+            # a new fit starts a new optimizer, as scikit-learn's warm start
+            self._trainer.reset_state()  # does (last: nothing fails after)
         self._publish_objects()
-        self._epochs(X, y, sample_weight, X_val, y_val,
-                     1 if incremental else self.max_iter, incremental)
-        return self
+        return X, y, sample_weight, X_val, y_val
+
+    def _check_start(self, X):
+        """Called with the first rows of a fit once the loss is (re)resolved
+        and the trainer holds the weights training starts from, before any
+        step: subclasses raise to refuse the fit."""
 
     def _start(self, model):
         """First fit: resolve everything, draw or read the initial weights."""
@@ -245,12 +277,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     def _objects_changed(self):
         """True when set_params replaced the learning rate, loss or penalty
-        since the last fit (fit publishes the resolved objects there)."""
-        pairs = (("learning_rate", "learning_rate_"),
-                 ("learning_loss", "learning_loss_"),
-                 ("learning_penalty", "learning_penalty_"))
-        return any(getattr(self, name, None) is not getattr(self, fitted, None)
-                   for name, fitted in pairs if hasattr(self, fitted))
+        since the last fit (fit publishes the resolved objects there; the
+        loss published is the one resolved from the parameter, which
+        ``learning_loss_`` may hold adapted to the graph)."""
+        published = (self.learning_rate_, self._resolved_loss,
+                     self.learning_penalty_)
+        current = (self.learning_rate, self.learning_loss, self.learning_penalty)
+        return any(a is not b for a, b in zip(current, published))
 
     def _restart_keeping_weights(self, model):
         """Resolve the new objects and rebuild the trainer on the current
@@ -264,9 +297,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def _publish_objects(self):
         """The seed reads ``est.learning_rate.axpy_onnx_`` and
         ``est.learning_loss.loss_grad_onnx_``: after fit those parameters
-        hold the resolved objects (copies; the caller's are not modified)."""
+        hold the resolved objects (copies; the caller's are not modified).
+        ``learning_loss`` gets the loss resolved from the parameter, not its
+        adaptation to the graph (``learning_loss_``), so that a later fit on
+        another graph (``set_params(model_onnx=...)``) or a clone adapts it
+        anew."""
         self.learning_rate = self.learning_rate_
-        self.learning_loss = self.learning_loss_
+        self.learning_loss = self._resolved_loss
         self.learning_penalty = self.learning_penalty_
 
     def _validate_data_for_fit(self, model, X, y, sample_weight, classes, first):

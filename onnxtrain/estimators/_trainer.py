@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import opset_of
+from ..graph import elem_type_to_numpy, opset_of
 from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
                        to_ortvalue)
 from ..training_graphs import (build_epochs_loop, build_training_loop,
@@ -97,7 +97,18 @@ class Trainer:
         self.model = model
         self.fused_spec = fused_spec
         self._fused = {}
+        self._weight_dtype = self._default_weight_dtype()
         self.reset_state()
+
+    def _default_weight_dtype(self):
+        """numpy dtype of the sample-weight input of a graph computing its
+        own loss (its third input), as the graph declares it: a float type,
+        whatever the type of the labels; None without such an input."""
+        names = self.engine.input_names
+        if self.loss_models or len(names) < 3:
+            return None
+        declared = {i.name: i for i in self.model.graph.input}[names[2]]
+        return elem_type_to_numpy(declared.type.tensor_type.elem_type)
 
     # ------------------------------------------------------------- state
     @property
@@ -142,8 +153,8 @@ class Trainer:
         """Loss value (OrtValue) and dE/dY for a batch."""
         if self.loss_models is None:  # the graph's first output is the loss
             inputs = [X, y]
-            if len(self.engine.input_names) > 2:  # a sample-weight input
-                inputs.append(np.ones(X.shape[0], dtype=y.dtype)
+            if self._weight_dtype is not None:  # a sample-weight input
+                inputs.append(np.ones(X.shape[0], dtype=self._weight_dtype)
                               if sample_weight is None else sample_weight)
             prediction = self.engine.forward(inputs, training=training)[0]
             ones = np.ones(tuple(prediction.shape()), dtype=prediction.numpy().dtype)

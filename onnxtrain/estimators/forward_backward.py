@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.special import expit, softmax
-from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.base import ClassifierMixin, RegressorMixin, clone
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.multiclass import unique_labels
 
@@ -114,7 +114,11 @@ _COMMON_ATTRIBUTES = """
         ``learning_loss`` and ``learning_penalty`` refer to them too, since
         onnxcustom's API exposed ``learning_rate.axpy_onnx_`` and
         ``learning_loss.loss_grad_onnx_`` (objects you pass are copied, never
-        modified).
+        modified). The classifier may train a loss adapted to its graph
+        (one column, a final Sigmoid or Softmax: see above): then
+        ``learning_loss_`` is that loss, with ``loss_grad_onnx_``, and the
+        parameter ``learning_loss`` keeps the loss resolved from what was
+        given, which a fit on another graph adapts anew.
     train_session_ : OrtGradientForwardBackward
         The engine (rebuilt lazily after unpickling).
 """
@@ -297,19 +301,65 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
         return self.learning_loss_.loss_per_row(y, prediction)
 
 
-def _not_probabilities(proba, rows_sum_to_one):
+def _not_probabilities(proba):
     """What makes ``proba`` (n, C) not probabilities, or None: a value
-    outside [0, 1], or with ``rows_sum_to_one`` and C > 1 a row sum other
-    than 1, beyond ``max(1e-4, 16 * eps)`` of its dtype."""
+    outside [0, 1], or for C > 1 a row sum other than 1, beyond
+    ``max(1e-4, 16 * eps)`` of its dtype."""
     tol = max(1e-4, 16 * float(np.finfo(proba.dtype).eps))
     low, high = float(proba.min()), float(proba.max())
     if not (-tol <= low and high <= 1 + tol):  # NaN fails too
         return f"its values lie in [{low:.4g}, {high:.4g}], not in [0, 1]"
-    if rows_sum_to_one and proba.shape[1] > 1:
+    if proba.shape[1] > 1:
         sums = proba.sum(axis=1)
         if np.abs(sums - 1).max() > tol:
             return (f"its rows sum to values in [{sums.min():.4g}, "
                     f"{sums.max():.4g}], not to 1")
+    return None
+
+
+def _output_kind(loss):
+    """How ``loss`` reads a classifier's output: 'probabilities',
+    'logits' (it applies a softmax), 'scores' (a sigmoid), or None
+    (another loss)."""
+    if isinstance(loss, CrossEntropyLearningLoss):
+        return "logits" if loss.from_logits else "probabilities"
+    if isinstance(loss, NegLogLearningLoss):
+        return "scores" if loss.probability_function == "sigmoid" \
+            else "probabilities"
+    return None
+
+
+def _activation_problem(activation, width, loss):
+    """Why a graph whose output comes from ``activation`` ('Sigmoid',
+    'Softmax' or None) over ``width`` columns (None: unknown) cannot be
+    trained with ``loss`` (already adapted to it), with what to do instead;
+    None when it can."""
+    kind = _output_kind(loss)
+    name = type(loss).__name__
+    if activation == "Softmax" and width == 1:
+        return ("a Softmax over one column is 1 for every row: nothing would "
+                "train. End the graph with a Sigmoid (one column, "
+                "P(classes_[1]), learning_loss='cross_entropy' or 'log') or "
+                "give the Softmax n_classes columns")
+    if activation == "Softmax" and kind == "scores":
+        return (f"{name}(probability_function='sigmoid') would apply a "
+                "sigmoid to these probabilities: predict_proba would not be "
+                "the graph's output. Pass learning_loss='cross_entropy' (the "
+                "loss of a Softmax, trained through its logits)")
+    if activation == "Sigmoid" and kind == "logits":
+        return (f"{name}(from_logits=True) would apply a softmax to these "
+                "sigmoids: predict_proba would not be the graph's output. End "
+                "the graph with a Softmax over the n_classes columns and pass "
+                "learning_loss='cross_entropy'")
+    if activation == "Sigmoid" and kind == "probabilities" and width is not None \
+            and width > 1:
+        return (f"the rows of {width} sigmoids do not sum to 1, and {name} "
+                "reads them as class probabilities (predict_proba would not "
+                "be probabilities). End the graph with a Softmax over the "
+                "n_classes columns and pass learning_loss='cross_entropy', "
+                "or, for one-vs-rest scores, remove the final Sigmoid and "
+                "pass learning_loss=NegLogLearningLoss() (predict_proba then "
+                "divides each row of sigmoids by its sum)")
     return None
 
 
@@ -325,7 +375,9 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
     classes are the sorted unique labels of ``y`` (or ``classes`` of the
     first ``partial_fit``); their number must equal the probability width.
 
-    What the graph's output means:
+    What the graph's output means (``predict_proba`` is the output of the
+    trained graph, ``get_trained_onnx``, whenever the loss reads it as
+    probabilities):
 
     * (N, n_classes) probabilities, rows summing to 1 (skl2onnx classifiers,
       a final Softmax): trained with ``'cross_entropy'``. When the output
@@ -338,21 +390,31 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
       eps=eps)``, or ``NegLogLearningLoss()`` on a score with
       ``from_logits=True``). A final Sigmoid is trained through its input
       on the fused paths.
-    * Logits or scores, not probabilities: pass
-      ``learning_loss=CrossEntropyLearningLoss(from_logits=True)`` (softmax
-      of the output) or ``NegLogLearningLoss()`` (sigmoid of each column);
-      ``predict_proba`` applies that function (and divides sigmoid rows of
-      several columns by their sum, one-vs-rest as scikit-learn's
+    * A final Sigmoid or Softmax is the function a loss on logits would
+      apply: with ``'log'`` (``NegLogLearningLoss()``, a sigmoid) on a
+      final Sigmoid or ``CrossEntropyLearningLoss(from_logits=True)`` on a
+      final Softmax, the loss trained (``learning_loss_``) reads the output
+      as probabilities, trained through the logits as above: the activation
+      is never applied twice. The other pairs are an error at ``fit``: a
+      Softmax over one column (always 1), a Sigmoid over several columns
+      read as class probabilities (its rows do not sum to 1), a sigmoid loss
+      on a Softmax or a softmax loss on a Sigmoid.
+    * Logits or scores, not probabilities (no final Sigmoid or Softmax):
+      pass ``learning_loss=CrossEntropyLearningLoss(from_logits=True)``
+      (softmax of the output) or ``NegLogLearningLoss()`` (sigmoid of each
+      column); ``predict_proba`` applies that function (and divides sigmoid
+      rows of several columns by their sum, one-vs-rest as scikit-learn's
       LogisticRegression); ``get_trained_onnx`` keeps the raw output.
 
     When the loss reads the output as probabilities and the graph does not
     end with a Softmax or a Sigmoid, ``fit`` evaluates the graph on the
-    first batch with the initial weights and raises a ValueError if a value
-    lies outside [0, 1] or, for several columns with the cross-entropy, a
-    row does not sum to 1 (beyond a tolerance of
-    ``max(1e-4, 16 * finfo(dtype).eps)``): a regression graph, or a
-    classifier's raw decision scores (skl2onnx's SGDClassifier) is not
-    silently trained as probabilities.
+    first batch with the starting weights and raises a ValueError if a
+    value lies outside [0, 1] or, for several columns, a row does not sum
+    to 1 (beyond a tolerance of ``max(1e-4, 16 * finfo(dtype).eps)``): a
+    regression graph, or a classifier's raw decision scores (skl2onnx's
+    SGDClassifier) is not silently trained as probabilities. Every such
+    error is raised before any step and leaves the estimator as it was
+    (parameters, fitted state or its absence).
     """ + _COMMON_PARAMETERS.format(
         model="It outputs class probabilities of shape (N, n_classes) or, for "
               "two classes, (N, 1); see above.",
@@ -393,47 +455,63 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
         model = rewrite_ml_linear_ops(model)
         return model, probability_graph(model)[0]
 
-    def _resolve_loss(self):
-        """The cross-entropy of a one-column graph, p = P(classes_[1]), is
-        the binary log loss of p (or of sigmoid(s) on logits)."""
-        loss = super()._resolve_loss()
-        if self._n_columns() == 1 and isinstance(loss, CrossEntropyLearningLoss):
-            return NegLogLearningLoss(
+    def _adapt_loss(self, loss):
+        """The loss trained on this graph, from the one resolved from
+        ``learning_loss`` (a new object when it differs).
+
+        * One column, p = P(classes_[1]): the cross-entropy is the binary
+          log loss of p (of sigmoid(s) with ``from_logits=True``).
+        * A final Sigmoid or Softmax is the function the loss would apply
+          (``NegLogLearningLoss()``'s sigmoid, the softmax of
+          ``from_logits=True``): the loss reads the output as
+          probabilities, trained through the logits on the fused paths, so
+          that ``predict_proba`` stays the graph's own output.
+
+        Raises
+        ------
+        ValueError
+            The graph's final activation and the loss do not go together
+            (see :func:`_activation_problem`), before any graph is built.
+        """
+        model = self._training_model()
+        width = self._n_columns()
+        if width == 1 and isinstance(loss, CrossEntropyLearningLoss):
+            loss = NegLogLearningLoss(
                 eps=loss.eps,
                 probability_function="sigmoid" if loss.from_logits else None)
+        activation = final_activation(model)[0]
+        kind = _output_kind(loss)
+        if activation == "Sigmoid" and kind == "scores":
+            loss = clone(loss).set_params(probability_function=None)
+        elif activation == "Softmax" and kind == "logits":
+            loss = clone(loss).set_params(from_logits=False)
+        problem = _activation_problem(activation, width, loss)
+        if problem is not None:
+            raise ValueError(
+                f"The graph's output {model.graph.output[0].name!r} comes from "
+                f"a {activation} over {width or 'an unknown number of'} "
+                f"column{'s' if width != 1 else ''} and learning_loss="
+                f"{self.learning_loss or self._default_loss!r}: {problem}.")
         return loss
 
     def _output_kind(self):
-        """How the loss reads the output: 'probabilities', 'logits'
-        (softmax), 'scores' (sigmoid), or None (another loss)."""
-        loss = self.learning_loss_
-        if isinstance(loss, CrossEntropyLearningLoss):
-            return "logits" if loss.from_logits else "probabilities"
-        if isinstance(loss, NegLogLearningLoss):
-            return ("scores" if loss.probability_function == "sigmoid"
-                    else "probabilities")
-        return None
+        """How the loss trained reads the output (see :func:`_output_kind`)."""
+        return _output_kind(self.learning_loss_)
 
-    def _epochs(self, X, y, sample_weight, X_val, y_val, n_epochs, incremental):
-        if self.t_ == 0:  # weights just initialized: no step run yet
-            self._check_probabilities(X[:int(np.clip(self.batch_size, 1, len(X)))])
-        super()._epochs(X, y, sample_weight, X_val, y_val, n_epochs, incremental)
-
-    def _check_probabilities(self, X):
+    def _check_start(self, X):
         """Raise when the loss reads the output as probabilities, the graph
-        does not end with a Softmax or a Sigmoid, and its values on ``X``
-        are not probabilities."""
+        does not end with a Softmax or a Sigmoid (those were checked by
+        :meth:`_adapt_loss`), and its values on ``X`` with the starting
+        weights are not probabilities."""
         model = self._training_model()
         if self._output_kind() != "probabilities" or \
                 final_activation(model)[0] is not None:
             return
-        problem = _not_probabilities(
-            self._trainer.predict(X).reshape(len(X), -1),
-            rows_sum_to_one=isinstance(self.learning_loss_, CrossEntropyLearningLoss))
+        problem = _not_probabilities(self._trainer.predict(X).reshape(len(X), -1))
         if problem is not None:
             raise ValueError(
                 f"The graph's output {model.graph.output[0].name!r} is not a "
-                f"probability: on the first batch ({len(X)} rows, initial "
+                f"probability: on the first batch ({len(X)} rows, starting "
                 f"weights) {problem}. The learning loss "
                 f"({type(self.learning_loss_).__name__}) reads it as "
                 "probabilities: end the graph with a Softmax (n_classes "
