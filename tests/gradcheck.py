@@ -8,12 +8,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnxtrain.autodiff import build_fused_model, build_gradient_models
 from onnxtrain.autodiff.context import VJPContext
 from onnxtrain.graph import GraphBuilder, infer_value_types
 
 __all__ = ["session", "run", "check_model", "split_gradients",
            "fused_gradients", "numeric_gradient", "central_differences",
-           "relative_error", "expansion_model"]
+           "relative_error", "expansion_model", "check_gradients"]
 
 
 def session(model):
@@ -131,3 +132,32 @@ def expansion_model(model, expand):
     expanded.ir_version = model.ir_version
     check_model(expanded)
     return expanded
+
+
+def check_gradients(model, wrt, feeds, seed=0, outputs=None, eps=1e-6,
+                    tol=1e-6, check_node_models=True):
+    """Split and fused gradients of ``model`` (of ``outputs``, None: all)
+    against central differences of step ``eps``: relative error below
+    ``tol``. ``seed``, a seed or a Generator, draws the output gradients
+    (in the outputs' dtypes). ``check_node_models=False`` skips onnx's
+    checker on the models holding the model's own nodes (inference,
+    forward, fused), for a node the checker refuses in the model given too.
+    Returns the inference outputs and the split gradients."""
+    rng = np.random.default_rng(seed)
+    gm = build_gradient_models(model, wrt, outputs=outputs)
+    fused, bg = build_fused_model(model, wrt, outputs=outputs)
+    check_model(gm.backward_model)
+    if check_node_models:
+        for m in (gm.inference_model, gm.forward_model, fused):
+            check_model(m)
+    inference = session(gm.inference_model)
+    y = run(inference, feeds)
+    grad_outputs = {o: rng.normal(size=y[o].shape).astype(y[o].dtype)
+                    for o in gm.outputs}
+    _, split = split_gradients(gm, feeds, grad_outputs)
+    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
+    for w in wrt:
+        num = numeric_gradient(inference, feeds, w, grad_outputs, eps)
+        assert relative_error(num, split[w]) < tol, (w, split[w], num)
+        assert relative_error(num, fused_grads[w]) < tol, w
+    return y, split

@@ -14,9 +14,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gradcheck import (check_model, fused_gradients, numeric_gradient,
-                       relative_error, run, session, split_gradients)
-from onnxtrain.autodiff import build_fused_model, build_gradient_models
+from gradcheck import check_gradients
+from onnxtrain.autodiff import build_gradient_models
 from onnxtrain.exceptions import MissingVJPRuleError
 
 D = TensorProto.DOUBLE
@@ -73,26 +72,8 @@ def _initializers(model):
 
 
 def _check_gradients(model, wrt, feeds, seed=4, outputs=None):
-    """Split and fused gradients of ``model`` (of ``outputs``, None: all)
-    against finite differences; ``seed``: a seed or the Generator drawing
-    the output gradients. Returns the inference outputs and the split
-    gradients."""
-    rng = np.random.default_rng(seed)
-    gm = build_gradient_models(model, wrt, outputs=outputs)
-    for m in (gm.inference_model, gm.forward_model, gm.backward_model):
-        check_model(m)
-    fused, bg = build_fused_model(model, wrt, outputs=outputs)
-    check_model(fused)
-    inference = session(gm.inference_model)
-    y = run(inference, feeds)
-    grad_outputs = {o: rng.normal(size=y[o].shape) for o in gm.outputs}
-    _, split = split_gradients(gm, feeds, grad_outputs)
-    fused_grads = fused_gradients(fused, bg, feeds, grad_outputs)
-    for w in wrt:
-        num = numeric_gradient(inference, feeds, w, grad_outputs)
-        assert relative_error(num, split[w]) < TOL, (w, split[w], num)
-        assert relative_error(num, fused_grads[w]) < TOL, w
-    return y, split
+    """:func:`gradcheck.check_gradients` at this module's tolerance."""
+    return check_gradients(model, wrt, feeds, seed, outputs, tol=TOL)
 
 
 def _check(model, wrt, cond, n=4):

@@ -283,7 +283,7 @@ def backward(model, wrt, outputs=None):
     grads, grad_output_names = {}, []
     for out in outputs:
         name = g.unique_name(f"{out}_grad")
-        g.set_type(name, *types.get(out, (None, None)))
+        g.set_type(name, *_grad_output_type(types, out))
         grad_output_names.append(name)
         grads[out] = [name]
     reverse_pass(g, path, grads, upstream, _constants(model))
@@ -291,6 +291,17 @@ def backward(model, wrt, outputs=None):
     fold_output_identities(g.nodes, grad_names)
     return BackwardGraph(g, list(wrt), list(outputs), grad_output_names,
                          grad_names, types, model if named else None)
+
+
+def _grad_output_type(types, out):
+    """Type of the gradient fed for the output ``out``: the output's, with
+    its dims of 0 unknown. onnx's Attention inference writes 0 for a dim
+    it cannot tell (V's hidden size or sequence length when symbolic); a
+    gradient input declared so refuses the gradient of the actual output."""
+    elem_type, shape = types.get(out, (None, None))
+    if shape is not None:
+        shape = tuple(None if d == 0 else d for d in shape)
+    return elem_type, shape
 
 
 def _with_saved_outputs(model):

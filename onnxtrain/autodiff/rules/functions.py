@@ -38,11 +38,10 @@ def _type_proto(ctx, name):
     return helper.make_tensor_type_proto(elem_type, shape)
 
 
-def _with_defaults(ctx, node, schema, raise_stash=True):
+def _with_defaults(ctx, node, schema):
     """Copy of ``node`` with the schema's default attributes filled in; a
     ``stash_type`` below the input's precision is raised to it (float64
-    inputs are normalized in float64, as onnxruntime's kernels do) unless
-    not ``raise_stash``."""
+    inputs are normalized in float64, as onnxruntime's kernels do)."""
     full = onnx.NodeProto()
     full.CopyFrom(node)
     present = {a.name for a in node.attribute}
@@ -50,10 +49,40 @@ def _with_defaults(ctx, node, schema, raise_stash=True):
         if name not in present and attr.default_value.name:
             full.attribute.append(attr.default_value)
     for att in full.attribute:
-        if (raise_stash and att.name in ("stash_type", "softmax_precision")
+        if (att.name in ("stash_type", "softmax_precision")
                 and ctx.dtype == onnx.TensorProto.DOUBLE):
             att.i = onnx.TensorProto.DOUBLE
     return full
+
+
+#: Outputs of the Casts to the stash type in onnx's LayerNormalization body
+#: (the epsilon and the input; the Cast back to the input's type is
+#: NormalizedT's).
+_STASH_CASTS = ("Epsilon", "XU")
+
+
+def _stashed_in_float64(ctx, schema, version, dependent, node):
+    """LayerNormalization's body stashing in float64: onnx builds it for a
+    float32 or bfloat16 stash only (no body at all otherwise), so it is
+    built for float32, then its Casts to the stash type cast to float64.
+    Its Mean and InvStdDev are then float64, cast to the node's types by
+    :func:`_with_node_types`."""
+    as_float = onnx.NodeProto()
+    as_float.CopyFrom(node)
+    for att in as_float.attribute:
+        if att.name == "stash_type":
+            att.i = onnx.TensorProto.FLOAT
+    function = _build_body(ctx, schema, version, dependent, as_float)
+    stashes = [n for n in function.node
+               if n.op_type == "Cast" and n.output[0] in _STASH_CASTS]
+    if len(stashes) != len(_STASH_CASTS):
+        ctx.fail("stash_type is float64 (double), and onnx's function body "
+                 "for a float32 stash does not have the Casts expected")
+    for cast in stashes:
+        for att in cast.attribute:
+            if att.name == "to":
+                att.i = onnx.TensorProto.DOUBLE
+    return function
 
 
 def _function_body(ctx):
@@ -70,19 +99,17 @@ def _function_body(ctx):
     version, dependent = max(usable)
     full = _with_defaults(ctx, node, schema)
     function = _build_body(ctx, schema, version, dependent, full)
-    if not len(function.node) and ctx.dtype == onnx.TensorProto.DOUBLE:
-        # onnx builds LayerNormalization's body for a float32 stash only
-        # (no body at all otherwise): build it so, then stash in float64
-        function = _build_body(ctx, schema, version, dependent,
-                               _with_defaults(ctx, node, schema, raise_stash=False))
-        for body_node in function.node:
-            for att in body_node.attribute:
-                if (body_node.op_type == "Cast" and att.name == "to"
-                        and att.i == onnx.TensorProto.FLOAT):
-                    att.i = onnx.TensorProto.DOUBLE
+    stash = {a.name: a.i for a in full.attribute}.get("stash_type")
+    if (not len(function.node) and node.op_type == "LayerNormalization"
+            and stash == onnx.TensorProto.DOUBLE):
+        function = _stashed_in_float64(ctx, schema, version, dependent, full)
     if not len(function.node):
+        unranked = [i for i in node.input if i and ctx.g.shape(i) is None]
+        why = (f"; the rank of {', '.join(map(repr, unranked))} is unknown"
+               if unranked and dependent else "")
         ctx.fail(f"onnx builds no function body for this node at opset "
-                 f"{version} (an attribute or input type its builder refuses)")
+                 f"{version} (an attribute or input type its builder "
+                 f"refuses{why})")
     return function, full
 
 
@@ -284,6 +311,25 @@ def _fold_constants(ctx, nodes):
     return folded, known
 
 
+def _with_node_types(ctx, nodes, outputs):
+    """The expansion's outputs in the element types of the node's: a Cast
+    appended where they differ. A float64 LayerNormalization normalizes in
+    float64 (see :func:`_function_body`) but its Mean and InvStdDev are of
+    the stash type, float32, as onnxruntime computes them."""
+    result = list(outputs)
+    for k, (name, out) in enumerate(zip(ctx.node.output, outputs)):
+        want = ctx.g.types.get(name, (None, None))[0] if name else None
+        have, shape = ctx.g.types.get(out, (None, None))
+        if not (want and have) or want == have:
+            continue
+        result[k] = ctx.g.unique_name(f"{out}_cast")
+        nodes.append(helper.make_node(
+            "Cast", [out], [result[k]], to=want,
+            name=ctx.g.unique_name("Cast_node")))
+        ctx.g.set_type(result[k], want, shape)
+    return result
+
+
 def vjp_by_expansion(ctx, *grad_outputs):
     """Gradient of the node through its standard function body."""
     function, node = _function_body(ctx)
@@ -298,7 +344,13 @@ def vjp_by_expansion(ctx, *grad_outputs):
     record_types(ctx.g, nodes, node.input, outputs, refine=True, clean=False)
     nodes, known = _fold_constants(ctx, nodes)
     record_types(ctx.g, nodes, node.input, outputs, refine=True, clean=False)
-    return differentiate_expansion(ctx, nodes, outputs, grad_outputs, known)
+    outputs = _with_node_types(ctx, nodes, outputs)
+    try:
+        return differentiate_expansion(ctx, nodes, outputs, grad_outputs, known)
+    except ValueError as exc:  # a rule of the body refused: name the node
+        raise ValueError(f"The gradient of {ctx.node.op_type} node "
+                         f"{ctx.node.name!r}, through its function body: "
+                         f"{exc}") from exc
 
 
 for _op in EXPANDED_OPS:
