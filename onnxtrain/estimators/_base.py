@@ -280,7 +280,9 @@ class BaseOrtGradientEstimator(BaseEstimator):
         since the last fit (fit publishes the resolved objects there; the
         loss published is the one resolved from the parameter, which
         ``learning_loss_`` may hold adapted to the graph)."""
-        published = (self.learning_rate_, self._resolved_loss,
+        published = (self.learning_rate_,
+                     # estimators pickled before _resolved_loss published learning_loss_
+                     getattr(self, "_resolved_loss", self.learning_loss_),
                      self.learning_penalty_)
         current = (self.learning_rate, self.learning_loss, self.learning_penalty)
         return any(a is not b for a, b in zip(current, published))
@@ -303,7 +305,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         another graph (``set_params(model_onnx=...)``) or a clone adapts it
         anew."""
         self.learning_rate = self.learning_rate_
-        self.learning_loss = self._resolved_loss
+        self.learning_loss = getattr(self, "_resolved_loss", self.learning_loss_)
         self.learning_penalty = self.learning_penalty_
 
     def _validate_data_for_fit(self, model, X, y, sample_weight, classes, first):
