@@ -10,7 +10,7 @@ import onnx
 from onnx import numpy_helper
 
 from .autodiff import is_nondifferentiable, trainable_initializers
-from .autodiff.backward import implicit_inputs
+from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
 
 __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
@@ -113,28 +113,21 @@ def check_weights_reach_outputs(model, names, outputs=None,
         float, is not one).
     """
     types = infer_value_types(model) if types is None else types
-
-    def is_float(name):
-        info = types.get(name)
-        return info is None or info[0] in FLOAT_TYPES
-
     ends = set(outputs or [o.name for o in model.graph.output])
-    outputs = {o for o in ends if is_float(o)}
-    differentiable, reached, stops = set(names), set(names), []
-    for node in model.graph.node:
-        inputs = set(node.input) | set(implicit_inputs(node))
-        produced = [o for o in node.output if o]
-        if reached & inputs:
-            reached.update(produced)
-        if not differentiable & inputs:
-            continue
-        blocked = is_nondifferentiable(node.op_type, node.domain)
-        if blocked or not any(is_float(o) for o in produced):
-            stops.append(node)  # not TopK: its values are float
-        if not blocked:
-            differentiable.update(o for o in produced if is_float(o))
-    if differentiable & outputs:
+    differentiable = _dependents(model.graph.node, names, types)
+    if any(o in differentiable for o in ends if _is_float(types, o)):
         return
+    # the message: where the gradient stops, whether the weights reach at all
+    reached, stops = set(names), []
+    for node in model.graph.node:
+        inputs = _node_inputs(node)
+        produced = [o for o in node.output if o]
+        if reached & set(inputs):
+            reached.update(produced)
+        if any(i in differentiable for i in inputs) and (
+                is_nondifferentiable(node.op_type, node.domain)
+                or not any(_is_float(types, o) for o in produced)):
+            stops.append(node)  # not TopK: its values are float
     if not reached & ends or not stops:
         raise ValueError(f"{what} {names} do not reach {target}: nothing to "
                          "train.")
