@@ -27,7 +27,10 @@ A checkpoint is one ZIP archive (entries stored uncompressed) holding
 Parameters keep their order. A nominal checkpoint has ``"nominal": true``
 and ``"data": null`` for every parameter: names, shapes and dtypes only.
 Reading never executes code (no pickle): only JSON and raw numeric bytes of
-boolean, integer or float dtypes are accepted.
+boolean, integer or float dtypes are accepted. :func:`read_checkpoint`
+checks the archive and the whole header (the rules are listed in
+``docs/checkpoint_format.md``, "What reading validates") before it reads
+any array, and an entry's size against its record before reading it.
 """
 from __future__ import annotations
 
@@ -217,10 +220,12 @@ class _Reader:
         for key in ("format", "version", "nominal", "parameters", "properties"):
             if key not in header:
                 self.fail(key, "is missing.")
-        if header["format"] != FORMAT or _exact(header["version"], int) != VERSION:
-            raise ValueError(f"{self.path!s}: unsupported checkpoint format "
-                             f"{header['format']!r} version "
-                             f"{header['version']!r}.")
+        if header["format"] != FORMAT:
+            self.fail("format", f"{header['format']!r} is not {FORMAT!r}: not "
+                      "an onnxtrain checkpoint.")
+        if _exact(header["version"], int) != VERSION:
+            self.fail("version", f"{header['version']!r}: this onnxtrain reads "
+                      f"version {VERSION}.")
         return header
 
     def typed(self, field, value, kind):
