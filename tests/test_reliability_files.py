@@ -261,10 +261,13 @@ HOSTILE_HEADERS = [
 ]
 
 
-def test_hand_written_checkpoint_reads_back(tmp_path):
+@pytest.fixture(scope="module")
+def control(tmp_path_factory):
     """The hand-built archive of :func:`valid_header` is a valid checkpoint
-    (the control for the hostile variants below)."""
-    path = write_hand_checkpoint(tmp_path / "ok", valid_header())
+    and reads back exactly: the hostile variants differ from it only by
+    their mutation."""
+    path = write_hand_checkpoint(tmp_path_factory.mktemp("control") / "ok",
+                                 valid_header())
     state = api.CheckpointState.load_checkpoint(path)
     np.testing.assert_array_equal(state.parameters["W"].data, W)
     assert state.parameters["B"].requires_grad is False
@@ -277,7 +280,7 @@ def test_hand_written_checkpoint_reads_back(tmp_path):
 @pytest.mark.parametrize("what,mutate,field", HOSTILE_HEADERS,
                          ids=[h[0] for h in HOSTILE_HEADERS])
 def test_hostile_checkpoint_header_refused_naming_file_and_field(
-        tmp_path, what, mutate, field):
+        control, tmp_path, what, mutate, field):
     path = write_hand_checkpoint(tmp_path / "hostile",
                                  mutate(copy.deepcopy(valid_header())))
     with pytest.raises(ValueError) as info:
@@ -287,7 +290,7 @@ def test_hostile_checkpoint_header_refused_naming_file_and_field(
     assert re.search(f"field {field}[: ]", message), message
 
 
-def test_compressed_members_refused(tmp_path):
+def test_compressed_members_refused(control, tmp_path):
     """A deflated entry (a ZIP bomb inflates 1000 to 1) is refused before
     it is inflated, also when its sizes are honest."""
     big = np.zeros(1 << 20, np.float32)
@@ -314,7 +317,7 @@ def _peak_bytes(function):
     return peak
 
 
-def test_declared_sizes_beyond_the_file_refused_without_allocating(tmp_path):
+def test_declared_sizes_beyond_the_file_refused_without_allocating(control, tmp_path):
     """A 2 MB file whose ZIP directory declares a 256 MB entry (and a shape
     agreeing with it) is refused without reading (allocating) 256 MB."""
     n = 1 << 26  # float32: 256 MB declared
@@ -335,7 +338,7 @@ def test_declared_sizes_beyond_the_file_refused_without_allocating(tmp_path):
     assert str(path) in errors[0] and "archive entry 'arrays/0.bin'" in errors[0]
 
 
-def test_nominal_absurd_shape_refused_without_allocating(tmp_path):
+def test_nominal_absurd_shape_refused_without_allocating(control, tmp_path):
     header = valid_header()
     header.update(nominal=True, optimizer=None)
     for record in header["parameters"]:
@@ -353,7 +356,7 @@ def test_nominal_absurd_shape_refused_without_allocating(tmp_path):
     assert "field parameters[0].shape" in errors[0]
 
 
-def test_repeated_archive_entries_refused(tmp_path):
+def test_repeated_archive_entries_refused(control, tmp_path):
     """Two entries of one name: zipfile would silently read the last."""
     header = json.dumps(valid_header()).encode()
     path = tmp_path / "twice"

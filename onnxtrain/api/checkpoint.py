@@ -199,8 +199,10 @@ class _Reader:
         """The bytes of one entry (CRC checked by zipfile)."""
         try:
             return self.archive.read(name)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError,
-                EOFError) as exc:
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError,
+                NotImplementedError, RuntimeError) as exc:
+            # RuntimeError: encrypted; NotImplementedError: a ZIP feature
+            # (version, strong encryption) zipfile does not read
             self.fail(field, f"entry {name!r} cannot be read ({exc}).")
 
     def header(self):
@@ -412,12 +414,13 @@ def read_checkpoint(path):
         If the file is not an onnxtrain checkpoint or breaks a rule of the
         format; the message names the file and the field.
     """
+    file_size = os.stat(path).st_size
     try:
         archive = zipfile.ZipFile(path, "r")
-        file_size = os.stat(path).st_size
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError,
+            NotImplementedError, ValueError) as exc:
         raise ValueError(f"{path!s} is not an onnxtrain checkpoint "
-                         f"(not a ZIP archive: {exc}).") from None
+                         f"(not a ZIP archive it can read: {exc}).") from None
     with archive:
         reader = _Reader(path, archive, file_size)
         header = reader.header()
