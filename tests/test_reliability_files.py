@@ -255,6 +255,10 @@ HOSTILE_HEADERS = [
      r"properties\['epoch'\]\.value"),
     ("float property not hex", _set(("properties", "best", "value"), "zz"),
      r"properties\['best'\]\.value"),
+    ("property type a list", _set(("properties", "epoch", "type"), ["int"]),
+     r"properties\['epoch'\]\.type"),
+    ("huge shape list", _set(P0 + ("shape",), [-1] * 100000),
+     r"parameters\[0\]\.shape"),
     ("optimizer in a nominal checkpoint", lambda h: {
         **h, "nominal": True, "parameters": [
             {**p, "data": None} for p in h["parameters"]]}, "optimizer"),
@@ -288,6 +292,7 @@ def test_hostile_checkpoint_header_refused_naming_file_and_field(
     message = str(info.value)
     assert str(path) in message
     assert re.search(f"field {field}[: ]", message), message
+    assert len(message) < 500  # one line, even for a huge hostile value
 
 
 def test_compressed_members_refused(control, tmp_path):

@@ -34,6 +34,7 @@ any array, and an entry's size against its record before reading it.
 """
 from __future__ import annotations
 
+import collections
 import io
 import json
 import math
@@ -179,10 +180,11 @@ class _Reader:
         raise ValueError(f"{self.path!s}: checkpoint field {field}: {message}")
 
     def _check_entries(self, file_size):
-        names = [info.filename for info in self.archive.infolist()]
-        if len(set(names)) != len(names):
-            twice = sorted({n for n in names if names.count(n) > 1})
-            self.fail("archive", f"entries {twice} appear more than once.")
+        counts = collections.Counter(i.filename for i in self.archive.infolist())
+        twice = sorted(name for name, count in counts.items() if count > 1)
+        if twice:
+            self.fail("archive", f"entries {_short(twice)} appear more than "
+                      "once.")
         for info in self.archive.infolist():
             field = f"archive entry {info.filename!r}"
             if info.compress_type != zipfile.ZIP_STORED:
@@ -195,15 +197,16 @@ class _Reader:
                 self.fail(field, f"declares {info.file_size} bytes, more than "
                           f"the file's {file_size}.")
 
-    def entry(self, field, name):
-        """The bytes of one entry (CRC checked by zipfile)."""
+    def entry(self, field, info):
+        """The bytes of the entry of ZipInfo ``info`` (CRC checked)."""
         try:
-            return self.archive.read(name)
+            return self.archive.read(info)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError,
                 NotImplementedError, RuntimeError) as exc:
             # RuntimeError: encrypted; NotImplementedError: a ZIP feature
             # (version, strong encryption) zipfile does not read
-            self.fail(field, f"entry {name!r} cannot be read ({exc}).")
+            self.fail(field, f"entry {info.filename!r} cannot be read "
+                      f"({exc}).")
 
     def header(self):
         try:
@@ -211,8 +214,9 @@ class _Reader:
         except KeyError:
             raise ValueError(f"{self.path!s} has no {_HEADER}: not an onnxtrain "
                              "checkpoint.") from None
+        text = self.entry(_HEADER, info)
         try:
-            header = json.loads(self.entry(_HEADER, info).decode("utf-8"),
+            header = json.loads(text.decode("utf-8"),
                                 parse_constant=_refuse_constant)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             self.fail(_HEADER, f"is not valid JSON ({exc}).")
@@ -223,16 +227,16 @@ class _Reader:
             if key not in header:
                 self.fail(key, "is missing.")
         if header["format"] != FORMAT:
-            self.fail("format", f"{header['format']!r} is not {FORMAT!r}: not "
-                      "an onnxtrain checkpoint.")
+            self.fail("format", f"{_short(header['format'])} is not "
+                      f"{FORMAT!r}: not an onnxtrain checkpoint.")
         if _exact(header["version"], int) != VERSION:
-            self.fail("version", f"{header['version']!r}: this onnxtrain reads "
-                      f"version {VERSION}.")
+            self.fail("version", f"{_short(header['version'])}: this "
+                      f"onnxtrain reads version {VERSION}.")
         return header
 
     def typed(self, field, value, kind):
         if _exact(value, kind) is None:
-            self.fail(field, f"{value!r} is not a JSON "
+            self.fail(field, f"{_short(value)} is not a JSON "
                       f"{_JSON_NAMES[kind]}.")
         return value
 
@@ -246,17 +250,18 @@ class _Reader:
     def dtype_shape(self, field, record):
         dtype = self.typed(f"{field}.dtype", record["dtype"], str)
         if dtype not in _DTYPES:
-            self.fail(f"{field}.dtype", f"{dtype!r} is not one of {sorted(_DTYPES)}.")
+            self.fail(f"{field}.dtype", f"{_short(dtype)} is not one of "
+                      f"{sorted(_DTYPES)}.")
         shape = self.typed(f"{field}.shape", record["shape"], list)
         for dim in shape:
             if _exact(dim, int) is None or dim < 0:
-                self.fail(f"{field}.shape", f"{shape!r} is not a list of "
-                          "non-negative integers.")
+                self.fail(f"{field}.shape", f"{_short(shape)} is not a list "
+                          "of non-negative integers.")
         dtype = np.dtype(dtype)
         nbytes = dtype.itemsize * math.prod(shape)
         self.total_bytes += nbytes
         if self.total_bytes > MAX_BYTES:
-            self.fail(f"{field}.shape", f"{shape!r}: the arrays would take "
+            self.fail(f"{field}.shape", f"{_short(shape)}: the arrays would take "
                       f"{self.total_bytes} bytes, more than {MAX_BYTES}.")
         return dtype, tuple(shape), nbytes
 
@@ -269,7 +274,7 @@ class _Reader:
         try:
             info = self.archive.getinfo(name)
         except KeyError:
-            self.fail(f"{field}.data", f"no archive entry {name!r}.")
+            self.fail(f"{field}.data", f"no archive entry {_short(name)}.")
         if name in self.used_entries or name == _HEADER:
             self.fail(f"{field}.data", f"entry {name!r} is used twice.")
         self.used_entries.add(name)
@@ -318,9 +323,9 @@ class _Reader:
             field = f"properties[{key!r}]"
             self.record(field, rec, ("type", "value"))
             kind = rec["type"]
-            if kind not in _PROPERTY_TYPES:
-                self.fail(f"{field}.type", f"{kind!r} is not 'int', 'float' "
-                          "or 'str'.")
+            if not isinstance(kind, str) or kind not in _PROPERTY_TYPES:
+                self.fail(f"{field}.type", f"{_short(kind)} is not 'int', "
+                          "'float' or 'str'.")
             value = self.typed(f"{field}.value", rec["value"],
                                _PROPERTY_TYPES[kind])
             properties[key] = (self.hex_float(f"{field}.value", value)
@@ -328,10 +333,12 @@ class _Reader:
         return properties
 
     def hex_float(self, field, value):
+        self.typed(field, value, str)
         try:
-            return float.fromhex(self.typed(field, value, str))
+            return float.fromhex(value)
         except ValueError:
-            self.fail(field, f"{value!r} is not a float written by float.hex.")
+            self.fail(field, f"{_short(value)} is not a float written by "
+                      "float.hex.")
 
     def optimizer(self, header, parameters, nominal):
         optimizer = header.get("optimizer")
@@ -366,6 +373,13 @@ class _Pending(NamedTuple):
     info: zipfile.ZipInfo
     dtype: np.dtype
     shape: tuple
+
+
+def _short(value, limit=80):
+    """repr of ``value``, cut to ``limit`` characters (a hostile header may
+    hold a huge list)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _refuse_constant(name):
