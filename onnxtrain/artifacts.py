@@ -243,7 +243,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         (the message lists them).
     ValueError
         A ``prefix`` with a path separator, ``..`` or ``:``; an
-        ``artifact_directory`` that is a file; a name in both
+        ``artifact_directory`` that is a file, or holding a directory of an
+        artifact's name; a name in both
         ``requires_grad`` and ``frozen_params``; parameter
         names that are not initializers; no trainable parameter; a loss
         whose ``build`` takes another number of inputs than it receives
@@ -338,6 +339,10 @@ def _artifact_directory(artifact_directory, prefix, overwrite):
         raise ValueError(f"artifact_directory {directory} is a file, not a "
                          "directory.")
     existing = [str(p) for p in _artifact_files(directory, prefix) if p.exists()]
+    folders = [p for p in existing if os.path.isdir(p)]
+    if folders:
+        raise ValueError(f"{folders} are directories where artifact files "
+                         "go.")
     if existing and not overwrite:
         raise FileExistsError(f"overwrite=False and artifact files exist: "
                               f"{existing}.")

@@ -438,7 +438,7 @@ def test_prefix_that_leaves_the_directory_refused(tmp_path, prefix):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["artifacts"]
 
 
-def test_artifact_directory_that_is_a_file_refused_before_work(tmp_path,
+def test_artifact_paths_that_are_not_files_refused_before_work(tmp_path,
                                                                monkeypatch):
     path = tmp_path / "a_file"
     path.write_text("x")
@@ -448,6 +448,10 @@ def test_artifact_directory_that_is_a_file_refused_before_work(tmp_path,
     monkeypatch.setattr(artifacts, "build_optimizer_model", build)
     with pytest.raises(ValueError, match="is a file, not a directory"):
         _generate(path)
+    (tmp_path / "x_checkpoint").mkdir()
+    with pytest.raises(ValueError, match=r"x_checkpoint'\] are directories "
+                       "where artifact files go"):
+        _generate(tmp_path, prefix="x_")
 
 
 def test_external_data_rewritten_not_appended(tmp_path, monkeypatch):
