@@ -439,7 +439,7 @@ def test_prefix_that_leaves_the_directory_refused(tmp_path, prefix):
 
 
 def test_artifact_paths_that_are_not_files_refused_before_work(tmp_path,
-                                                               monkeypatch):
+                                                              monkeypatch):
     path = tmp_path / "a_file"
     path.write_text("x")
 
