@@ -178,7 +178,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
                        optimizer=None, artifact_directory=None, prefix="",
                        ort_format=False, custom_op_library=None,
                        additional_output_names=None, nominal_checkpoint=False,
-                       loss_input_names=None):
+                       loss_input_names=None, overwrite=True):
     """Write the training artifacts of ``model``.
 
     Parameters
@@ -202,7 +202,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     artifact_directory : str or pathlib.Path, default=None
         Created if missing; None: the current directory.
     prefix : str, default=""
-        Prefix of the file names.
+        Prefix of the file names; a file name part only (no ``/`` or ``\\``,
+        no ``..``, no ``:``), so every file lands in ``artifact_directory``.
     ort_format : bool, default=False
         ORT-format models are not supported (True raises).
     custom_op_library : str, default=None
@@ -215,6 +216,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         of the parameters only).
     loss_input_names : list of str, default=None
         The values the loss receives (default: every model output).
+    overwrite : bool, default=True
+        True (what onnxruntime-training does, so a ported script can run
+        again): existing artifact files of the same ``prefix`` are replaced,
+        and the ones this call does not write (``optimizer_model.onnx`` of
+        an earlier call with an optimizer, ``nominal_checkpoint``, external
+        data files ``<model>.onnx.data``) are removed, so the directory never
+        mixes two generations. False: if any of those files exists, raise
+        before any work.
 
     Returns
     -------
@@ -229,8 +238,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         For ``ort_format=True`` or a ``custom_op_library``.
     TypeError
         For an unknown loss or optimizer.
+    FileExistsError
+        ``overwrite=False`` and an artifact file of this ``prefix`` exists
+        (the message lists them).
     ValueError
-        A name in both ``requires_grad`` and ``frozen_params``; parameter
+        A ``prefix`` with a path separator, ``..`` or ``:``; an
+        ``artifact_directory`` that is a file, or holding a directory of an
+        artifact's name; a name in both
+        ``requires_grad`` and ``frozen_params``; parameter
         names that are not initializers; no trainable parameter; a loss
         whose ``build`` takes another number of inputs than it receives
         (the message gives both numbers and the names); a model with several
@@ -255,6 +270,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         raise NotImplementedError(
             "custom_op_library is not supported: onnxtrain's artifacts use "
             "standard ONNX ops only.")
+    directory = _artifact_directory(artifact_directory, prefix, overwrite)
     base_model = load_model(model)
     requires_grad = _name_list(requires_grad)
     frozen_params = _name_list(frozen_params)
@@ -289,21 +305,73 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     files["checkpoint"] = checkpoint_to_bytes(entries)
     if nominal_checkpoint:
         files["nominal_checkpoint"] = checkpoint_to_bytes(entries, nominal=True)
-    return _write(files, artifact_directory, prefix)
+    return _write(files, directory, prefix)
+
+
+# every file generate_artifacts may write, without the prefix
+_ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx",
+                   "optimizer_model.onnx", "checkpoint", "nominal_checkpoint")
+# models larger than this are saved with external data (protobuf's 2 GiB limit)
+_EXTERNAL_DATA_BYTES = 1_800_000_000
+
+
+def _artifact_files(directory, prefix):
+    """Paths of every file of a generation with ``prefix``: the artifacts
+    and the models' external data files."""
+    names = list(_ARTIFACT_FILES)
+    names += [f"{n}.data" for n in names if n.endswith(".onnx")]
+    return [directory / f"{prefix}{name}" for name in names]
+
+
+def _artifact_directory(artifact_directory, prefix, overwrite):
+    """The output directory after checking ``prefix``, the
+    directory and, for ``overwrite=False``, that no artifact exists."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}.")
+    bad = [s for s in ("/", "\\", "..", ":") if s in prefix]
+    if bad:
+        raise ValueError(f"prefix {prefix!r} contains {bad}: it must be a file "
+                         "name part, artifacts are written inside "
+                         "artifact_directory only.")
+    directory = pathlib.Path(os.getcwd() if artifact_directory is None
+                             else artifact_directory)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"artifact_directory {directory} is a file, not a "
+                         "directory.")
+    existing = [str(p) for p in _artifact_files(directory, prefix) if p.exists()]
+    folders = [p for p in existing if os.path.isdir(p)]
+    if folders:
+        raise ValueError(f"{folders} are directories where artifact files "
+                         "go.")
+    if existing and not overwrite:
+        raise FileExistsError(f"overwrite=False and artifact files exist: "
+                              f"{existing}.")
+    return directory
 
 
 def _write(files, directory, prefix):
-    directory = pathlib.Path(os.getcwd() if directory is None else directory)
+    """Write ``files`` (key -> ModelProto or bytes) and remove the files of
+    an earlier generation with the same prefix that this one does not
+    replace."""
     directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
+    paths, written = {}, set()
     for key, content in files.items():
         suffix = ".onnx" if key.endswith("model") else ""
         path = directory / f"{prefix}{key}{suffix}"
         if isinstance(content, onnx.ModelProto):
-            large = content.ByteSize() > 1_800_000_000
+            # onnx appends to an existing external data file: start afresh
+            data = path.with_name(f"{path.name}.data")
+            data.unlink(missing_ok=True)
+            large = content.ByteSize() > _EXTERNAL_DATA_BYTES
             onnx.save_model(content, str(path), save_as_external_data=large,
-                            location=f"{path.name}.data" if large else None)
+                            location=data.name if large else None)
+            if large:
+                written.add(data)
         else:
             path.write_bytes(content)
         paths[key] = str(path)
+        written.add(path)
+    for stale in _artifact_files(directory, prefix):
+        if stale not in written:
+            stale.unlink(missing_ok=True)
     return paths

@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import onnx
 
+from ._files import load_onnx_file
+
 __all__ = ["main", "read_csv"]
 
 
@@ -32,20 +34,31 @@ def read_csv(path, target, features=None):
     Raises
     ------
     ValueError
-        Missing columns, no rows, or a value that is not a number (the
-        message gives the line and column).
+        Missing columns, column names repeated in the header or in
+        ``features``, ``target`` among ``features``, no rows, or a value
+        that is not a number (the message gives the line and column).
     """
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     if len(rows) < 2:
         raise ValueError(f"{path}: needs a header row and at least one data row.")
     header = [h.strip() for h in rows[0]]
+    repeated = _repeated(header)
+    if repeated:
+        raise ValueError(f"{path}: the header repeats the column names "
+                         f"{repeated}; each column needs its own name.")
     if target not in header:
         raise ValueError(f"{path}: no column {target!r}; columns: {header}.")
     features = features or [h for h in header if h != target]
     missing = [c for c in features if c not in header]
     if missing:
         raise ValueError(f"{path}: no columns {missing}; columns: {header}.")
+    if target in features:
+        raise ValueError(f"{path}: the target {target!r} is also a feature.")
+    repeated = _repeated(features)
+    if repeated:
+        raise ValueError(f"{path}: features {repeated} are given more than "
+                         "once.")
     values = np.empty((len(rows) - 1, len(header)), dtype=np.float64)
     for i, row in enumerate(rows[1:]):
         if len(row) != len(header):
@@ -63,6 +76,37 @@ def read_csv(path, target, features=None):
     return X, values[:, header.index(target)], features
 
 
+def _repeated(names):
+    """Names appearing more than once, in order of first appearance."""
+    return [n for i, n in enumerate(names)
+            if names.count(n) > 1 and names.index(n) == i]
+
+
+def _check_output_path(path, overwrite=False):
+    """Refuse an output file path before any work is done.
+
+    Parameters
+    ----------
+    path : str
+    overwrite : bool, default=False
+        Whether an existing file may be replaced.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` is a directory, its folder does not exist, or it exists
+        and ``overwrite`` is False.
+    """
+    if os.path.isdir(path):
+        raise ValueError(f"--output: {path} is a directory, not a file name.")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--output: folder {folder} does not exist.")
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"--output: {path} exists; pass --overwrite to "
+                         "replace it.")
+
+
 def _demo(args):
     from .demo import run_demo
 
@@ -75,14 +119,9 @@ def _train(args):
     from .estimators import OrtGradientForwardBackwardOptimizer
     from .optim import LearningRateSGD
 
+    _check_output_path(args.output, args.overwrite)
     X, y, _ = read_csv(args.data, args.target, args.features)
-    try:
-        model = onnx.load(args.model)
-    except Exception as exc:  # protobuf's DecodeError and friends
-        raise ValueError(f"{args.model} is not an ONNX model ({exc}).") from None
-    folder = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(folder):
-        raise ValueError(f"--output: folder {folder} does not exist.")
+    model = load_onnx_file(args.model)
     est = OrtGradientForwardBackwardOptimizer(
         model, weights_to_train=args.weights, max_iter=args.epochs,
         batch_size=args.batch_size, device=args.device, verbose=1,
@@ -151,7 +190,11 @@ def build_parser():
                        "(default: a new seed each run)")
     train.add_argument("--device", default="cpu",
                        help="cpu, cuda or cuda:N (default: %(default)s)")
-    train.add_argument("--output", required=True, help="trained ONNX model")
+    train.add_argument("--output", required=True, help="trained ONNX model "
+                       "(its folder must exist)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the output file if it exists (without it, an "
+                       "existing file is an error, before any training)")
     train.set_defaults(func=_train)
     return parser
 

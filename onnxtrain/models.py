@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ._files import load_onnx_file
 from .autodiff import is_nondifferentiable, trainable_initializers
 from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
@@ -25,13 +26,15 @@ def load_model(model):
     ------
     TypeError
         For any other type.
+    ValueError
+        For a file that is not an ONNX model (the message names it).
     """
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray, memoryview)):
         return onnx.load_model_from_string(bytes(model))
     if isinstance(model, (str, os.PathLike)):
-        return onnx.load(os.fspath(model))
+        return load_onnx_file(model)
     raise TypeError(
         f"expected an onnx.ModelProto, serialized bytes or a path to an ONNX "
         f"file, got {type(model).__module__}.{type(model).__qualname__}")

@@ -27,13 +27,20 @@ A checkpoint is one ZIP archive (entries stored uncompressed) holding
 Parameters keep their order. A nominal checkpoint has ``"nominal": true``
 and ``"data": null`` for every parameter: names, shapes and dtypes only.
 Reading never executes code (no pickle): only JSON and raw numeric bytes of
-boolean, integer or float dtypes are accepted.
+boolean, integer or float dtypes are accepted. :func:`read_checkpoint`
+checks the archive and the whole header (the rules are listed in
+``docs/checkpoint_format.md``, "What reading validates") before it reads
+any array, and an entry's size against its record before reading it.
 """
 from __future__ import annotations
 
+import collections
 import io
 import json
+import math
+import os
 import zipfile
+from typing import NamedTuple
 
 import numpy as np
 
@@ -158,22 +165,252 @@ def write_checkpoint(path, *args, **kwargs):
         f.write(data)
 
 
-def _read_array(archive, record):
-    dtype = np.dtype(record["dtype"])
-    if dtype.kind not in _KINDS or dtype.hasobject:
-        raise ValueError(f"Unsupported dtype {record['dtype']!r} in the checkpoint.")
-    shape = tuple(int(d) for d in record["shape"])
-    data = archive.read(record["data"])
-    if len(data) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
-        raise ValueError(f"Entry {record['data']!r} of the checkpoint has "
-                         f"{len(data)} bytes; shape {shape} of {dtype} needs "
-                         "another size.")
-    return np.frombuffer(data, dtype=dtype).reshape(shape).astype(
-        dtype.newbyteorder("="), copy=True)
+class _Reader:
+    """Validates a checkpoint archive and its header (the rules of
+    ``docs/checkpoint_format.md``) before any array is read; every failure is
+    a ValueError naming the file and the field."""
+
+    def __init__(self, path, archive, file_size):
+        self.path, self.archive = path, archive
+        self.used_entries = set()
+        self.total_bytes = 0
+        self._check_entries(file_size)
+
+    def fail(self, field, message):
+        raise ValueError(f"{self.path!s}: checkpoint field {field}: {message}")
+
+    def _check_entries(self, file_size):
+        counts = collections.Counter(i.filename for i in self.archive.infolist())
+        twice = sorted(name for name, count in counts.items() if count > 1)
+        if twice:
+            self.fail("archive", f"entries {_short(twice)} appear more than "
+                      "once.")
+        for info in self.archive.infolist():
+            field = f"archive entry {info.filename!r}"
+            if info.compress_type != zipfile.ZIP_STORED:
+                self.fail(field, "is compressed; checkpoint entries are stored "
+                          "uncompressed.")
+            if info.flag_bits & 0x1:
+                self.fail(field, "is encrypted.")
+            if (info.compress_size != info.file_size
+                    or info.header_offset + info.file_size > file_size):
+                self.fail(field, f"declares {info.file_size} bytes, more than "
+                          f"the file's {file_size}.")
+
+    def entry(self, field, info):
+        """The bytes of the entry of ZipInfo ``info`` (CRC checked)."""
+        try:
+            return self.archive.read(info)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError,
+                NotImplementedError, RuntimeError) as exc:
+            # RuntimeError: encrypted; NotImplementedError: a ZIP feature
+            # (version, strong encryption) zipfile does not read
+            self.fail(field, f"entry {info.filename!r} cannot be read "
+                      f"({exc}).")
+
+    def header(self):
+        try:
+            info = self.archive.getinfo(_HEADER)
+        except KeyError:
+            raise ValueError(f"{self.path!s} has no {_HEADER}: not an onnxtrain "
+                             "checkpoint.") from None
+        text = self.entry(_HEADER, info)
+        try:
+            header = json.loads(text.decode("utf-8"),
+                                parse_constant=_refuse_constant)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            self.fail(_HEADER, f"is not valid JSON ({exc}).")
+        if not isinstance(header, dict):
+            self.fail(_HEADER, f"is a JSON {type(header).__name__}, not an "
+                      "object.")
+        for key in ("format", "version", "nominal", "parameters", "properties"):
+            if key not in header:
+                self.fail(key, "is missing.")
+        if header["format"] != FORMAT:
+            self.fail("format", f"{_short(header['format'])} is not "
+                      f"{FORMAT!r}: not an onnxtrain checkpoint.")
+        if _exact(header["version"], int) != VERSION:
+            self.fail("version", f"{_short(header['version'])}: this "
+                      f"onnxtrain reads version {VERSION}.")
+        return header
+
+    def typed(self, field, value, kind):
+        if _exact(value, kind) is None:
+            self.fail(field, f"{_short(value)} is not a JSON "
+                      f"{_JSON_NAMES[kind]}.")
+        return value
+
+    def record(self, field, record, keys):
+        self.typed(field, record, dict)
+        for key in keys:
+            if key not in record:
+                self.fail(f"{field}.{key}", "is missing.")
+        return record
+
+    def dtype_shape(self, field, record):
+        dtype = self.typed(f"{field}.dtype", record["dtype"], str)
+        if dtype not in _DTYPES:
+            self.fail(f"{field}.dtype", f"{_short(dtype)} is not one of "
+                      f"{sorted(_DTYPES)}.")
+        shape = self.typed(f"{field}.shape", record["shape"], list)
+        for dim in shape:
+            if _exact(dim, int) is None or dim < 0:
+                self.fail(f"{field}.shape", f"{_short(shape)} is not a list "
+                          "of non-negative integers.")
+        dtype = np.dtype(dtype)
+        nbytes = dtype.itemsize * math.prod(shape)
+        self.total_bytes += nbytes
+        if self.total_bytes > MAX_BYTES:
+            self.fail(f"{field}.shape", f"{_short(shape)}: the arrays would take "
+                      f"{self.total_bytes} bytes, more than {MAX_BYTES}.")
+        return dtype, tuple(shape), nbytes
+
+    def array(self, field, record):
+        """Validates ``record`` and the size of its entry; the entry is read
+        later (:meth:`load`), once the whole header is valid."""
+        self.record(field, record, ("dtype", "shape", "data"))
+        dtype, shape, nbytes = self.dtype_shape(field, record)
+        name = self.typed(f"{field}.data", record["data"], str)
+        try:
+            info = self.archive.getinfo(name)
+        except KeyError:
+            self.fail(f"{field}.data", f"no archive entry {_short(name)}.")
+        if name in self.used_entries or name == _HEADER:
+            self.fail(f"{field}.data", f"entry {name!r} is used twice.")
+        self.used_entries.add(name)
+        if info.file_size != nbytes:
+            self.fail(f"{field}.data", f"entry {name!r} has {info.file_size} "
+                      f"bytes; shape {list(shape)} of {dtype} needs {nbytes}.")
+        return _Pending(f"{field}.data", info, dtype, shape)
+
+    def load(self, value):
+        """The array of a :class:`_Pending` read (other values as they are)."""
+        if not isinstance(value, _Pending):
+            return value
+        data = self.entry(value.field, value.info)
+        return np.frombuffer(data, dtype=value.dtype).reshape(
+            value.shape).astype(value.dtype.newbyteorder("="), copy=True)
+
+    def parameters(self, header):
+        nominal = self.typed("nominal", header["nominal"], bool)
+        records = self.typed("parameters", header["parameters"], list)
+        parameters, names = [], set()
+        for i, rec in enumerate(records):
+            field = f"parameters[{i}]"
+            self.record(field, rec, ("name", "dtype", "shape", "requires_grad",
+                                     "data"))
+            name = self.typed(f"{field}.name", rec["name"], str)
+            if name in names:
+                self.fail(f"{field}.name", f"{name!r} appears twice.")
+            names.add(name)
+            requires_grad = self.typed(f"{field}.requires_grad",
+                                       rec["requires_grad"], bool)
+            if nominal:
+                if rec["data"] is not None:
+                    self.fail(f"{field}.data", "is not null in a nominal "
+                              "checkpoint.")
+                dtype, shape, _ = self.dtype_shape(field, rec)
+                value = (dtype.newbyteorder("="), shape)
+            else:
+                value = self.array(field, rec)
+            parameters.append((name, value, requires_grad))
+        return nominal, parameters
+
+    def properties(self, header):
+        records = self.typed("properties", header["properties"], dict)
+        properties = {}
+        for key, rec in records.items():
+            field = f"properties[{key!r}]"
+            self.record(field, rec, ("type", "value"))
+            kind = rec["type"]
+            if not isinstance(kind, str) or kind not in _PROPERTY_TYPES:
+                self.fail(f"{field}.type", f"{_short(kind)} is not 'int', "
+                          "'float' or 'str'.")
+            value = self.typed(f"{field}.value", rec["value"],
+                               _PROPERTY_TYPES[kind])
+            properties[key] = (self.hex_float(f"{field}.value", value)
+                               if kind == "float" else value)
+        return properties
+
+    def hex_float(self, field, value):
+        self.typed(field, value, str)
+        try:
+            return float.fromhex(value)
+        except ValueError:
+            self.fail(field, f"{_short(value)} is not a float written by "
+                      "float.hex.")
+
+    def optimizer(self, header, parameters, nominal):
+        optimizer = header.get("optimizer")
+        if optimizer is None:
+            return None
+        if nominal:
+            self.fail("optimizer", "is not null in a nominal checkpoint.")
+        self.record("optimizer", optimizer, ("step", "learning_rate", "states"))
+        step = self.typed("optimizer.step", optimizer["step"], int)
+        if step < 0:
+            self.fail("optimizer.step", f"{step} is negative.")
+        rate = self.hex_float("optimizer.learning_rate",
+                              optimizer["learning_rate"])
+        if not (math.isfinite(rate) and rate >= 0):
+            self.fail("optimizer.learning_rate", f"{rate} is not a finite "
+                      "non-negative number.")
+        names = {name for name, _, _ in parameters}
+        states = {}
+        for param, records in self.typed("optimizer.states",
+                                         optimizer["states"], dict).items():
+            field = f"optimizer.states[{param!r}]"
+            if param not in names:
+                self.fail(field, f"{param!r} is not a parameter.")
+            states[param] = {
+                state: self.array(f"{field}[{state!r}]", rec)
+                for state, rec in self.typed(field, records, dict).items()}
+        return {"step": step, "learning_rate": rate, "states": states}
+
+
+class _Pending(NamedTuple):
+    field: str
+    info: zipfile.ZipInfo
+    dtype: np.dtype
+    shape: tuple
+
+
+def _short(value, limit=80):
+    """repr of ``value``, cut to ``limit`` characters (a hostile header may
+    hold a huge list)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _exact(value, kind):
+    """``value`` if its type is exactly ``kind`` (a bool is not an int),
+    else None."""
+    if kind is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) \
+            else None
+    return value if isinstance(value, kind) else None
+
+
+_JSON_NAMES = {int: "integer", bool: "boolean (true or false)", str: "string",
+               list: "array", dict: "object"}
+_PROPERTY_TYPES = {"int": int, "float": str, "str": str}
+# little-endian bool, int, uint and float dtypes, as _dtype_str writes them
+_DTYPES = frozenset(_dtype_str(t) for t in "?bBhHiIqQefd")
+MAX_BYTES = 1 << 40  # 1 TiB: a bound on the arrays of one checkpoint
 
 
 def read_checkpoint(path):
-    """Read a checkpoint file.
+    """Read a checkpoint file, validating it first.
+
+    The archive and the whole header are checked (rules in
+    ``docs/checkpoint_format.md``) before any array is read, and each
+    array's entry must have exactly the size its dtype and shape give
+    before it is read: memory use is bounded by the file's size (a
+    nominal checkpoint's shapes are bounded by :data:`MAX_BYTES`).
 
     Returns
     -------
@@ -188,40 +425,28 @@ def read_checkpoint(path):
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If the file is not an onnxtrain checkpoint or is inconsistent.
+        If the file is not an onnxtrain checkpoint or breaks a rule of the
+        format; the message names the file and the field.
     """
+    file_size = os.stat(path).st_size
     try:
         archive = zipfile.ZipFile(path, "r")
-    except zipfile.BadZipFile as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError,
+            NotImplementedError, ValueError) as exc:
         raise ValueError(f"{path!s} is not an onnxtrain checkpoint "
-                         "(not a ZIP archive).") from exc
+                         f"(not a ZIP archive it can read: {exc}).") from None
     with archive:
-        try:
-            header = json.loads(archive.read(_HEADER).decode("utf-8"))
-        except KeyError as exc:
-            raise ValueError(f"{path!s} has no {_HEADER}: not an onnxtrain "
-                             "checkpoint.") from exc
-        if header.get("format") != FORMAT or header.get("version") != VERSION:
-            raise ValueError(f"{path!s}: unsupported checkpoint format "
-                             f"{header.get('format')!r} version "
-                             f"{header.get('version')!r}.")
-        nominal = bool(header["nominal"])
-        parameters = []
-        for rec in header["parameters"]:
-            if nominal:
-                value = (np.dtype(rec["dtype"]).newbyteorder("="),
-                         tuple(int(d) for d in rec["shape"]))
-            else:
-                value = _read_array(archive, rec)
-            parameters.append((rec["name"], value, bool(rec["requires_grad"])))
-        optimizer = header.get("optimizer")
+        reader = _Reader(path, archive, file_size)
+        header = reader.header()
+        properties = reader.properties(header)
+        nominal, parameters = reader.parameters(header)
+        optimizer = reader.optimizer(header, parameters, nominal)
+        # the header is valid: read the arrays
+        parameters = [(name, reader.load(value), requires_grad)
+                      for name, value, requires_grad in parameters]
         if optimizer is not None:
-            optimizer = {
-                "step": int(optimizer["step"]),
-                "learning_rate": float.fromhex(optimizer["learning_rate"]),
-                "states": {p: {s: _read_array(archive, r) for s, r in st.items()}
-                           for p, st in optimizer["states"].items()}}
+            optimizer["states"] = {
+                p: {s: reader.load(v) for s, v in st.items()}
+                for p, st in optimizer["states"].items()}
     return {"nominal": nominal, "parameters": parameters,
-            "properties": {k: decode_property(v)
-                           for k, v in header["properties"].items()},
-            "optimizer": optimizer}
+            "properties": properties, "optimizer": optimizer}

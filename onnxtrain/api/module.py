@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .._files import load_onnx_file
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
 from ..runtime import (SessionRunner, is_ortvalue, ortvalue_dtype, parse_device,
@@ -21,7 +22,7 @@ def load_model(uri):
         copy = onnx.ModelProto()
         copy.CopyFrom(uri)
         return copy
-    return onnx.load(str(uri))
+    return load_onnx_file(uri)
 
 
 def read_layout(model, key, what):

@@ -209,7 +209,12 @@ class CheckpointState:
         FileNotFoundError
             If ``checkpoint_uri`` does not exist.
         ValueError
-            If the file is not an onnxtrain checkpoint.
+            If the file is not an onnxtrain checkpoint or breaks a rule of
+            ``docs/checkpoint_format.md`` ("What reading validates": exact
+            JSON types, unique names, a finite non-negative learning rate
+            and step, numeric dtypes, entries stored uncompressed with the
+            size their shape gives...), checked before any array is read;
+            the message names the file and the field.
         """
         content = read_checkpoint(checkpoint_uri)
         params = []

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .._files import load_onnx_file
 from ..graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
 
 __all__ = ["base", "empty_base", "current_base", "BaseState",
@@ -235,10 +236,11 @@ def load_model(model):
         For any other type.
     ValueError
         For a ModelProto whose tensors still point to external data files
-        (load it with ``onnx.load(path)``, which reads them, or pass the path).
+        (load it with ``onnx.load(path)``, which reads them, or pass the path);
+        for a path to a file that is not an ONNX model.
     """
     if isinstance(model, (str, pathlib.Path)):
-        return onnx.load(str(model))
+        return load_onnx_file(model)
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be an onnx.ModelProto, a str or a "
                         f"pathlib.Path, not {type(model).__name__}.")
