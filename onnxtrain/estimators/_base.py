@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import threading
 import warnings
 
 import numpy as np
@@ -35,6 +36,9 @@ _OPSET = 17
 #: 34-39 MB with the fused step, over two runs), which its speed (1.1x-1.2x
 #: the fused step on W3) does not pay for on big models.
 LOOP_MAX_PARAMETER_BYTES = 64 * 2 ** 20
+#: Held while an unpickled estimator rebuilds its trainer, so that threads
+#: predicting at once build it once (estimators hold no lock: they pickle).
+_TRAINER_LOCK = threading.Lock()
 
 
 class _Short:
@@ -194,10 +198,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 "fitted (set_params): its weights belong to the previous model. "
                 "Call 'fit' again before using this estimator.")
         if getattr(self, "_trainer", None) is None:
-            trainer = self._new_trainer(self._training_model())
-            trainer.engine.set_weights(self._pickled["weights"])
-            trainer.set_state(self._pickled["state"], self._pickled["steps"])
-            self._trainer = trainer
+            with _TRAINER_LOCK:
+                if getattr(self, "_trainer", None) is None:
+                    trainer = self._new_trainer(self._training_model())
+                    trainer.engine.set_weights(self._pickled["weights"])
+                    trainer.set_state(self._pickled["state"],
+                                      self._pickled["steps"])
+                    self._trainer = trainer
         return self._trainer
 
     # --------------------------------------------------------------- fit

@@ -1,6 +1,7 @@
 """The forward/backward engine (what onnxruntime-training's TrainingAgent did)."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -69,6 +70,7 @@ class OrtGradientForwardBackward:
         self._forward = SessionRunner(self.forward_model, self.device)
         self._gradient = SessionRunner(self.gradient_model, self.device)
         self._inference = None
+        self._lock = threading.Lock()  # builds the inference session once
         inits = {i.name: i for i in model.graph.initializer}
         self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device)
                         for w in self.weights_to_train]
@@ -179,9 +181,11 @@ class OrtGradientForwardBackward:
             The model outputs, on the device.
         """
         feeds = self._feeds(inputs)
-        if not training:
-            if self._inference is None:
-                self._inference = SessionRunner(self.inference_model, self.device)
+        if not training:  # thread-safe (concurrent predictions)
+            with self._lock:
+                if self._inference is None:
+                    self._inference = SessionRunner(self.inference_model,
+                                                    self.device)
             self._saved = None
             return self._inference(feeds)
         outputs = self._forward(feeds)
