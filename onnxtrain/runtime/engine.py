@@ -13,7 +13,22 @@ from ..models import load_model, select_weights
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
 
-__all__ = ["OrtGradientForwardBackward"]
+__all__ = ["OrtGradientForwardBackward", "check_weight_names"]
+
+
+def check_weight_names(weights_to_train):
+    """Raise a TypeError unless ``weights_to_train`` is None, a str or an
+    iterable of str (initializer names); 42 would otherwise fail deep inside
+    with "'int' object is not iterable"."""
+    if weights_to_train is None or isinstance(weights_to_train, str):
+        return
+    try:
+        names = list(weights_to_train)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise TypeError("weights_to_train must be None or a list of "
+                        f"initializer names (str), got {weights_to_train!r}.")
 
 
 class OrtGradientForwardBackward:
@@ -52,6 +67,8 @@ class OrtGradientForwardBackward:
     ------
     ValueError
         Unknown weight names (the message lists the candidates).
+    TypeError
+        ``weights_to_train`` is not None, a str or a list of str.
     onnxtrain.exceptions.MissingVJPRuleError
         A node between the weights and the outputs has no VJP rule.
     onnxtrain.exceptions.DeviceError
@@ -62,6 +79,7 @@ class OrtGradientForwardBackward:
                  outputs=None):
         self.device = parse_device(device)
         model = load_model(model_onnx)
+        check_weight_names(weights_to_train)
         self.weights_to_train = select_weights(model, weights_to_train)
         self.models = build_gradient_models(model, self.weights_to_train, outputs)
         self.input_names = [i.name for i in model.graph.input
