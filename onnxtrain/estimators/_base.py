@@ -588,9 +588,9 @@ class BaseOrtGradientEstimator(BaseEstimator):
                      f"({self.best_validation_score_:.6g}) are kept")
         elif kept is not None:
             self._trainer.engine.set_weights(kept[0])
-            which = (f"the weights at the end of epoch {kept[1]}, the last "
-                     "whose loss was finite, are kept" if kept[1] else
-                     "the weights this fit started from are kept")
+            which = ("the last finite weights are kept: " + (
+                f"those at the end of epoch {kept[1]}, the last whose loss "
+                "was finite" if kept[1] else "those this fit started from"))
         else:
             which = "the last finite weights are kept"
         self._finite_weights = None
