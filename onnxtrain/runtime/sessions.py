@@ -2,6 +2,8 @@
 the device, run with IOBinding so results stay on the device."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import onnxruntime
 from onnx import TensorProto
@@ -79,11 +81,12 @@ def to_numpy(value):
 class SessionRunner:
     """Run one model on one device, inputs and outputs as OrtValues.
 
-    Thread-safe: every call binds its inputs and outputs on an IOBinding of
-    its own (onnxruntime runs one session from several threads, but an
-    IOBinding shared by two concurrent runs mixes their inputs and outputs
-    or crashes the process); creating one costs about a microsecond
-    (``benchmarks/bench_threads.py``).
+    Thread-safe: each thread binds its inputs and outputs on an IOBinding
+    of its own, kept for its next calls (onnxruntime runs one session from
+    several threads, but an IOBinding shared by two concurrent runs mixes
+    their inputs and outputs or crashes the process). A new IOBinding per
+    call would be as safe but adds a few microseconds to every run, four
+    per step of the split training path (``benchmarks/bench_threads.py``).
 
     Parameters
     ----------
@@ -100,11 +103,17 @@ class SessionRunner:
         self.input_dtypes = {
             vi.name: elem_type_to_numpy(vi.type.tensor_type.elem_type)
             for vi in model.graph.input if vi.type.HasField("tensor_type")}
+        self._local = threading.local()  # .binding: this thread's IOBinding
 
     def __call__(self, feeds, output_names=None):
         """Run with ``feeds`` (dict name -> OrtValue or array) and return the
         outputs as a list of OrtValues on the device."""
-        binding = self.session.io_binding()  # one per call: see the class doc
+        binding = getattr(self._local, "binding", None)  # see the class doc
+        if binding is None:
+            binding = self._local.binding = self.session.io_binding()
+        else:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
         for name, value in feeds.items():
             if not isinstance(value, OrtValue):
                 value = to_ortvalue(value, self.device, self.input_dtypes.get(name))
