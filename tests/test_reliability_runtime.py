@@ -334,6 +334,21 @@ class TestDivergence:
         for a, b in zip(est.get_state(), reference.get_state()):
             assert_allclose(a, b, rtol=1e-6)
 
+    @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+    def test_early_stopping_keeps_the_best_validation_weights(self):
+        X, y = regression(n=100, scale=10)
+        est = diverging("fused", 50, early_stopping=True, n_iter_no_change=100)
+        est.set_params(learning_rate=LearningRateSGD(0.02, learning_rate="constant"))
+        with pytest.raises(ConvergenceError, match="best validation score"):
+            est.fit(X, y)
+        best = int(np.argmax(est.validation_scores_)) + 1
+        assert best < est.n_iter_
+        reference = diverging("fused", best, early_stopping=True,
+                              n_iter_no_change=100)
+        reference.set_params(learning_rate=LearningRateSGD(
+            0.02, learning_rate="constant")).fit(X, y)
+        assert_allclose(est.predict(X), reference.predict(X), rtol=1e-6)
+
     @pytest.mark.parametrize("path", ["split", "fused"])
     def test_overflowing_update_never_kept(self, path):
         # the first batch's loss is finite (1e36) but its update overflows
