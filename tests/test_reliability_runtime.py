@@ -471,6 +471,20 @@ class TestMessages:
         assert state.parameters["weight1"].grad is None
         assert module(x[:1], target[:1]).shape == ()
 
+    def test_estimator_batch_fixed_to_one_names_the_fix(self):
+        model = linear_model()
+        for value in list(model.graph.input) + list(model.graph.output):
+            dim = value.type.tensor_type.shape.dim[0]
+            dim.Clear()
+            dim.dim_value = 1
+        X, y = regression()
+        est = OrtGradientForwardBackwardOptimizer(model, max_iter=2, random_state=0)
+        with pytest.raises(ValueError, match="X has 60 rows but the model input "
+                           "'X' has a fixed batch dimension of 1: export the "
+                           "model with a dynamic batch dimension"):
+            est.fit(X, y)
+        assert fitted_attributes(est) == {}  # refused before training
+
     def test_module_refuses_an_empty_batch(self, two_head_artifacts):
         state, module = open_module(two_head_artifacts)
         x, target, _ = batch(10)

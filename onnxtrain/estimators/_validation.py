@@ -53,7 +53,8 @@ def check_features(model, X, name="X", types=None):
     TypeError
         Non-numeric data (object dtype, strings).
     ValueError
-        Not 2-D, NaN or inf, a number of columns the input does not take, or
+        Not 2-D, NaN or inf, a number of columns the input does not take, a
+        number of rows other than a fixed batch dimension of the input, or
         values beyond the range of the input's float type.
     """
     X = check_array(X, dtype=None, ensure_2d=True, input_name=name)
@@ -64,8 +65,22 @@ def check_features(model, X, name="X", types=None):
             and shape[1] != X.shape[1]:
         raise ValueError(f"{name} has {X.shape[1]} features but the model input "
                          f"{model.graph.input[0].name!r} takes {shape[1]}.")
+    _check_batch_dim(shape, X, name, model.graph.input[0].name)
     return cast_within_range(X, elem_type_to_numpy(elem_type), name,
                              f"the model input {model.graph.input[0].name!r}")
+
+
+def _check_batch_dim(shape, X, name, input_name):
+    """A model exported with a fixed batch size (torch.onnx.export without
+    dynamic axes) takes batches of that size only: refuse other row counts
+    here, before any weight is drawn, rather than in onnxruntime mid-fit."""
+    if shape and isinstance(shape[0], int) and shape[0] != X.shape[0]:
+        raise ValueError(
+            f"{name} has {X.shape[0]} rows but the model input {input_name!r} "
+            f"has a fixed batch dimension of {shape[0]}: export the model "
+            "with a dynamic batch dimension (torch.onnx.export(..., "
+            f"dynamic_axes={{{input_name!r}: {{0: 'batch'}}}}) or "
+            "dynamic_shapes) so that it takes batches of any size.")
 
 
 def check_targets(y, n_samples, name, dtype, ndim=None):
