@@ -129,9 +129,12 @@ def check_batch(specs, names, values, what):
     """Check that the inputs with a batch dimension agree on its size.
 
     An input has a batch dimension when its declared first dimension is
-    symbolic or unknown (not a fixed size): every such input must have as
-    many rows as the others, named or not (a target of one row would
-    otherwise be broadcast against a batch of ten), and at least one.
+    symbolic or unknown (not a fixed size). Two such inputs must have the
+    same number of rows unless both first dimensions are named and the names
+    differ (the model then says they may differ: a sequence-first input and
+    a batch-first target): an unnamed one agrees with every other, so that
+    a target of one row is not broadcast against a batch of ten. Every
+    batch needs at least one row.
 
     Raises
     ------
@@ -139,7 +142,7 @@ def check_batch(specs, names, values, what):
         Two inputs with different numbers of rows, or a batch of 0 rows (the
         mean loss over no rows is not defined).
     """
-    first = None
+    seen = []
     for name, value in zip(names, values):
         expected = specs[name][1] if name in specs else None
         if not expected or isinstance(expected[0], int):
@@ -148,14 +151,17 @@ def check_batch(specs, names, values, what):
         if rows == 0:
             raise ValueError(f"Input {name!r} of the {what} has 0 rows: the "
                              "loss of an empty batch is not defined.")
-        if first is None:
-            first = (name, rows)
-        elif rows != first[1]:
-            raise ValueError(
-                f"Inputs {first[0]!r} and {name!r} of the {what} are batches "
-                f"of {first[1]} and {rows} rows: every input with a batch "
-                "dimension needs the same number of rows (nothing is "
-                "broadcast).")
+        for other, other_dim, other_rows in seen:
+            named_apart = isinstance(expected[0], str) and \
+                isinstance(other_dim, str) and expected[0] != other_dim
+            if rows != other_rows and not named_apart:
+                raise ValueError(
+                    f"Inputs {other!r} and {name!r} of the {what} are batches "
+                    f"of {other_rows} and {rows} rows: inputs whose first "
+                    "dimension is not fixed need the same number of rows "
+                    "(nothing is broadcast) unless the model names their "
+                    "first dimensions apart.")
+        seen.append((name, expected[0], rows))
 
 
 def _shapes(names, values):
@@ -356,8 +362,9 @@ class Module:
             declared shape, or two inputs sharing a symbolic dimension
             (the batch) have different sizes along it (the message names
             the input, the expected and the received shape); inputs whose
-            first dimension is not fixed (named or not) with different
-            numbers of rows, or 0 rows; shapes onnxruntime refuses while
+            first dimension is not fixed with different numbers of rows
+            (unless the model names those dimensions apart, see
+            :func:`check_batch`), or 0 rows; shapes onnxruntime refuses while
             running (a broadcast), with the shapes of the inputs.
         TypeError
             If an array's dtype does not cast to the input's within its kind
