@@ -271,6 +271,22 @@ class TestShapes:
             module(x, target[:1])
         assert state.parameters["weight1"].grad is None  # nothing ran
 
+    def test_batch_check_table(self):
+        from onnxtrain.api.module import check_batch
+
+        f32 = np.dtype(np.float32)
+        rows = {"x": np.zeros((10, 4)), "t": np.zeros((1, 3))}
+        for x_dim, t_dim, refused in [(None, None, True), ("batch", None, True),
+                                      (None, "batch", True), ("seq", "batch", False),
+                                      (10, None, False)]:
+            specs = {"x": (f32, (x_dim, 4), "tensor(float)"),
+                     "t": (f32, (t_dim, 3), "tensor(float)")}
+            if refused:
+                with pytest.raises(ValueError, match="batches of 10 and 1 rows"):
+                    check_batch(specs, ["x", "t"], list(rows.values()), "model")
+            else:  # named apart, or x has a fixed size: nothing to compare
+                check_batch(specs, ["x", "t"], list(rows.values()), "model")
+
     def test_module_eval_refuses_a_one_row_target(self, two_head_artifacts):
         _, module = open_module(two_head_artifacts)
         x, target, _ = batch(10)
