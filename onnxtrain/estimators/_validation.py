@@ -31,7 +31,7 @@ def cast_within_range(array, dtype, name, target="the graph"):
     dtype = np.dtype(dtype)
     if dtype.kind == "f" and array.dtype != dtype and array.size \
             and array.dtype.kind in "iuf":
-        largest = float(np.max(np.abs(array), initial=0))
+        largest = max(-float(array.min()), float(array.max()))  # no copy
         limit = float(np.finfo(dtype).max)
         if largest > limit:
             raise ValueError(
