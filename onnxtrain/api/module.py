@@ -10,8 +10,8 @@ from onnx import helper, numpy_helper
 
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
-from ..runtime import (SessionRunError, SessionRunner, is_ortvalue, ortvalue_dtype, parse_device,
-                       to_numpy, to_ortvalue)
+from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
+                       ortvalue_dtype, parse_device, to_numpy, to_ortvalue)
 
 __all__ = ["Module"]
 
@@ -103,7 +103,7 @@ def check_inputs(specs, names, values, what):
                 isinstance(e, int) and e != g for e, g in zip(expected, shape)):
             raise ValueError(f"Input {name!r} of the {what} has shape "
                              f"{expected}; got shape {tuple(shape)}."
-                             + _fixed_batch_hint(expected, shape))
+                             + _fixed_batch_hint(name, expected, shape))
         for dim, size in zip(expected, shape):
             if isinstance(dim, str):
                 first, seen = sizes.setdefault(dim, (name, size))
@@ -114,13 +114,13 @@ def check_inputs(specs, names, values, what):
     return checked
 
 
-def _fixed_batch_hint(expected, shape):
+def _fixed_batch_hint(name, expected, shape):
     """What to do when a model fixed to batches of one row gets more."""
     if len(expected) == len(shape) and len(shape) and expected[0] == 1 \
             and shape[0] != 1:
         return (" The model's batch dimension is fixed to 1: export it with a "
-                "dynamic batch dimension (torch.onnx.export(..., "
-                "dynamic_axes={name: {0: 'batch'}}) or dynamic_shapes) and "
+                "dynamic batch dimension (torch.onnx.export(..., dynamic_axes="
+                f"{{{name!r}: {{0: 'batch'}}}}) or dynamic_shapes) and "
                 "generate the artifacts again.")
     return ""
 
@@ -214,7 +214,7 @@ class Module:
         self._reset_grad = True
         self._runners = {}
         # training calls read and write the gradient buffers: one at a time;
-        # eval calls run concurrently (each run binds its own IOBinding)
+        # eval calls run concurrently (each thread binds its own IOBinding)
         self._lock = threading.RLock()
 
     def _check_parameters(self, mode):
