@@ -73,18 +73,22 @@ class PerCallBindingRunner(SessionRunner):
 
 def mlp_model(rng, n_in=64, hidden=100, n_out=10):
     """X -> relu(X W1 + B1) W2 + B2, float32, batch dim free."""
-    inits = [numpy_helper.from_array((0.1 * rng.randn(n_in, hidden)).astype(np.float32), "W1"),
+    def weight(*shape):
+        return (0.1 * rng.randn(*shape)).astype(np.float32)
+
+    inits = [numpy_helper.from_array(weight(n_in, hidden), "W1"),
              numpy_helper.from_array(np.zeros(hidden, np.float32), "B1"),
-             numpy_helper.from_array((0.1 * rng.randn(hidden, n_out)).astype(np.float32), "W2"),
+             numpy_helper.from_array(weight(hidden, n_out), "W2"),
              numpy_helper.from_array(np.zeros(n_out, np.float32), "B2")]
     nodes = [helper.make_node("MatMul", ["X", "W1"], ["h0"]),
              helper.make_node("Add", ["h0", "B1"], ["h1"]),
              helper.make_node("Relu", ["h1"], ["h"]),
              helper.make_node("MatMul", ["h", "W2"], ["y0"]),
              helper.make_node("Add", ["y0", "B2"], ["Y"])]
+    float_input = helper.make_tensor_value_info
     graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, n_in])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, n_out])], inits)
+        nodes, "mlp", [float_input("X", TensorProto.FLOAT, [None, n_in])],
+        [float_input("Y", TensorProto.FLOAT, [None, n_out])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

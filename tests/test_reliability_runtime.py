@@ -56,8 +56,8 @@ def regression(n=60, n_features=4, seed=0, scale=1.0):
 
 
 def regressor(**kwargs):
-    params = dict(max_iter=3, learning_rate=LearningRateSGD(0.01, learning_rate="constant"),
-                  random_state=0)
+    params = dict(max_iter=3, random_state=0,
+                  learning_rate=LearningRateSGD(0.01, learning_rate="constant"))
     params.update(kwargs)
     return OrtGradientForwardBackwardOptimizer(linear_model(), **params)
 
