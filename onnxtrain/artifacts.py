@@ -58,6 +58,13 @@ class _ArtifactsTrainingBlock(onnxblock.TrainingBlock):
 
     def build(self, *loss_inputs):
         output = loss_inputs[0] if self._loss is None else self._loss(*loss_inputs)
+        if not (isinstance(output, str) or (
+                isinstance(output, (list, tuple)) and output
+                and isinstance(output[0], str))):
+            raise TypeError(
+                f"The loss block {type(self._loss).__name__}.build() returned "
+                f"{output!r}; it must return the name of the loss tensor (a "
+                "str, e.g. the output of its last node).")
         loss_name = output if isinstance(output, str) else list(output)[0]
         return (loss_name, *self._additional)
 

@@ -137,6 +137,19 @@ def _train(args):
     return 0
 
 
+def _learning_rate(text):
+    """argparse type of ``--learning-rate``: a finite float > 0, refused
+    before any file is read (-1 would ascend the loss, nan destroy it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = np.nan
+    if not (np.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def build_parser():
     """The argparse parser of ``python -m onnxtrain``."""
     parser = argparse.ArgumentParser(
@@ -176,7 +189,7 @@ def build_parser():
                        help="training epochs (default: %(default)s)")
     train.add_argument("--batch-size", type=int, default=10,
                        help="rows per step (default: %(default)s)")
-    train.add_argument("--learning-rate", type=float, default=0.01,
+    train.add_argument("--learning-rate", type=_learning_rate, default=0.01,
                        help="initial learning rate eta0 (default: %(default)s)")
     train.add_argument("--schedule", default="invscaling",
                        choices=["constant", "invscaling", "optimal"],

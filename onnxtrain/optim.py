@@ -26,7 +26,8 @@ from ._small import (check_float_type, finish, new_builder, resolve_named,
                      tensor_input)
 
 __all__ = ["BaseLearningRate", "LearningRateSGD", "LearningRateSGDNesterov",
-           "LearningRateAdam", "LearningRateAdamW", "resolve_learning_rate"]
+           "LearningRateAdam", "LearningRateAdamW", "check_learning_rate",
+           "resolve_learning_rate"]
 
 _SCHEDULES = ("constant", "invscaling", "optimal", "adaptive")
 
@@ -334,6 +335,61 @@ _BY_NAME = {
 }
 
 
+def _finite(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and bool(np.isfinite(value))
+
+
+#: parameter -> (test of a valid value, what a valid value is)
+_VALID = {
+    "eta0": (lambda v: _finite(v) and v > 0, "a finite float > 0"),
+    "alpha": (lambda v: _finite(v) and v >= 0, "a finite float >= 0"),
+    "power_t": (lambda v: _finite(v) and v >= 0, "a finite float >= 0"),
+    "learning_rate": (lambda v: v in _SCHEDULES, f"one of {_SCHEDULES}"),
+    "momentum": (lambda v: _finite(v) and 0 <= v <= 1, "a float in [0, 1]"),
+    "beta_1": (lambda v: _finite(v) and 0 <= v < 1, "a float in [0, 1)"),
+    "beta_2": (lambda v: _finite(v) and 0 <= v < 1, "a float in [0, 1)"),
+    "epsilon": (lambda v: _finite(v) and v > 0, "a finite float > 0"),
+    "weight_decay": (lambda v: _finite(v) and v >= 0, "a finite float >= 0"),
+}
+
+
+def check_learning_rate(rate):
+    """Validate the parameters of a learning-rate object.
+
+    Called by :func:`resolve_learning_rate` and by the estimators' ``fit``
+    before anything changes: a negative, NaN or infinite learning rate
+    would otherwise train (ascend the loss, or turn every weight into NaN)
+    after the weights were drawn.
+
+    Parameters
+    ----------
+    rate : BaseLearningRate
+
+    Returns
+    -------
+    rate
+
+    Raises
+    ------
+    ValueError
+        A parameter out of its range (``eta0`` <= 0, NaN or infinite;
+        ``momentum`` outside [0, 1]; ``beta_1``/``beta_2`` outside [0, 1);
+        ``epsilon`` <= 0; negative ``alpha``, ``power_t`` or
+        ``weight_decay``; an unknown schedule), named in the message.
+    """
+    params = rate.get_params(deep=False)
+    for name, value in params.items():
+        test, what = _VALID.get(name, (None, None))
+        if test is not None and not test(value):
+            raise ValueError(f"{type(rate).__name__}: {name} must be {what}, "
+                             f"got {value!r}.")
+    if params.get("learning_rate") == "optimal" and not params["alpha"] > 0:
+        raise ValueError(f"{type(rate).__name__}: the 'optimal' schedule "
+                         f"needs alpha > 0, got {params['alpha']!r}.")
+    return rate
+
+
 def resolve_learning_rate(value):
     """A new learning-rate object from a float, a name or an object.
 
@@ -343,7 +399,8 @@ def resolve_learning_rate(value):
     Raises
     ------
     ValueError
-        Unknown name or non-positive float.
+        Unknown name, non-positive or non-finite float, or an object whose
+        parameters :func:`check_learning_rate` refuses.
     TypeError
         Any other type.
     """
@@ -351,4 +408,5 @@ def resolve_learning_rate(value):
         if not np.isfinite(value) or value <= 0:
             raise ValueError(f"learning_rate must be > 0, got {value!r}.")
         return LearningRateSGD(eta0=float(value))
-    return resolve_named(value, _BY_NAME, BaseLearningRate, "learning_rate")
+    return check_learning_rate(
+        resolve_named(value, _BY_NAME, BaseLearningRate, "learning_rate"))

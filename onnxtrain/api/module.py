@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import onnx
@@ -10,8 +11,8 @@ from onnx import helper, numpy_helper
 from .._files import load_onnx_file
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
-from ..runtime import (SessionRunner, is_ortvalue, ortvalue_dtype, parse_device,
-                       to_numpy, to_ortvalue)
+from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
+                       ortvalue_dtype, parse_device, to_numpy, to_ortvalue)
 
 __all__ = ["Module"]
 
@@ -102,7 +103,8 @@ def check_inputs(specs, names, values, what):
         if len(shape) != len(expected) or any(
                 isinstance(e, int) and e != g for e, g in zip(expected, shape)):
             raise ValueError(f"Input {name!r} of the {what} has shape "
-                             f"{expected}; got shape {tuple(shape)}.")
+                             f"{expected}; got shape {tuple(shape)}."
+                             + _fixed_batch_hint(name, expected, shape))
         for dim, size in zip(expected, shape):
             if isinstance(dim, str):
                 first, seen = sizes.setdefault(dim, (name, size))
@@ -111,6 +113,61 @@ def check_inputs(specs, names, values, what):
                         f"Inputs {first!r} and {name!r} of the {what} share "
                         f"dimension {dim!r}; got sizes {seen} and {size}.")
     return checked
+
+
+def _fixed_batch_hint(name, expected, shape):
+    """What to do when a model fixed to batches of one row gets more."""
+    if len(expected) == len(shape) and len(shape) and expected[0] == 1 \
+            and shape[0] != 1:
+        return (" The model's batch dimension is fixed to 1: export it with a "
+                "dynamic batch dimension (torch.onnx.export(..., dynamic_axes="
+                f"{{{name!r}: {{0: 'batch'}}}}) or dynamic_shapes) and "
+                "generate the artifacts again.")
+    return ""
+
+
+def check_batch(specs, names, values, what):
+    """Check that the inputs with a batch dimension agree on its size.
+
+    An input has a batch dimension when its declared first dimension is
+    symbolic or unknown (not a fixed size). Two such inputs must have the
+    same number of rows unless both first dimensions are named and the names
+    differ (the model then says they may differ: a sequence-first input and
+    a batch-first target): an unnamed one agrees with every other, so that
+    a target of one row is not broadcast against a batch of ten. Every
+    batch needs at least one row.
+
+    Raises
+    ------
+    ValueError
+        Two inputs with different numbers of rows, or a batch of 0 rows (the
+        mean loss over no rows is not defined).
+    """
+    seen = []
+    for name, value in zip(names, values):
+        expected = specs[name][1] if name in specs else None
+        if not expected or isinstance(expected[0], int):
+            continue
+        rows = int(value.shape()[0] if is_ortvalue(value) else value.shape[0])
+        if rows == 0:
+            raise ValueError(f"Input {name!r} of the {what} has 0 rows: the "
+                             "loss of an empty batch is not defined.")
+        for other, other_dim, other_rows in seen:
+            named_apart = isinstance(expected[0], str) and \
+                isinstance(other_dim, str) and expected[0] != other_dim
+            if rows != other_rows and not named_apart:
+                raise ValueError(
+                    f"Inputs {other!r} and {name!r} of the {what} are batches "
+                    f"of {other_rows} and {rows} rows: inputs whose first "
+                    "dimension is not fixed need the same number of rows "
+                    "(nothing is broadcast) unless the model names their "
+                    "first dimensions apart.")
+        seen.append((name, expected[0], rows))
+
+
+def _shapes(names, values):
+    return ", ".join(f"{n} {tuple(v.shape()) if is_ortvalue(v) else v.shape}"
+                     for n, v in zip(names, values))
 
 
 class Module:
@@ -157,6 +214,9 @@ class Module:
         self._training = True
         self._reset_grad = True
         self._runners = {}
+        # training calls read and write the gradient buffers: one at a time;
+        # eval calls run concurrently (each thread binds its own IOBinding)
+        self._lock = threading.RLock()
 
     def _check_parameters(self, mode):
         model, layout = self._models[mode], self._layouts[mode]
@@ -198,9 +258,11 @@ class Module:
         return "eval"
 
     def _runner(self, mode):
-        if mode not in self._runners:
-            self._runners[mode] = SessionRunner(self._models[mode], self._device)
-        return self._runners[mode]
+        with self._lock:
+            if mode not in self._runners:
+                self._runners[mode] = SessionRunner(self._models[mode],
+                                                    self._device)
+            return self._runners[mode]
 
     def input_names(self):
         """Names of the user inputs of the current mode's model (model inputs
@@ -300,7 +362,11 @@ class Module:
             input's rank or a static dimension differs from the model's
             declared shape, or two inputs sharing a symbolic dimension
             (the batch) have different sizes along it (the message names
-            the input, the expected and the received shape).
+            the input, the expected and the received shape); inputs whose
+            first dimension is not fixed with different numbers of rows
+            (unless the model names those dimensions apart, see
+            :func:`check_batch`), or 0 rows; shapes onnxruntime refuses while
+            running (a broadcast), with the shapes of the inputs.
         TypeError
             If an array's dtype does not cast to the input's within its kind
             (float64 to float32 and int to float do; float to int, strings
@@ -320,19 +386,40 @@ class Module:
         user_inputs = check_inputs(
             self._input_specs[mode], names, user_inputs,
             "training model" if mode == "train" else "eval model")
+        check_batch(self._input_specs[mode], names, user_inputs,
+                    "training model" if mode == "train" else "eval model")
         feeds = dict(zip(names, user_inputs))
-        for name in layout["parameters"]:
-            feeds[name] = self._device_value(self._state.parameters[name])
-        if mode == "train":
-            self._feed_gradients(feeds, layout)
-        outputs = self._runner(mode)(feeds)
         n_user = len(layout["user_outputs"])
-        if mode == "train":
-            for name, grad in zip(layout["trainable"], outputs[n_user:]):
-                self._state.parameters[name]._grad = grad
-            self._reset_grad = False
+        try:
+            if mode == "train":
+                with self._lock:  # the gradients accumulate one at a time
+                    outputs = self._run_training(feeds, layout, n_user)
+            else:
+                for name in layout["parameters"]:
+                    feeds[name] = self._device_value(self._state.parameters[name])
+                outputs = self._runner(mode)(feeds)
+        except SessionRunError as exc:
+            message = str(exc).strip().splitlines()[0]
+            raise ValueError(
+                f"onnxruntime could not run the {mode} model on inputs "
+                f"{_shapes(names, user_inputs)}: {message}. The shapes of the "
+                "inputs do not go together (e.g. a target whose columns "
+                "differ from the prediction's); parameters and gradients are "
+                "unchanged.") from exc
         results = tuple(to_numpy(o) for o in outputs[:n_user])
         return results[0] if len(results) == 1 else results
+
+    def _run_training(self, feeds, layout, n_user):
+        """Run the training model and store the gradients; the caller holds
+        the lock."""
+        for name in layout["parameters"]:
+            feeds[name] = self._device_value(self._state.parameters[name])
+        self._feed_gradients(feeds, layout)
+        outputs = self._runner("train")(feeds)
+        for name, grad in zip(layout["trainable"], outputs[n_user:]):
+            self._state.parameters[name]._grad = grad
+        self._reset_grad = False
+        return outputs
 
     def _feed_gradients(self, feeds, layout):
         reset = self._reset_grad

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import threading
 import warnings
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..losses import resolve_learning_loss
 from ..models import load_model, replace_initializers, select_weights
 from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
+from ..runtime.engine import check_weight_names
 from ._trainer import Trainer
 from ._validation import check_features, check_targets, validation_period
 
@@ -35,6 +37,9 @@ _OPSET = 17
 #: 34-39 MB with the fused step, over two runs), which its speed (1.1x-1.2x
 #: the fused step on W3) does not pay for on big models.
 LOOP_MAX_PARAMETER_BYTES = 64 * 2 ** 20
+#: Held while an unpickled estimator rebuilds its trainer, so that threads
+#: predicting at once build it once (estimators hold no lock: they pickle).
+_TRAINER_LOCK = threading.Lock()
 
 
 class _Short:
@@ -81,6 +86,18 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if self.tol is not None and not (isinstance(self.tol, numbers.Real)
                                          and self.tol >= 0):
             raise ValueError(f"tol must be None or a float >= 0, got {self.tol!r}.")
+        self._check_run_params()
+
+    def _check_run_params(self):
+        """What ``fit`` would otherwise find only after drawing the weights:
+        the learning rate (the object a warm refit reuses too), the training
+        path and the type of ``weights_to_train``."""
+        resolve_learning_rate(self.learning_rate)
+        path = getattr(self, "training_path", "auto")
+        if path not in self._PATHS:
+            raise ValueError(f"training_path must be one of {self._PATHS}, got "
+                             f"{path!r}.")
+        check_weight_names(self.weights_to_train)
 
     def _stopping_tol(self):
         """tol=None: no stopping, except early stopping and the 'adaptive'
@@ -194,10 +211,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 "fitted (set_params): its weights belong to the previous model. "
                 "Call 'fit' again before using this estimator.")
         if getattr(self, "_trainer", None) is None:
-            trainer = self._new_trainer(self._training_model())
-            trainer.engine.set_weights(self._pickled["weights"])
-            trainer.set_state(self._pickled["state"], self._pickled["steps"])
-            self._trainer = trainer
+            with _TRAINER_LOCK:
+                if getattr(self, "_trainer", None) is None:
+                    trainer = self._new_trainer(self._training_model())
+                    trainer.engine.set_weights(self._pickled["weights"])
+                    trainer.set_state(self._pickled["state"],
+                                      self._pickled["steps"])
+                    self._trainer = trainer
         return self._trainer
 
     # --------------------------------------------------------------- fit
@@ -243,6 +263,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if self.early_stopping and not incremental:
             X, X_val, y, y_val, sample_weight = self._early_stopping_split(
                 X, y, sample_weight)
+        # a path that cannot run raises here, not after the weights changed
+        self._choose_path(sample_weight, int(np.clip(self.batch_size, 1, len(X))))
         if not (first or restart or incremental):
             # a new fit starts a new optimizer, as scikit-learn's warm start
             self._trainer.reset_state()  # does (last: nothing fails after)
@@ -372,6 +394,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             if stop:
                 break
         bar.close()
+        self._finite_weights = None  # a copy kept only during the epochs
         if self.early_stopping and self._best_weights is not None:
             self._trainer.engine.set_weights(self._best_weights)
 
@@ -449,7 +472,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             results = []
             for _ in range(count):
                 loss = self._epoch(X, y, sample_weight, batch_size, "fused",
-                                   reshuffle=False)
+                                   reshuffle=False, ahead=len(results))
                 if loss is None:
                     return results
                 results.append(loss)
@@ -471,10 +494,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
         finally:
             rate.value = saved
 
-    def _epoch(self, X, y, sample_weight, batch_size, path="split", reshuffle=True):
+    def _epoch(self, X, y, sample_weight, batch_size, path="split", reshuffle=True,
+               ahead=0):
         """One pass over the data, one session run (fused) or four (split) per
         batch; returns the epoch loss, or None when a non-finite loss stopped
-        training (``exc=False``)."""
+        training (``exc=False``). ``ahead``: epochs run but not yet recorded
+        in ``n_iter_`` (a replay of the in-graph loop)."""
+        self._keep_finite_weights(self.n_iter_ + ahead)
         order = self._shuffled_order(X.shape[0]) if self.shuffle and reshuffle \
             else None
         step = self._trainer.fused_step if path == "fused" else self._trainer.step
@@ -487,7 +513,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 continue  # a batch of zero weights carries no gradient
             loss = step(X[index], y[index], wb, dtype)
             if not np.isfinite(loss):
-                self._non_finite(loss)
+                self._non_finite(loss, self.n_iter_ + ahead + 1)
                 return None
             rows = self._batch_rows(batch, wb)
             total += loss * rows
@@ -541,9 +567,35 @@ class BaseOrtGradientEstimator(BaseEstimator):
             logger.info("epoch %d loss=%r lr=%r", self.n_iter_, loss,
                         self.learning_rate_.value)
 
-    def _non_finite(self, loss):
-        message = (f"The loss became {loss} at epoch {self.n_iter_ + 1}; the "
-                   "last finite weights are kept. Lower the learning rate.")
+    def _keep_finite_weights(self, epochs):
+        """Copy the weights an epoch starts from, the weights after
+        ``epochs`` epochs, when every value is finite: a divergence goes back
+        to them (see :meth:`_non_finite`)."""
+        weights = self._trainer.engine.get_weights()
+        if all(np.isfinite(w).all() for w in weights):
+            self._finite_weights = (weights, epochs)
+
+    def _non_finite(self, loss, epoch):
+        """A non-finite loss at ``epoch``: put back the best validation
+        weights (early stopping) or the weights at the end of the last epoch
+        whose loss was finite (the epoch before ``epoch``; the weights this
+        fit started from when it is the first), never the exploding ones
+        the last finite steps left, then raise or warn saying which."""
+        kept = getattr(self, "_finite_weights", None)
+        if self.early_stopping and self._best_weights is not None:
+            self._trainer.engine.set_weights(self._best_weights)
+            which = ("the weights of the best validation score "
+                     f"({self.best_validation_score_:.6g}) are kept")
+        elif kept is not None:
+            self._trainer.engine.set_weights(kept[0])
+            which = ("the last finite weights are kept: " + (
+                f"those at the end of epoch {kept[1]}, the last whose loss "
+                "was finite" if kept[1] else "those this fit started from"))
+        else:
+            which = "the last finite weights are kept"
+        self._finite_weights = None
+        message = (f"The loss became {loss} at epoch {epoch}; {which}. Lower "
+                   "the learning rate.")
         if self.exc:
             raise ConvergenceError(message)
         warnings.warn(message, ConvergenceWarning)

@@ -8,7 +8,8 @@ from sklearn.utils.validation import check_array
 
 from ..graph import elem_type_to_numpy, infer_value_types
 
-__all__ = ["check_features", "check_targets", "validation_period"]
+__all__ = ["cast_within_range", "check_features", "check_targets",
+           "validation_period"]
 
 
 def _check_numeric(array, name):
@@ -16,6 +17,29 @@ def _check_numeric(array, name):
         raise TypeError(f"{name} has dtype {array.dtype}; onnxtrain needs "
                         "numeric (bool, int or float) data. Encode object or "
                         "string columns first.")
+
+
+def cast_within_range(array, dtype, name, target="the graph"):
+    """``array`` cast to ``dtype``, refusing values the cast would turn into
+    infinity (float64 beyond float32's range, ints beyond float16's).
+
+    Raises
+    ------
+    ValueError
+        A finite value whose magnitude exceeds ``np.finfo(dtype).max``.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" and array.dtype != dtype and array.size \
+            and array.dtype.kind in "iuf":
+        largest = max(-float(array.min()), float(array.max()))  # no copy
+        limit = float(np.finfo(dtype).max)
+        if largest > limit:
+            raise ValueError(
+                f"{name} has values up to {largest:.4g} in magnitude, beyond "
+                f"the range of {dtype} (largest {limit:.4g}), the element type "
+                f"of {target}: the cast would turn them into infinity. Scale "
+                f"the data, or train a graph in float64.")
+    return np.ascontiguousarray(array, dtype=dtype)
 
 
 def check_features(model, X, name="X", types=None):
@@ -29,7 +53,9 @@ def check_features(model, X, name="X", types=None):
     TypeError
         Non-numeric data (object dtype, strings).
     ValueError
-        Not 2-D, NaN or inf, or a number of columns the input does not take.
+        Not 2-D, NaN or inf, a number of columns the input does not take, a
+        number of rows other than a fixed batch dimension of the input, or
+        values beyond the range of the input's float type.
     """
     X = check_array(X, dtype=None, ensure_2d=True, input_name=name)
     _check_numeric(X, name)
@@ -39,7 +65,22 @@ def check_features(model, X, name="X", types=None):
             and shape[1] != X.shape[1]:
         raise ValueError(f"{name} has {X.shape[1]} features but the model input "
                          f"{model.graph.input[0].name!r} takes {shape[1]}.")
-    return np.ascontiguousarray(X, dtype=elem_type_to_numpy(elem_type))
+    _check_batch_dim(shape, X, name, model.graph.input[0].name)
+    return cast_within_range(X, elem_type_to_numpy(elem_type), name,
+                             f"the model input {model.graph.input[0].name!r}")
+
+
+def _check_batch_dim(shape, X, name, input_name):
+    """A model exported with a fixed batch size (torch.onnx.export without
+    dynamic axes) takes batches of that size only: refuse other row counts
+    here, before any weight is drawn, rather than in onnxruntime mid-fit."""
+    if shape and isinstance(shape[0], int) and shape[0] != X.shape[0]:
+        raise ValueError(
+            f"{name} has {X.shape[0]} rows but the model input {input_name!r} "
+            f"has a fixed batch dimension of {shape[0]}: export the model "
+            "with a dynamic batch dimension (torch.onnx.export(..., "
+            f"dynamic_axes={{{input_name!r}: {{0: 'batch'}}}}) or "
+            "dynamic_shapes) so that it takes batches of any size.")
 
 
 def check_targets(y, n_samples, name, dtype, ndim=None):
@@ -48,7 +89,11 @@ def check_targets(y, n_samples, name, dtype, ndim=None):
 
     Raises
     ------
-    TypeError, ValueError
+    TypeError
+        Non-numeric data.
+    ValueError
+        NaN or inf, another number of rows, a rank other than 1 (or 2),
+        or values beyond the range of ``dtype``.
     """
     y = check_array(y, dtype=None, ensure_2d=False, input_name=name)
     _check_numeric(y, name)
@@ -58,7 +103,7 @@ def check_targets(y, n_samples, name, dtype, ndim=None):
         raise ValueError(f"{name} must have shape (n_samples,)"
                          f"{'' if ndim == 1 else ' or (n_samples, n_outputs)'}, "
                          f"got {y.shape}.")
-    return np.ascontiguousarray(y, dtype=dtype)
+    return cast_within_range(y, dtype, name)
 
 
 def validation_period(validation_every, max_iter):

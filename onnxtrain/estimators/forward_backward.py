@@ -63,7 +63,10 @@ _COMMON_PARAMETERS = """
         learning rate), biases excluded by default.
     exc : bool, default=True
         On a non-finite loss: raise ConvergenceError (True) or warn with a
-        ConvergenceWarning and stop (False). The last finite weights are kept.
+        ConvergenceWarning and stop (False). Either way the weights kept
+        are those at the end of the last epoch whose loss was finite (the
+        starting weights if the first epoch diverged), or with early
+        stopping the best validation ones; the message says which.
     random_state : int, RandomState instance or None, default=None
         Seeds the initial weights, the shuffling and the early-stopping split.
     shuffle : bool, default=False

@@ -112,7 +112,37 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         rank = len(label.type.tensor_type.shape.dim)
         if rank == 2 and y.ndim == 1:
             y = y.reshape(-1, 1)
+        self._check_label_width(label.name, y, name)
         return y
+
+    #: Ops comparing the expected values with the prediction elementwise.
+    _BROADCASTING = {"Sub", "Add", "Mul", "Div", "Pow", "Max", "Min", "Sum",
+                     "Mean", "Less", "Greater", "Equal", "Where"}
+
+    def _check_label_width(self, label, y, name):
+        """Refuse a y whose columns differ from the value the graph compares
+        it with (a fixed width in the label's declared shape, or in the
+        inferred shape of the other operand of an elementwise op reading
+        the label): onnxruntime would broadcast (N, 1) against (N, 2) and
+        train on a loss over N x 2 differences."""
+        model = self._training_model()
+        types = self._training_types()
+        shapes = [("the label input", types.get(label, (None, None))[1])]
+        for node in model.graph.node:
+            if node.op_type in self._BROADCASTING and label in node.input:
+                shapes += [(f"{other!r} (input of {node.op_type} node "
+                            f"{node.name or node.output[0]!r})",
+                            types.get(other, (None, None))[1])
+                           for other in node.input if other and other != label]
+        for what, shape in shapes:
+            if shape is None or len(shape) != y.ndim or y.ndim < 2:
+                continue
+            width = shape[-1]
+            if isinstance(width, int) and width != y.shape[-1]:
+                raise ValueError(
+                    f"{name} has {y.shape[-1]} columns but {what} has {width}: "
+                    f"the graph compares {label!r} with it elementwise and "
+                    "would broadcast one against the other.")
 
     def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
         """Train the weights; arguments and errors as

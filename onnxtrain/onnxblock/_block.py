@@ -13,7 +13,7 @@ __all__ = ["Block", "ForwardBlock", "TrainingBlock"]
 
 def _as_names(output):
     """The tensor names a ``build`` returned, as a list."""
-    names = [output] if isinstance(output, str) else list(output)
+    names = list(output) if isinstance(output, (list, tuple)) else [output]
     bad = [n for n in names if not isinstance(n, str)]
     if bad or not names:
         raise TypeError(f"build() must return a tensor name or a sequence of "

@@ -3,9 +3,11 @@ forward/backward engine. The only package of onnxtrain importing onnxruntime."""
 from .devices import Device, parse_device
 from .engine import OrtGradientForwardBackward
 from .fused import FusedRunner
-from .sessions import (SessionRunner, default_session_options, is_ortvalue,
-                       make_session, ortvalue_dtype, to_numpy, to_ortvalue)
+from .sessions import (SessionRunError, SessionRunner, default_session_options,
+                       is_ortvalue, make_session, ortvalue_dtype, to_numpy,
+                       to_ortvalue)
 
-__all__ = ["Device", "FusedRunner", "OrtGradientForwardBackward", "SessionRunner",
-           "default_session_options", "is_ortvalue", "make_session",
-           "ortvalue_dtype", "parse_device", "to_numpy", "to_ortvalue"]
+__all__ = ["Device", "FusedRunner", "OrtGradientForwardBackward",
+           "SessionRunError", "SessionRunner", "default_session_options",
+           "is_ortvalue", "make_session", "ortvalue_dtype", "parse_device",
+           "to_numpy", "to_ortvalue"]

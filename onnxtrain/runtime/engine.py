@@ -1,6 +1,7 @@
 """The forward/backward engine (what onnxruntime-training's TrainingAgent did)."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -12,7 +13,22 @@ from ..models import load_model, select_weights
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
 
-__all__ = ["OrtGradientForwardBackward"]
+__all__ = ["OrtGradientForwardBackward", "check_weight_names"]
+
+
+def check_weight_names(weights_to_train):
+    """Raise a TypeError unless ``weights_to_train`` is None, a str or an
+    iterable of str (initializer names); 42 would otherwise fail deep inside
+    with "'int' object is not iterable"."""
+    if weights_to_train is None or isinstance(weights_to_train, str):
+        return
+    try:
+        names = list(weights_to_train)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise TypeError("weights_to_train must be None or a list of "
+                        f"initializer names (str), got {weights_to_train!r}.")
 
 
 class OrtGradientForwardBackward:
@@ -51,6 +67,8 @@ class OrtGradientForwardBackward:
     ------
     ValueError
         Unknown weight names (the message lists the candidates).
+    TypeError
+        ``weights_to_train`` is not None, a str or a list of str.
     onnxtrain.exceptions.MissingVJPRuleError
         A node between the weights and the outputs has no VJP rule.
     onnxtrain.exceptions.DeviceError
@@ -61,6 +79,7 @@ class OrtGradientForwardBackward:
                  outputs=None):
         self.device = parse_device(device)
         model = load_model(model_onnx)
+        check_weight_names(weights_to_train)
         self.weights_to_train = select_weights(model, weights_to_train)
         self.models = build_gradient_models(model, self.weights_to_train, outputs)
         self.input_names = [i.name for i in model.graph.input
@@ -69,6 +88,7 @@ class OrtGradientForwardBackward:
         self._forward = SessionRunner(self.forward_model, self.device)
         self._gradient = SessionRunner(self.gradient_model, self.device)
         self._inference = None
+        self._lock = threading.Lock()  # builds the inference session once
         inits = {i.name: i for i in model.graph.initializer}
         self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device)
                         for w in self.weights_to_train]
@@ -179,9 +199,11 @@ class OrtGradientForwardBackward:
             The model outputs, on the device.
         """
         feeds = self._feeds(inputs)
-        if not training:
-            if self._inference is None:
-                self._inference = SessionRunner(self.inference_model, self.device)
+        if not training:  # thread-safe (concurrent predictions)
+            with self._lock:
+                if self._inference is None:
+                    self._inference = SessionRunner(self.inference_model,
+                                                    self.device)
             self._saved = None
             return self._inference(feeds)
         outputs = self._forward(feeds)

@@ -2,6 +2,8 @@
 the device, run with IOBinding so results stay on the device."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import onnxruntime
 from onnx import TensorProto
@@ -10,7 +12,15 @@ from onnxruntime import OrtValue
 from ..graph import elem_type_to_numpy
 from .devices import parse_device
 
-__all__ = ["make_session", "to_ortvalue", "to_numpy", "SessionRunner", "default_session_options"]
+__all__ = ["make_session", "to_ortvalue", "to_numpy", "SessionRunner",
+           "SessionRunError", "default_session_options"]
+
+
+class SessionRunError(RuntimeError):
+    """onnxruntime failed while running a model (a kernel refused its
+    inputs: shapes that do not broadcast, an index out of range...). The
+    message is onnxruntime's; callers that know the inputs turn it into a
+    clearer one."""
 
 
 def default_session_options(intra_op_num_threads=None, spinning=False):
@@ -71,6 +81,13 @@ def to_numpy(value):
 class SessionRunner:
     """Run one model on one device, inputs and outputs as OrtValues.
 
+    Thread-safe: each thread binds its inputs and outputs on an IOBinding
+    of its own, kept for its next calls (onnxruntime runs one session from
+    several threads, but an IOBinding shared by two concurrent runs mixes
+    their inputs and outputs or crashes the process). A new IOBinding per
+    call would be as safe but adds a few microseconds to every run, four
+    per step of the split training path (``benchmarks/bench_threads.py``).
+
     Parameters
     ----------
     model : onnx.ModelProto
@@ -86,14 +103,17 @@ class SessionRunner:
         self.input_dtypes = {
             vi.name: elem_type_to_numpy(vi.type.tensor_type.elem_type)
             for vi in model.graph.input if vi.type.HasField("tensor_type")}
-        self._binding = self.session.io_binding()
+        self._local = threading.local()  # .binding: this thread's IOBinding
 
     def __call__(self, feeds, output_names=None):
         """Run with ``feeds`` (dict name -> OrtValue or array) and return the
         outputs as a list of OrtValues on the device."""
-        binding = self._binding
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
+        binding = getattr(self._local, "binding", None)  # see the class doc
+        if binding is None:
+            binding = self._local.binding = self.session.io_binding()
+        else:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
         for name, value in feeds.items():
             if not isinstance(value, OrtValue):
                 value = to_ortvalue(value, self.device, self.input_dtypes.get(name))
@@ -101,5 +121,8 @@ class SessionRunner:
         names = self.output_names if output_names is None else output_names
         for name in names:
             binding.bind_output(name, self.device.type, self.device.index)
-        self.session.run_with_iobinding(binding)
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as exc:  # onnxruntime raises RuntimeError or Fail
+            raise SessionRunError(str(exc)) from exc
         return list(binding.get_outputs())
