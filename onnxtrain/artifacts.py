@@ -108,9 +108,6 @@ def _check_parameters(model, requires_grad, frozen_params):
     if unknown:
         raise ValueError(f"Parameters {unknown} are not initializers of the "
                          f"model; initializers: {inits}.")
-    if not requires_grad:
-        raise ValueError("requires_grad is empty: name the initializers to "
-                         "train (other initializers stay constants).")
 
 
 def _build_arity(block):
@@ -187,9 +184,11 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         The forward model; never modified (a path is read with its external
         data).
     requires_grad : str or list of str, default=None
-        Initializers to train (at least one); a str is one name
-        (``"weight1"``, not its characters). They become inputs of the
-        training and eval models and are stored in the checkpoint.
+        Initializers to train; a str is one name (``"weight1"``, not its
+        characters). They become inputs of the training and eval models and
+        are stored in the checkpoint. None or empty (as in onnxruntime,
+        nothing requires gradient by default): the training model computes
+        the loss without gradients, and no optimizer may be asked for.
     frozen_params : str or list of str, default=None
         Initializers that become inputs and checkpoint entries but are not
         trained (a str is one name). Other initializers stay constants of
@@ -204,7 +203,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     prefix : str, default=""
         Prefix of the file names.
     ort_format : bool, default=False
-        ORT-format models are not supported (True raises).
+        Also write each model in ORT format (``{prefix}training_model.ort``
+        ...), converted by stock onnxruntime (basic graph optimizations);
+        :class:`onnxtrain.api.Module` and :class:`onnxtrain.api.Optimizer`
+        load them.
     custom_op_library : str, default=None
         Custom op libraries are not supported (standard ONNX ops only).
     additional_output_names : list of str, default=None
@@ -221,17 +223,19 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     dict
         Paths written: keys "training_model", "eval_model",
         "optimizer_model" (if an optimizer), "checkpoint",
-        "nominal_checkpoint" (if asked).
+        "nominal_checkpoint" (if asked), and with ``ort_format`` the keys
+        "training_model_ort", "eval_model_ort", "optimizer_model_ort".
 
     Raises
     ------
     NotImplementedError
-        For ``ort_format=True`` or a ``custom_op_library``.
+        For a ``custom_op_library``.
     TypeError
         For an unknown loss or optimizer.
     ValueError
         A name in both ``requires_grad`` and ``frozen_params``; parameter
-        names that are not initializers; no trainable parameter; a loss
+        names that are not initializers; an optimizer without trainable
+        parameters; a loss
         whose ``build`` takes another number of inputs than it receives
         (the message gives both numbers and the names); a model with several
         outputs, a built-in loss (or none) and no ``loss_input_names``; a
@@ -247,10 +251,6 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     :mod:`onnxtrain.onnxblock.optim` (optimizer model) and
     :mod:`onnxtrain.api.checkpoint` (checkpoint).
     """
-    if ort_format:
-        raise NotImplementedError(
-            "ort_format=True is not supported: onnxtrain writes .onnx models "
-            "(onnxruntime loads them directly).")
     if custom_op_library is not None:
         raise NotImplementedError(
             "custom_op_library is not supported: onnxtrain's artifacts use "
@@ -261,6 +261,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     _check_parameters(base_model, requires_grad, frozen_params)
     loss_block = _resolve_loss(loss)
     optimizer_block = _resolve_optimizer(optimizer)
+    if optimizer_block is not None and not requires_grad:
+        raise ValueError("An optimizer model needs trainable parameters: "
+                         "requires_grad is empty (pass optimizer=None to "
+                         "write the training and eval models only).")
     inputs = _loss_inputs(base_model, loss_block, loss_input_names)
     _check_targets(base_model, loss_block)
     additional = list(additional_output_names or [])
@@ -289,7 +293,34 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     files["checkpoint"] = checkpoint_to_bytes(entries)
     if nominal_checkpoint:
         files["nominal_checkpoint"] = checkpoint_to_bytes(entries, nominal=True)
-    return _write(files, artifact_directory, prefix)
+    paths = _write(files, artifact_directory, prefix)
+    if ort_format:
+        paths.update(_write_ort_format(paths))
+    return paths
+
+
+def _write_ort_format(paths):
+    """Convert the written .onnx models to ORT format (``<name>.ort`` beside
+    them) with stock onnxruntime: a session saving its basic-optimized
+    model in ORT format (what ``onnxruntime.tools.convert_onnx_models_to_ort``
+    does). Returns ``{"<key>_ort": path}``."""
+    import onnxruntime
+
+    written = {}
+    for key, path in list(paths.items()):
+        if not path.endswith(".onnx"):
+            continue
+        target = path[:-len(".onnx")] + ".ort"
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = \
+            onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = target
+        options.add_session_config_entry("session.save_model_format", "ORT")
+        options.log_severity_level = 3
+        onnxruntime.InferenceSession(path, options,
+                                     providers=["CPUExecutionProvider"])
+        written[f"{key}_ort"] = target
+    return written
 
 
 def _write(files, directory, prefix):

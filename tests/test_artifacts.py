@@ -165,7 +165,6 @@ def _single_output_model():
      r"2 outputs \['output1', 'output2'\].*loss_input_names"),
     (dict(requires_grad=[]), ValueError, "requires_grad is empty"),
     (dict(additional_output_names=["missing"]), ValueError, "missing"),
-    (dict(ort_format=True), NotImplementedError, "ort_format"),
     (dict(custom_op_library="lib.so"), NotImplementedError, "custom_op_library"),
     (dict(loss="MSELoss"), TypeError, "LossType"),
 ])
