@@ -227,7 +227,7 @@ def test_two_loss_blocks_on_the_same_output_do_not_clash(tmp_path):
     assert module.input_names() == ["input", "target1", "target2"]
     x, t1, _ = batch()
     t2 = t1 + 1
-    assert list(state.parameters) == TRAINABLE[:2]  # other initializers stay constants
+    assert list(state.parameters.keys()) == TRAINABLE[:2]  # other initializers stay constants
     p = {i.name: onnx.numpy_helper.to_array(i)
          for i in two_head_model().graph.initializer}
     out1 = np.maximum(x @ p["weight3"] + p["bias3"], 0) @ p["weight1"] + p["bias1"]

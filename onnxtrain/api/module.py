@@ -11,16 +11,21 @@ from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
 from ..runtime import (SessionRunner, is_ortvalue, ortvalue_dtype, parse_device,
                        to_numpy, to_ortvalue)
+from ._ort_format import OrtFormatModel, is_ort_format
 
 __all__ = ["Module"]
 
 
 def load_model(uri):
-    """A ModelProto from a path (str, pathlib.Path) or a ModelProto (copied)."""
+    """A ModelProto from a path (str, pathlib.Path) or a ModelProto (copied);
+    an ORT-format file (``ort_format=True`` artifacts) gives an
+    :class:`~onnxtrain.api._ort_format.OrtFormatModel`."""
     if isinstance(uri, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(uri)
         return copy
+    if is_ort_format(str(uri)):
+        return OrtFormatModel(str(uri))
     return onnx.load(str(uri))
 
 
@@ -164,7 +169,7 @@ class Module:
             if name not in self._state.parameters:
                 raise ValueError(f"The checkpoint state has no parameter {name!r} "
                                  f"needed by the {mode} model.")
-            param = self._state.parameters[name]
+            param = self._state.parameters.raw(name)
             dtype = elem_type_to_numpy(types[name].elem_type)
             shape = tuple(d.dim_value for d in types[name].shape.dim)
             if param.dtype != dtype or param.shape != shape:
@@ -222,7 +227,18 @@ class Module:
     def _parameters(self, trainable_only):
         layout = self._layouts["train"]
         names = layout["trainable"] if trainable_only else layout["parameters"]
-        return [self._state.parameters[n] for n in names]
+        return [self._state.parameters.raw(n) for n in names]
+
+    def _check_loaded(self):
+        """RuntimeError while the state (from a nominal checkpoint) lacks
+        parameter values."""
+        missing = self._state.parameters.not_loaded()
+        if missing:
+            raise RuntimeError(
+                "Please load the model parameters first. The checkpoint state "
+                f"is nominal: parameters {missing[:5]} have no values yet "
+                "(copy_buffer_to_parameters(buffer, trainable_only=False) "
+                "loads them).")
 
     def get_parameters_size(self, trainable_only=True):
         """Number of parameter elements (int)."""
@@ -233,23 +249,38 @@ class Module:
 
         Returns
         -------
-        ndarray of shape (get_parameters_size(trainable_only),)
+        onnxruntime.OrtValue of shape (get_parameters_size(trainable_only),)
+            On the module's device (``.numpy()`` copies it to an array), as
+            onnxruntime-training returns it.
 
         Raises
         ------
         TypeError
             If the parameters have different dtypes.
+        RuntimeError
+            For a state loaded from a nominal checkpoint whose parameters
+            have no values yet.
         """
+        self._check_loaded()
         params = self._parameters(trainable_only)
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
             raise TypeError(f"Parameters have several dtypes {sorted(map(str, dtypes))}; "
                             "they cannot share one buffer.")
-        return np.concatenate([p.data.reshape(-1) for p in params])
+        return to_ortvalue(np.concatenate([p.data.reshape(-1) for p in params]),
+                           self._device)
 
     def copy_buffer_to_parameters(self, buffer, trainable_only=True):
         """Copy a flat buffer (as from :meth:`get_contiguous_parameters`)
         into the parameters, in model order.
+
+        Parameters
+        ----------
+        buffer : onnxruntime.OrtValue or ndarray
+            Of :meth:`get_parameters_size` elements.
+        trainable_only : bool, default=True
+            Copy into the trainable parameters only. With False, this loads
+            the values of a state from a nominal checkpoint.
 
         Raises
         ------
@@ -286,9 +317,11 @@ class Module:
 
         Returns
         -------
-        ndarray or tuple of ndarray
-            The outputs of :meth:`output_names` (the loss first): an array
-            when there is one, a tuple otherwise. In train mode, each
+        ndarray or OrtValue, or a tuple of them
+            The outputs of :meth:`output_names` (the loss first): one value
+            when there is one, a tuple otherwise; OrtValues (on the module's
+            device) when every input is an OrtValue, arrays otherwise (as
+            onnxruntime-training). In train mode, each
             trainable parameter's ``grad`` receives the gradient (added to the
             previous one unless :meth:`lazy_reset_grad` was called).
 
@@ -305,12 +338,15 @@ class Module:
             (float64 to float32 and int to float do; float to int, strings
             and objects do not) or an OrtValue has another dtype.
         RuntimeError
-            In eval mode without an eval model.
+            In eval mode without an eval model, or for a state loaded from a
+            nominal checkpoint whose parameters have no values yet.
 
         Every check runs before the model runs; parameters and gradients
         are left as they were when one fails.
         """
         mode = self._mode()
+        self._check_loaded()
+        as_ortvalues = bool(user_inputs) and all(map(is_ortvalue, user_inputs))
         layout = self._layouts[mode]
         names = layout["user_inputs"]
         if len(user_inputs) != len(names):
@@ -321,22 +357,26 @@ class Module:
             "training model" if mode == "train" else "eval model")
         feeds = dict(zip(names, user_inputs))
         for name in layout["parameters"]:
-            feeds[name] = self._device_value(self._state.parameters[name])
+            feeds[name] = self._device_value(self._state.parameters.raw(name))
         if mode == "train":
             self._feed_gradients(feeds, layout)
         outputs = self._runner(mode)(feeds)
         n_user = len(layout["user_outputs"])
         if mode == "train":
             for name, grad in zip(layout["trainable"], outputs[n_user:]):
-                self._state.parameters[name]._grad = grad
+                self._state.parameters.raw(name)._grad = grad
             self._reset_grad = False
-        results = tuple(to_numpy(o) for o in outputs[:n_user])
+        results = tuple(outputs[:n_user]) if as_ortvalues else \
+            tuple(to_numpy(o) for o in outputs[:n_user])
         return results[0] if len(results) == 1 else results
 
     def _feed_gradients(self, feeds, layout):
         reset = self._reset_grad
+        for name, buffer in zip(layout.get("input_gradients", ()),
+                                layout.get("input_gradient_buffers", ())):
+            feeds[buffer] = np.zeros_like(to_numpy(feeds[name]))
         for name, buffer in zip(layout["trainable"], layout["buffers"]):
-            param = self._state.parameters[name]
+            param = self._state.parameters.raw(name)
             if param._grad is None:
                 reset = True
                 feeds[buffer] = to_ortvalue(np.zeros(param.shape, param.dtype),
@@ -371,6 +411,10 @@ class Module:
         if "eval" not in self._models:
             raise RuntimeError("Exporting needs the eval model: pass "
                                "eval_model_uri to Module.")
+        if isinstance(self._models["eval"], OrtFormatModel):
+            raise ValueError("Exporting needs the eval model in ONNX format "
+                             "(eval_model.onnx), not ORT format.")
+        self._check_loaded()
         model = _inference_model(self._models["eval"], self._layouts["eval"],
                                  list(graph_output_names), self._state.parameters)
         onnx.save(model, str(inference_model_uri))
