@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from . import onnxblock
 from .api.checkpoint import checkpoint_to_bytes
+from .graph import opset_of
 from .onnxblock._base import load_model
 from .onnxblock.optim import build_optimizer_model
 
@@ -287,7 +288,9 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     trainable_names = {t.name for t in trainable}
     files = {"training_model": training_model, "eval_model": eval_model}
     if optimizer_block is not None:
-        files["optimizer_model"] = build_optimizer_model(optimizer_block, trainable)
+        opset = opset_of(base_model) or 0  # the base model's, as onnxruntime
+        files["optimizer_model"] = build_optimizer_model(
+            optimizer_block, trainable, opset if opset >= 9 else None)
     entries = [(t.name, numpy_helper.to_array(t), t.name in trainable_names)
                for t in params]
     files["checkpoint"] = checkpoint_to_bytes(entries)

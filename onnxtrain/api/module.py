@@ -117,6 +117,26 @@ def check_inputs(specs, names, values, what):
     return checked
 
 
+def _has_string_inputs(model):
+    return any(vi.type.tensor_type.elem_type == onnx.TensorProto.STRING
+               for vi in model.graph.input if vi.type.HasField("tensor_type"))
+
+
+class _HostRunner:
+    """Runs a model with string inputs, which onnxruntime's IOBinding and
+    OrtValues do not take: feeds and outputs are host arrays."""
+
+    def __init__(self, runner):
+        self.session = runner.session
+        self.input_dtypes = runner.input_dtypes
+
+    def __call__(self, feeds, output_names=None):
+        feeds = {name: to_numpy(value).astype(self.input_dtypes[name], copy=False)
+                 if name in self.input_dtypes else to_numpy(value)
+                 for name, value in feeds.items()}
+        return self.session.run(output_names, feeds)
+
+
 class Module:
     """Train and evaluate the model of a set of training artifacts.
 
@@ -155,6 +175,8 @@ class Module:
         self._state = state
         for mode in self._models:
             self._check_parameters(mode)
+        for name in self._layouts["train"]["trainable"]:
+            self._state.parameters.raw(name)._zero_grad = True
         self._input_specs = {
             mode: input_specs(model, self._layouts[mode]["user_inputs"])
             for mode, model in self._models.items()}
@@ -203,7 +225,10 @@ class Module:
 
     def _runner(self, mode):
         if mode not in self._runners:
-            self._runners[mode] = SessionRunner(self._models[mode], self._device)
+            runner = SessionRunner(self._models[mode], self._device)
+            if _has_string_inputs(self._models[mode]):
+                runner = _HostRunner(runner)
+            self._runners[mode] = runner
         return self._runners[mode]
 
     def input_names(self):

@@ -29,8 +29,10 @@ class Parameter:
         A host copy of the current value; assigning an array copies it in
         (cast to the parameter's dtype; the shape must match).
     grad : ndarray or None
-        The accumulated gradient (a host copy), None before the first
-        training call of a :class:`~onnxtrain.api.Module`.
+        The accumulated gradient (a host copy). Zeros once a
+        :class:`~onnxtrain.api.Module` trains the parameter and before its
+        first training call (as onnxruntime-training); None for a
+        parameter no module trains.
 
     Raises
     ------
@@ -45,6 +47,7 @@ class Parameter:
         self._dtype, self._shape = array.dtype, array.shape
         self._value = array
         self._grad = None
+        self._zero_grad = False  # set by a Module training this parameter
         self._requires_grad = bool(requires_grad)
 
     @classmethod
@@ -98,8 +101,9 @@ class Parameter:
 
     @property
     def grad(self):
-        return None if self._grad is None else np.array(to_numpy(self._grad),
-                                                        copy=True)
+        if self._grad is None:
+            return np.zeros(self._shape, self._dtype) if self._zero_grad else None
+        return np.array(to_numpy(self._grad), copy=True)
 
     def __repr__(self):
         return (f"Parameter(name={self._name!r}, shape={self._shape}, "
