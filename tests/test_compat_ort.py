@@ -457,3 +457,9 @@ def test_suite_script_rewrites_imports_only():
         '    device = "cpu"',
         'x = "onnxruntime.training"']
     assert '    device = "cuda"' in script.rewrite_source(source, cuda_to_cpu=False)
+
+
+def test_optimizer_composition_refuses_other_arguments():
+    with onnxblock.empty_base():
+        with pytest.raises(TypeError, match="the \\(trainable, frozen\\) pair"):
+            onnxblock.optim.AdamW()([numpy_helper.from_array(W0, "W")])

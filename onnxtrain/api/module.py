@@ -144,12 +144,14 @@ class Module:
     ----------
     train_model_uri : str, pathlib.Path or onnx.ModelProto
         ``training_model.onnx`` written by
-        :func:`onnxtrain.artifacts.generate_artifacts`.
+        :func:`onnxtrain.artifacts.generate_artifacts` (or its
+        ``training_model.ort``, written with ``ort_format=True``).
     state : CheckpointState
         Holds the parameters; the module reads and updates them in place.
     eval_model_uri : str, pathlib.Path or onnx.ModelProto, default=None
-        ``eval_model.onnx``; needed by :meth:`eval` mode calls and
-        :meth:`export_model_for_inferencing`.
+        ``eval_model.onnx`` (or ``.ort``); needed by :meth:`eval` mode
+        calls and :meth:`export_model_for_inferencing` (which needs the
+        ``.onnx`` one).
     device : str, default="cpu"
         "cpu", "cuda" or "cuda:N" (needs onnxruntime-gpu). Parameters,
         gradients and optimizer states stay on the device between calls.

@@ -45,7 +45,8 @@ class Optimizer:
     ----------
     optimizer_uri : str, pathlib.Path or onnx.ModelProto
         ``optimizer_model.onnx`` written by
-        :func:`onnxtrain.artifacts.generate_artifacts`.
+        :func:`onnxtrain.artifacts.generate_artifacts` (or its ``.ort``,
+        written with ``ort_format=True``).
     module : Module
 
     Notes

@@ -226,6 +226,12 @@ class ModelAccessor:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
+    def __setattr__(self, name, value):
+        if name == "model":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.model, name, value)
+
     def __repr__(self):
         return f"ModelAccessor(graph={self.model.graph.name!r})"
 

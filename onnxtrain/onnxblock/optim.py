@@ -212,10 +212,19 @@ class _OptimizerBlock(Block):
 
         Raises
         ------
+        TypeError
+            If ``parameters`` is not a (trainable, frozen) pair of lists of
+            onnx.TensorProto.
         ValueError
             With no trainable parameter, or parameters of several element
             types.
         """
+        if not (isinstance(parameters, (tuple, list)) and len(parameters) == 2
+                and all(isinstance(t, onnx.TensorProto)
+                        for part in parameters for t in part)):
+            raise TypeError(f"{type(self).__name__}(parameters): parameters must "
+                            "be the (trainable, frozen) pair of "
+                            "TrainingBlock.parameters().")
         trainable = list(parameters[0])
         if not trainable:
             raise ValueError("The optimizer model needs at least one trainable "
