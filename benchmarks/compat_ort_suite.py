@@ -41,7 +41,6 @@ default of ``torch.onnx.export`` (the tests' code is unchanged).
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile

@@ -20,6 +20,7 @@ from .api.checkpoint import checkpoint_to_bytes
 from .graph import opset_of
 from .onnxblock._base import load_model
 from .onnxblock.optim import build_optimizer_model
+from .runtime.ort_format import save_ort_format
 
 __all__ = ["LossType", "OptimType", "generate_artifacts"]
 
@@ -304,25 +305,13 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
 
 def _write_ort_format(paths):
     """Convert the written .onnx models to ORT format (``<name>.ort`` beside
-    them) with stock onnxruntime: a session saving its basic-optimized
-    model in ORT format (what ``onnxruntime.tools.convert_onnx_models_to_ort``
-    does). Returns ``{"<key>_ort": path}``."""
-    import onnxruntime
-
+    them, :func:`~onnxtrain.runtime.ort_format.save_ort_format`). Returns
+    ``{"<key>_ort": path}``."""
     written = {}
     for key, path in list(paths.items()):
-        if not path.endswith(".onnx"):
-            continue
-        target = path[:-len(".onnx")] + ".ort"
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = \
-            onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.optimized_model_filepath = target
-        options.add_session_config_entry("session.save_model_format", "ORT")
-        options.log_severity_level = 3
-        onnxruntime.InferenceSession(path, options,
-                                     providers=["CPUExecutionProvider"])
-        written[f"{key}_ort"] = target
+        if path.endswith(".onnx"):
+            written[f"{key}_ort"] = path[:-len(".onnx")] + ".ort"
+            save_ort_format(path, written[f"{key}_ort"])
     return written
 
 

@@ -11,7 +11,7 @@ from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
 from ..runtime import (SessionRunner, is_ortvalue, ortvalue_dtype, parse_device,
                        to_numpy, to_ortvalue)
-from ._ort_format import OrtFormatModel, is_ort_format
+from ..runtime.ort_format import OrtFormatModel, is_ort_format
 
 __all__ = ["Module"]
 
@@ -19,7 +19,7 @@ __all__ = ["Module"]
 def load_model(uri):
     """A ModelProto from a path (str, pathlib.Path) or a ModelProto (copied);
     an ORT-format file (``ort_format=True`` artifacts) gives an
-    :class:`~onnxtrain.api._ort_format.OrtFormatModel`."""
+    :class:`~onnxtrain.runtime.ort_format.OrtFormatModel`."""
     if isinstance(uri, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(uri)

@@ -1,13 +1,13 @@
 """Models in ORT format (``.ort``, written by ``generate_artifacts(...,
-ort_format=True)``): onnxruntime runs the bytes; a ModelProto stub carries
-the inputs, outputs and metadata the api reads."""
+ort_format=True)``): stock onnxruntime converts them and runs the bytes; a
+ModelProto stub carries the inputs, outputs and metadata the api reads."""
 from __future__ import annotations
 
 import onnx
 import onnxruntime
 from onnx import helper
 
-__all__ = ["OrtFormatModel", "is_ort_format"]
+__all__ = ["OrtFormatModel", "is_ort_format", "save_ort_format"]
 
 #: flatbuffers file identifier of ORT-format models (bytes 4 to 8).
 _MAGIC = b"ORTM"
@@ -18,6 +18,21 @@ def is_ort_format(path):
     with open(path, "rb") as f:
         head = f.read(8)
     return head[4:8] == _MAGIC
+
+
+def save_ort_format(onnx_path, ort_path):
+    """Convert the ONNX model at ``onnx_path`` to ORT format at ``ort_path``
+    with stock onnxruntime: a session saving its basic-optimized model in
+    ORT format (what ``onnxruntime.tools.convert_onnx_models_to_ort``
+    does). Metadata (onnxtrain's layouts) is kept."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = \
+        onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(ort_path)
+    options.add_session_config_entry("session.save_model_format", "ORT")
+    options.log_severity_level = 3
+    onnxruntime.InferenceSession(str(onnx_path), options,
+                                 providers=["CPUExecutionProvider"])
 
 
 def _value_info(node_arg):
