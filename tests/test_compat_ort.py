@@ -463,3 +463,18 @@ def test_optimizer_composition_refuses_other_arguments():
     with onnxblock.empty_base():
         with pytest.raises(TypeError, match="the \\(trainable, frozen\\) pair"):
             onnxblock.optim.AdamW()([numpy_helper.from_array(W0, "W")])
+
+
+def test_module_runs_a_training_model_with_an_input_gradient(tmp_path):
+    block = MSEBlock()
+    block.requires_grad("W")
+    block.requires_grad("x")
+    with onnxblock.base(linear_model()):
+        block("y")
+    onnxblock.save_checkpoint(block.parameters(), tmp_path / "checkpoint")
+    state = api.CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = api.Module(block.to_model_proto()[0], state)
+    x, t = data(2)
+    np.testing.assert_allclose(module(x, t), mse(x, t), rtol=1e-6)
+    np.testing.assert_allclose(state.parameters["W"].grad,
+                               2 * x.T @ (x @ W0 + B0 - t) / t.size, rtol=1e-5)
