@@ -195,23 +195,41 @@ def replace_initializers(model, values):
     return new
 
 
-def to_onnx(model, X=None, target_opset=None, black_op=None, options=None):
+def to_onnx(model, X=None, name=None, initial_types=None, target_opset=None,
+            options=None, rewrite_ops=False, white_op=None, black_op=None,
+            final_types=None, verbose=0):
     """Convert a fitted scikit-learn model with skl2onnx.
 
-    A thin wrapper kept so that code written for mlprodict's ``to_onnx``
-    runs with its import changed.
+    Takes mlprodict's ``to_onnx`` parameters, in its order, so that code
+    written for it runs with its import changed; every one but
+    ``rewrite_ops`` goes to :func:`skl2onnx.to_onnx`.
 
     Parameters
     ----------
     model : fitted scikit-learn estimator
     X : numpy.ndarray, default=None
-        A sample of the input (gives the input type and number of features).
-    target_opset : int, default=None
-        Default-domain opset (skl2onnx's latest tested one when None).
-    black_op : set of str, default=None
-        Op types the result must not contain.
+        A sample of the input (gives the input type and number of
+        features); needed when ``initial_types`` is None.
+    name : str, default=None
+        Name of the graph.
+    initial_types : list of (str, skl2onnx type), default=None
+        The inputs, instead of ``X``.
+    target_opset : int or dict, default=None
+        Default-domain opset, or domain -> opset (skl2onnx's latest tested
+        one when None).
     options : dict, default=None
-        skl2onnx converter options.
+        skl2onnx converter options (``{'zipmap': False}``...).
+    rewrite_ops : bool, default=False
+        mlprodict replaced some of skl2onnx's converters by its own with
+        True; onnxtrain has no other converters, so skl2onnx's are used
+        either way.
+    white_op, black_op : set of str, default=None
+        Op types the converters may use / must avoid: with
+        ``black_op={'LinearRegressor'}`` a linear model becomes MatMul and
+        Add over trainable initializers.
+    final_types : list of (str, skl2onnx type), default=None
+        The outputs' names and types.
+    verbose : int, default=0
 
     Returns
     -------
@@ -219,12 +237,17 @@ def to_onnx(model, X=None, target_opset=None, black_op=None, options=None):
 
     Raises
     ------
+    RuntimeError
+        skl2onnx's error when no converter avoids the ops of ``black_op``.
     ValueError
-        If the converted graph contains an op in ``black_op``.
+        If the converted graph still contains an op of ``black_op``.
     """
     from skl2onnx import to_onnx as skl2onnx_to_onnx
 
-    onx = skl2onnx_to_onnx(model, X, target_opset=target_opset, options=options)
+    onx = skl2onnx_to_onnx(model, X, name=name, initial_types=initial_types,
+                           target_opset=target_opset, options=options,
+                           white_op=white_op, black_op=black_op,
+                           final_types=final_types, verbose=verbose)
     banned = sorted({n.op_type for n in onx.graph.node} & set(black_op or ()))
     if banned:
         raise ValueError(f"The converted graph contains the forbidden ops "
