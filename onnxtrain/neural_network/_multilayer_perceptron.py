@@ -188,10 +188,10 @@ class _BaseMLP(BaseEstimator):
             fit(X, y, sample_weight)
         except ValueError as exc:
             if "least populated class" in str(exc) and self._is_classifier():
+                negative, positive = self.classes_[[0, -1]].tolist()
                 raise ValueError(f"{exc} (scikit-learn's split stratifies the "
-                                 "binarized y: 'True' stands for "
-                                 f"{self.classes_[-1]!r}, 'False' for "
-                                 f"{self.classes_[0]!r})") from exc
+                                 f"binarized y: 'True' stands for {positive!r}, "
+                                 f"'False' for {negative!r})") from exc
             raise
         finally:
             if hasattr(loop, "train_losses_"):  # also after an error
