@@ -63,8 +63,8 @@ class BaseLearningRate(BaseEstimator):
     def loop(self, n=1000):
         """The first ``n`` values of the schedule, from a reset
         (:meth:`init_learning_rate`), then :meth:`update_learning_rate` with
-        t = 1, 2, ... (onnxcustom's ``loop``). Leaves ``value`` at the
-        n-th.
+        t = 1, 2, ... (onnxcustom's ``loop``). Once exhausted, ``value`` is
+        the rate at t = n.
 
         Parameters
         ----------
