@@ -251,6 +251,7 @@ class _BaseMLP(BaseEstimator):
         the lists given to ``coefs_`` and ``intercepts_`` before), the
         graphs and the training loop."""
         self._dtype = X.dtype
+        self._layers = None  # the lists assigned before are read once, here
         self.n_outputs_ = y.shape[1]
         if assigned is not None:
             coefs, intercepts = self._assigned_layers(assigned, X, y)
