@@ -101,6 +101,20 @@ def test_divergence_with_early_stopping_restores_best_weights():
                                                     rel=1e-9)
 
 
+def test_divergence_in_the_first_epoch_restores_the_initial_weights():
+    X, y = _data(n=60)
+    params = dict(hidden_layer_sizes=(20,), activation="identity", solver="sgd",
+                  learning_rate_init=10.0, batch_size=5, max_iter=4,
+                  early_stopping=True, random_state=0)
+    theirs = _fit_quietly(skl_nn.MLPRegressor(**params), X * 1e3, y * 1e3)
+    ours = _fit_quietly(MLPRegressor(**params), X * 1e3, y * 1e3)
+    assert np.isnan(theirs.validation_scores_).all()
+    assert np.isnan(ours.validation_scores_).all()
+    for mine, skl in zip(ours.coefs_ + ours.intercepts_,
+                         theirs.coefs_ + theirs.intercepts_):
+        assert_array_equal(mine, skl)  # both back at the initial draw
+
+
 # ------------------------------------------------- coefs_ / intercepts_
 
 def _one_sgd_step(X, y, coef, intercept, lr):

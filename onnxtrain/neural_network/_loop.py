@@ -233,6 +233,9 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
 
     def _epochs(self, X, y, sample_weight, X_val, y_val, n_epochs, incremental):
         self._diverged = None
+        if self.early_stopping and self._best_weights is None:
+            # scikit-learn's best weights start as the initial ones
+            self._best_weights = self._trainer.engine.get_weights()
         super()._epochs(X, y, sample_weight, X_val, y_val, n_epochs, incremental)
         if self._diverged is not None:  # the last epoch, as scikit-learn's
             self.train_losses_.append(self._diverged)

@@ -158,21 +158,20 @@ class _BaseMLP(BaseEstimator):
         y = y.astype(self._dtype)
         if self.solver == "lbfgs":
             self._fit_lbfgs(X, y, sample_weight)
-            return self._check_finite()
+            return self._check_finite(diverged=False)
         if not first:
             settings = self._loop_settings()
             if incremental:  # partial_fit keeps the optimizer
                 del settings["learning_rate"], settings["learning_penalty"]
             self._loop.restart(random_state, **settings)
         self._fit_stochastic(X, y, sample_weight, incremental)
-        return self._check_finite()
+        return self._check_finite(self._loop.diverged and not self.early_stopping)
 
-    def _check_finite(self):
+    def _check_finite(self, diverged):
         """scikit-learn's last check of a fit: a diverged network (a
-        non-finite loss, or weights, without early stopping, whose best
-        weights replace them) raises its ValueError."""
+        non-finite loss without early stopping, whose best weights replace
+        the last ones, or non-finite weights) raises its ValueError."""
         self._layers = None
-        diverged = getattr(self._loop, "diverged", False) and not self.early_stopping
         if diverged or not all(np.isfinite(w).all() for w in self._loop.get_state()):
             raise ValueError(_NON_FINITE)
         return self
