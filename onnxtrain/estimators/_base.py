@@ -15,6 +15,7 @@ from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 from tqdm.auto import tqdm
 
+from .._small import full_repr
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..initializers import bias_weights, glorot_uniform_weights
@@ -24,7 +25,8 @@ from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
 from ..runtime.engine import check_weight_names
 from ._trainer import Trainer
-from ._validation import check_features, check_targets, validation_period
+from ._validation import (check_features, check_sample_weight, check_targets,
+                          validation_period)
 
 __all__ = ["BaseOrtGradientEstimator"]
 
@@ -66,8 +68,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if hasattr(model, "graph"):
             params["model_onnx"] = _Short(
                 f"<ModelProto {model.graph.name!r}: {len(model.graph.node)} nodes>")
-        shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
-        return f"{type(self).__name__}({shown})"
+        return full_repr(self, params)
 
     # --------------------------------------------------------- parameters
     def _check_params(self):
@@ -335,8 +336,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         X = check_features(model, X, "X", self._training_types())
         y = self._encode_targets(y, X.shape[0], classes, first)
         if sample_weight is not None:
-            sample_weight = check_targets(sample_weight, X.shape[0],
-                                          "sample_weight", self._float_dtype(), ndim=1)
+            sample_weight = check_sample_weight(sample_weight, X.shape[0],
+                                                self._float_dtype())
             if (sample_weight < 0).any():
                 raise ValueError("sample_weight has negative values.")
             if not sample_weight.sum() > 0:
@@ -644,6 +645,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
         base = self._full_model() if model is None else load_model(model)
         return replace_initializers(
             base, dict(zip(engine.weights_to_train, engine.get_weights())))
+
+    def save_onnx_graph(self, folder, prefix=None, suffix=None):
+        """Save every ONNX graph of the estimator (the model, the training
+        and gradient graphs, the learning rate's and the loss's graphs):
+        see :func:`onnxtrain._saving.save_onnx_graph`."""
+        from .._saving import save_onnx_graph
+        return save_onnx_graph(self, folder, prefix, suffix)
 
     def _full_model(self):
         self._training_model()

@@ -106,6 +106,38 @@ def check_targets(y, n_samples, name, dtype, ndim=None):
     return cast_within_range(y, dtype, name)
 
 
+def check_sample_weight(sample_weight, n_samples, dtype):
+    """Validate sample weights: shape (n_samples,) or (n_samples, 1)
+    (onnxcustom's tests pass columns), numeric, finite, cast to ``dtype``.
+
+    Returns
+    -------
+    ndarray of shape (n_samples,)
+
+    Raises
+    ------
+    TypeError, ValueError
+    """
+    weight = check_array(sample_weight, dtype=None, ensure_2d=False,
+                         input_name="sample_weight")
+    if weight.ndim == 2 and weight.shape[1] == 1:
+        weight = weight[:, 0]
+    return check_targets(weight, n_samples, "sample_weight", dtype, ndim=1)
+
+
+def check_use_numpy(use_numpy):
+    """onnxcustom's ``fit(..., use_numpy=)`` chose between two data paths;
+    onnxtrain has one, so the value only has to be None or a bool.
+
+    Raises
+    ------
+    TypeError
+        Any other value.
+    """
+    if use_numpy is not None and not isinstance(use_numpy, (bool, np.bool_)):
+        raise TypeError(f"use_numpy must be None or a bool, got {use_numpy!r}.")
+
+
 def validation_period(validation_every, max_iter):
     """Epochs between two validation losses (never 0).
 

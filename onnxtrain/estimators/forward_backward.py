@@ -14,7 +14,7 @@ from ..rewrite import (prediction_graph, probability_graph,
                        rewrite_ml_linear_ops)
 from ._base import BaseOrtGradientEstimator, prediction_dtype
 from ._trainer import final_activation
-from ._validation import check_targets
+from ._validation import check_sample_weight, check_targets, check_use_numpy
 
 __all__ = ["OrtGradientForwardBackwardOptimizer",
            "OrtGradientForwardBackwardClassifier"]
@@ -243,7 +243,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
         return r2_score(y_val, self._trainer.predict(X_val))
 
     # ------------------------------------------------------------- API
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
+            use_numpy=None):
         """Train the weights.
 
         Parameters
@@ -252,10 +253,14 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
             Numeric; cast to the graph input's element type.
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             Numeric (integers accepted); cast to the prediction's type.
-        sample_weight : array-like of shape (n_samples,), default=None
+        sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
+                default=None
             Non-negative; rows are weighted in the loss and its gradient.
         X_val, y_val : array-like, default=None
             Validation data for ``validation_losses_``.
+        use_numpy : bool, default=None
+            onnxcustom's choice of data path; onnxtrain has one, the value
+            changes nothing (TypeError if not a bool).
 
         Returns
         -------
@@ -270,6 +275,7 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
         ConvergenceError
             A non-finite loss with ``exc=True``.
         """
+        check_use_numpy(use_numpy)
         return self._fit(X, y, sample_weight, X_val, y_val)
 
     def partial_fit(self, X, y, sample_weight=None):
@@ -297,11 +303,25 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
             return prediction.reshape(-1, 1)
         return prediction
 
-    def losses(self, X, y):
-        """Loss of every row of (X, y), in order: ndarray of shape (n_samples,)."""
+    def losses(self, X, y, sample_weight=None):
+        """Loss of every row of (X, y), in order.
+
+        Parameters
+        ----------
+        X, y
+            As :meth:`fit`.
+        sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
+                default=None
+            Multiplies each row's loss (onnxcustom's weighted losses).
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
         prediction = self.predict(X)
         y = check_targets(y, prediction.shape[0], "y", prediction.dtype)
-        return self.learning_loss_.loss_per_row(y, prediction)
+        return _weighted(self.learning_loss_.loss_per_row(y, prediction),
+                         sample_weight)
 
 
 def _not_probabilities(proba):
@@ -580,9 +600,11 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
         return proba
 
     # ------------------------------------------------------------- API
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
+            use_numpy=None):
         """Train the weights. Same arguments as the regressor's ``fit``; y
         holds class labels (ints or strings) of shape (n_samples,)."""
+        check_use_numpy(use_numpy)
         return self._fit(X, y, sample_weight, X_val, y_val)
 
     def partial_fit(self, X, y, classes=None, sample_weight=None):
@@ -617,9 +639,20 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
                              f"known classes: {self.classes_.tolist()}.")
         return accuracy_score(y, self.predict(X), sample_weight=sample_weight)
 
-    def losses(self, X, y):
-        """Loss of every row: ndarray of shape (n_samples,)."""
+    def losses(self, X, y, sample_weight=None):
+        """Loss of every row, multiplied by ``sample_weight`` (shape
+        (n_samples,) or (n_samples, 1)) when given: ndarray of shape
+        (n_samples,)."""
         proba = self._raw_predict(X)
         target = self._encode_targets(y, proba.shape[0], None, False)
-        return self.learning_loss_.loss_per_row(target, proba)
+        return _weighted(self.learning_loss_.loss_per_row(target, proba),
+                         sample_weight)
+
+
+def _weighted(losses, sample_weight):
+    """Per-row losses times the sample weights (validated), if any."""
+    if sample_weight is None:
+        return losses
+    return losses * check_sample_weight(sample_weight, losses.shape[0],
+                                        losses.dtype)
 
