@@ -330,6 +330,8 @@ class Module:
             for name, grad in zip(layout["trainable"], outputs[n_user:]):
                 self._state.parameters[name]._grad = grad
             self._reset_grad = False
+            _write_running_statistics(self._state, layout,
+                                      outputs[n_user + len(layout["trainable"]):])
         results = tuple(to_numpy(o) for o in outputs[:n_user])
         return results[0] if len(results) == 1 else results
 
@@ -375,6 +377,13 @@ class Module:
                                  list(graph_output_names), self._state.parameters)
         onnx.save(model, str(inference_model_uri))
         return model
+
+
+def _write_running_statistics(state, layout, values):
+    """Store the running statistics a training call updated (BatchNorm in
+    training mode: see :mod:`onnxtrain.training_mode`) into the state."""
+    for name, value in zip(layout.get("running_statistics", {}), values):
+        state.parameters[name]._value = value
 
 
 def _node_reads(node):

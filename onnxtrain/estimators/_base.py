@@ -21,8 +21,10 @@ from ..losses import resolve_learning_loss
 from ..models import load_model, replace_initializers, select_weights
 from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
+from ..training_mode import inference_mode
 from ._trainer import Trainer
-from ._validation import check_features, check_targets, validation_period
+from ._inputs import GraphInputs, check_features
+from ._validation import check_targets, validation_period
 
 __all__ = ["BaseOrtGradientEstimator"]
 
@@ -197,6 +199,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             trainer = self._new_trainer(self._training_model())
             trainer.engine.set_weights(self._pickled["weights"])
             trainer.set_state(self._pickled["state"], self._pickled["steps"])
+            trainer.set_buffers(self._pickled.get("buffers"))
             self._trainer = trainer
         return self._trainer
 
@@ -260,7 +263,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self._resolve(model)
         self._fitted_model_onnx = self.model_onnx
         self._trainer = self._new_trainer(model)
-        if not self.warm_start:
+        if not self.warm_start and from_scikit_learn(load_model(self.model_onnx)):
             self._trainer.engine.set_weights(glorot_uniform_weights(
                 model, self.weights_to_train_, self._rng))
         self.t_ = 0
@@ -291,9 +294,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """Resolve the new objects and rebuild the trainer on the current
         weights (a warm start after set_params)."""
         weights = self._trainer.engine.get_weights()
+        buffers = self._trainer.get_buffers()
         self._resolve(model)
         self._trainer = self._new_trainer(model)
         self._trainer.engine.set_weights(weights)
+        self._trainer.set_buffers(buffers)
         self.learning_rate_.init_learning_rate()
 
     def _publish_objects(self):
@@ -319,7 +324,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 raise ValueError("sample_weight has negative values.")
             if not sample_weight.sum() > 0:
                 raise ValueError("sample_weight sums to zero: nothing to train on.")
-        self.n_features_in_ = X.shape[1]
+        if not isinstance(X, GraphInputs):
+            self.n_features_in_ = X.shape[1]
         return X, y, sample_weight
 
     def _validate_validation(self, model, X_val, y_val):
@@ -576,7 +582,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return self
 
     def get_trained_onnx(self, model=None):
-        """The graph with the trained weights as initializers.
+        """The inference graph with the trained weights as initializers.
+
+        BatchNormalization nodes run in inference mode on the running
+        statistics training updated, Dropout is the identity (see
+        :func:`onnxtrain.training_mode.inference_mode`).
 
         Parameters
         ----------
@@ -588,10 +598,12 @@ class BaseOrtGradientEstimator(BaseEstimator):
         -------
         onnx.ModelProto
         """
-        engine = self._ensure_trainer().engine
+        trainer = self._ensure_trainer()
+        engine = trainer.engine
         base = self._full_model() if model is None else load_model(model)
-        return replace_initializers(
-            base, dict(zip(engine.weights_to_train, engine.get_weights())))
+        values = dict(zip(engine.weights_to_train, engine.get_weights()))
+        values.update(trainer.get_buffers())
+        return inference_mode(replace_initializers(base, values))
 
     def _full_model(self):
         self._training_model()
@@ -604,12 +616,21 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if trainer is not None:
             state["_pickled"] = {"weights": trainer.engine.get_weights(),
                                  "state": trainer.get_state(),
-                                 "steps": trainer.step_count}
+                                 "steps": trainer.step_count,
+                                 "buffers": trainer.get_buffers()}
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._trainer = None
+
+
+def from_scikit_learn(model):
+    """Whether ``model`` was converted from scikit-learn by skl2onnx: its
+    weights are then redrawn as scikit-learn's MLP draws them unless
+    ``warm_start``; any other graph (PyTorch exports...) starts from its own
+    initializers."""
+    return model.producer_name == "skl2onnx"
 
 
 def prediction_dtype(model, types=None):

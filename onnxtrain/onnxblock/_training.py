@@ -18,6 +18,8 @@ from ..autodiff import backward
 from ..graph import (FLOAT_TYPES, default_ir_version, elem_type_to_numpy,
                      infer_value_types)
 from ..models import check_weights_reach_outputs
+from ..training_mode import (batchnorm_buffers, running_statistics,
+                             with_running_statistics_updates)
 
 __all__ = ["TrainingResult", "build_training_models", "set_graph_outputs",
            "LAZY_RESET_GRAD", "buffer_name", "accumulated_name",
@@ -182,9 +184,11 @@ def build_training_models(state, output_names, trainable, frozen):
         parameters, or names (``lazy_reset_grad``, buffers) already taken.
     """
     set_graph_outputs(state, output_names)
-    model = state.model
+    base = state.model
+    trainable, frozen = classify_running_statistics(base, trainable, frozen)
+    inits = _check_parameters(base.graph, trainable, frozen)
+    model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
     graph = model.graph
-    inits = _check_parameters(graph, trainable, frozen)
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
     trainable = [p for p in params if p in set(trainable)]
     loss = output_names[0]
@@ -203,16 +207,18 @@ def build_training_models(state, output_names, trainable, frozen):
                    if i.name not in param_set and i.name not in inits]
     param_inputs = [_param_value_info(inits[p]) for p in params]
     constants = [i for i in graph.initializer if i.name not in param_set]
-    outputs = list(graph.output)
+    outputs = list(graph.output)[:len(base.graph.output)]
+    update_outputs = list(graph.output)[len(base.graph.output):]
 
     train_graph = helper.make_graph(
         list(graph.node) + g.nodes, f"{graph.name}_training",
         user_inputs + param_inputs + buffers + [lazy_vi],
-        outputs + acc_outputs, constants + g.initializers)
+        outputs + acc_outputs + update_outputs, constants + g.initializers)
     training = _model_like(model, train_graph)
     eval_graph = helper.make_graph(
-        _inference_mode(graph.node), f"{graph.name}_eval",
-        user_inputs + param_inputs, outputs, constants)
+        _inference_mode(base.graph.node), f"{graph.name}_eval",
+        user_inputs + param_inputs, outputs,
+        [i for i in base.graph.initializer if i.name not in param_set])
     evaluation = _model_like(model, eval_graph)
 
     layout = {"user_inputs": [i.name for i in user_inputs],
@@ -221,13 +227,31 @@ def build_training_models(state, output_names, trainable, frozen):
     _set_metadata(evaluation, EVAL_METADATA, layout)
     layout = dict(layout, lazy_reset_grad=LAZY_RESET_GRAD,
                   buffers=[b.name for b in buffers],
-                  gradients=[o.name for o in acc_outputs])
+                  gradients=[o.name for o in acc_outputs],
+                  running_statistics={b: o.name for b, o in
+                                      zip(updated, update_outputs)})
     _set_metadata(training, TRAINING_METADATA, layout)
     onnx.checker.check_model(training)
     onnx.checker.check_model(evaluation)
     return TrainingResult(training, evaluation,
                           [_copy(inits[p]) for p in trainable],
                           [_copy(inits[p]) for p in params if p not in set(trainable)])
+
+
+def classify_running_statistics(model, trainable, frozen):
+    """(trainable, frozen) with the running statistics of BatchNormalization
+    nodes moved to ``frozen`` whatever the lists said, as
+    onnxruntime-training classifies them: they are never trained by
+    gradient. Those of nodes in training mode
+    (:func:`~onnxtrain.training_mode.batchnorm_buffers`) are also frozen
+    parameters when the lists leave them out, since each training step
+    updates them (a training-model output written back into the state)."""
+    statistics = running_statistics(model)
+    updated = set(batchnorm_buffers(model))
+    listed = set(trainable)
+    frozen = list(frozen) + [n for n in statistics if n not in set(frozen) and (
+        n in updated or n in listed)]
+    return [n for n in trainable if n not in set(statistics)], frozen
 
 
 def _copy(tensor):
