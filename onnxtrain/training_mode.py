@@ -30,8 +30,12 @@ def _is_batchnorm(node):
     return node.op_type == "BatchNormalization" and node.domain in _DEFAULT_DOMAINS
 
 
+_HELPER = "bn_update__"  # prefix of the names of the update nodes
+
+
 def _training_batchnorm(node):
-    return _is_batchnorm(node) and any(
+    """A BatchNormalization in training mode (not one of the update's)."""
+    return _is_batchnorm(node) and not node.name.startswith(_HELPER) and any(
         a.name == "training_mode" and a.i for a in node.attribute)
 
 
@@ -114,7 +118,10 @@ def with_running_statistics_updates(model, as_inputs=True):
     - ``running_var <- m * running_var + (1 - m) * var(X) * M / (M - 1)``:
       the unbiased batch variance, as PyTorch's ``BatchNorm`` updates it
       (ONNX's reference output uses the population variance ``var(X)``;
-      the graph corrects the node's third output by ``M / (M - 1)``).
+      the graph adds ``(1 - m) var(X) / (M - 1)`` to the node's third
+      output, with ``var(X)`` from a second BatchNormalization of momentum
+      0: nothing reads the running statistics after the node, whose outputs
+      onnxruntime may write over its inputs in place).
 
     Parameters
     ----------
@@ -163,9 +170,9 @@ def with_running_statistics_updates(model, as_inputs=True):
     counter = iter(range(10 ** 9))
 
     def fresh(base):
-        name = f"bn_update__{base}"
+        name = f"{_HELPER}{base}"
         while name in taken:
-            name = f"bn_update__{base}_{next(counter)}"
+            name = f"{_HELPER}{base}_{next(counter)}"
         taken.add(name)
         return name
 
@@ -179,30 +186,41 @@ def with_running_statistics_updates(model, as_inputs=True):
             if not node.output[k]:
                 node.output[k] = fresh(f"{node.name or 'bn'}_out{k}")
         mean, var = node.input[3], node.input[4]
-        dtype = helper.tensor_dtype_to_np_dtype(inits[var].data_type)
-        momentum = fresh("momentum")
+        elem_type = inits[var].data_type
+        dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+        rest = fresh("one_minus_momentum")
         extra_inits.append(numpy_helper.from_array(
-            np.array(_attribute(node, "momentum", 0.9), dtype=dtype), momentum))
+            np.array(1 - _attribute(node, "momentum", 0.9), dtype=dtype), rest))
         one = fresh("one")
         extra_inits.append(numpy_helper.from_array(np.array(1, dtype=dtype), one))
-        size_x, size_c, count = fresh("size_x"), fresh("size_c"), fresh("count")
-        # M - 1 = size(X) / C - 1 values per channel, minus one
+        # the batch variance var(X), from a second node with momentum 0 on
+        # zero statistics: nothing reads the running statistics after the
+        # node, whose outputs onnxruntime may write over them in place
+        zeros, batch_mean, batch_var, unused = (
+            fresh("zeros"), fresh("batch_mean"), fresh("batch_var"), fresh("y"))
         extra_nodes += [
+            helper.make_node("Sub", [node.input[1], node.input[1]], [zeros]),
+            helper.make_node(
+                "BatchNormalization", [node.input[0], node.input[1], node.input[2],
+                                       zeros, zeros],
+                [unused, batch_mean, batch_var], name=fresh("batch_statistics"),
+                epsilon=_attribute(
+                    node, "epsilon", 1e-5), momentum=0.0, training_mode=1),
+        ]
+        size_x, size_c, count = fresh("size_x"), fresh("size_c"), fresh("count")
+        count_f, dof = fresh("count_f"), fresh("dof")
+        scaled, correction = fresh("scaled"), fresh("correction")
+        extra_nodes += [
+            # M - 1 = size(X) / C - 1
             helper.make_node("Size", [node.input[0]], [size_x]),
             helper.make_node("Size", [node.input[1]], [size_c]),
             helper.make_node("Div", [size_x, size_c], [count]),
-        ]
-        count_f, dof = fresh("count_f"), fresh("dof")
-        scaled, excess, correction = fresh("scaled"), fresh("excess"), fresh("correction")
-        extra_nodes += [
-            helper.make_node("Cast", [count], [count_f],
-                             to=inits[var].data_type),
+            helper.make_node("Cast", [count], [count_f], to=elem_type),
             helper.make_node("Sub", [count_f, one], [dof]),
-            # (1 - m) var(X) = out2 - m * var; adding it / (M - 1) gives
-            # (1 - m) var(X) * M / (M - 1)
-            helper.make_node("Mul", [momentum, var], [scaled]),
-            helper.make_node("Sub", [node.output[2], scaled], [excess]),
-            helper.make_node("Div", [excess, dof], [correction]),
+            # out2 = m var + (1 - m) var(X); + (1 - m) var(X) / (M - 1)
+            # gives m var + (1 - m) var(X) M / (M - 1)
+            helper.make_node("Mul", [batch_var, rest], [scaled]),
+            helper.make_node("Div", [scaled, dof], [correction]),
             helper.make_node("Add", [node.output[2], correction],
                              [updated_name(var)]),
             helper.make_node("Identity", [node.output[1]], [updated_name(mean)]),

@@ -23,7 +23,8 @@ from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
 from ..training_mode import inference_mode
 from ._trainer import Trainer
-from ._inputs import GraphInputs, check_features
+from ._inputs import (GraphInputs, check_batch_dimension, check_features,
+                      data_inputs)
 from ._validation import check_targets, validation_period
 
 __all__ = ["BaseOrtGradientEstimator"]
@@ -119,6 +120,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if not types:
             types.update(infer_value_types(model))
         return types
+
+    def _feature_inputs(self, model):
+        """The graph inputs ``X`` feeds: every input that is not an
+        initializer (one array, or a dict of arrays for several)."""
+        return data_inputs(model)
 
     def _make_training_model(self, model):
         """(model after rewrites, graph trained): subclasses choose."""
@@ -234,6 +240,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         X, y, sample_weight = self._validate_data_for_fit(
             model, X, y, sample_weight, classes, first)
         X_val, y_val = self._validate_validation(model, X_val, y_val)
+        self._check_batch_dimension(model, X.shape[0])
         restart = not first and not incremental and self._objects_changed()
         if first:
             self._start(model)
@@ -251,6 +258,14 @@ class BaseOrtGradientEstimator(BaseEstimator):
             self._trainer.reset_state()  # does (last: nothing fails after)
         self._publish_objects()
         return X, y, sample_weight, X_val, y_val
+
+    def _check_batch_dimension(self, model, n_samples):
+        """Refuse, before any step, a graph whose fixed batch dimension the
+        batches of this fit do not have (an export without dynamic axes)."""
+        size = int(np.clip(self.batch_size, 1, n_samples))
+        sizes = {size} | ({n_samples % size} if n_samples % size else set())
+        check_batch_dimension(model, sizes, self._feature_inputs(model),
+                              self._training_types())
 
     def _check_start(self, X):
         """Called with the first rows of a fit once the loss is (re)resolved
@@ -315,7 +330,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     def _validate_data_for_fit(self, model, X, y, sample_weight, classes, first):
         _check_feature_names(self, X, reset=first)  # feature_names_in_
-        X = check_features(model, X, "X", self._training_types())
+        X = check_features(model, X, "X", self._training_types(),
+                           self._feature_inputs(model))
         y = self._encode_targets(y, X.shape[0], classes, first)
         if sample_weight is not None:
             sample_weight = check_targets(sample_weight, X.shape[0],
@@ -333,7 +349,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
             raise ValueError("X_val and y_val must be given together.")
         if X_val is None:
             return None, None
-        X_val = check_features(model, X_val, "X_val", self._training_types())
+        X_val = check_features(model, X_val, "X_val", self._training_types(),
+                               self._feature_inputs(model))
         return X_val, self._encode_targets(y_val, X_val.shape[0], None, False,
                                            name="y_val")
 
@@ -563,7 +580,9 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def _raw_predict(self, X):
         trainer = self._ensure_trainer()
         _check_feature_names(self, X, reset=False)  # other names: an error
-        X = check_features(self._training_model(), X, "X", self._training_types())
+        model = self._training_model()
+        X = check_features(model, X, "X", self._training_types(),
+                           self._feature_inputs(model))
         return trainer.predict(X)
 
     def get_state(self):

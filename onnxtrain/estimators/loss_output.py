@@ -90,6 +90,9 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
     def _build_loss_models(self, loss, elem_type):
         return None  # the graph computes its own loss
 
+    def _feature_inputs(self, model):
+        return super()._feature_inputs(model)[:1]  # then targets, weights
+
     def _start(self, model):
         super()._start(model)
         if self.saved_gradient:
