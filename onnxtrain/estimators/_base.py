@@ -397,6 +397,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         bar.close()
         if self.early_stopping and self._best_weights is not None:
             self._trainer.engine.set_weights(self._best_weights)
+            self._trainer.set_buffers(getattr(self, "_best_buffers", None))
 
     def _end_of_epoch(self, loss, X_val, y_val, period, n_samples, bar):
         """Record an epoch; returns True to stop."""
@@ -543,6 +544,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             if score > self.best_validation_score_:
                 self.best_validation_score_ = score
                 self._best_weights = self._trainer.engine.get_weights()
+                self._best_buffers = self._trainer.get_buffers()
         else:
             improved = tol is None or loss <= self.best_loss_ - tol
             self.best_loss_ = min(self.best_loss_, loss)

@@ -10,7 +10,7 @@ from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
                        to_ortvalue)
 from ..training_graphs import (build_epochs_loop, build_training_loop,
                                build_training_step)
-from ..training_mode import inference_mode, with_running_statistics_updates
+from ..training_mode import with_running_statistics_updates
 from ._inputs import feature_arrays
 
 __all__ = ["Trainer", "final_activation"]
@@ -98,11 +98,6 @@ class Trainer:
         outputs = None if loss_models and not self.buffer_names else [
             model.graph.output[0].name]
         self.engine = OrtGradientForwardBackward(running, weights, device, outputs)
-        # predictions run the inference graph (BatchNormalization on the
-        # running statistics, no Dropout), as the graph exported by
-        # get_trained_onnx
-        self.engine.models.inference_model = inference_mode(
-            self.engine.models.inference_model)
         self.buffers = [to_ortvalue(initial[b], self.engine.device)
                         for b in self.buffer_names]
         self._new_buffers = None
