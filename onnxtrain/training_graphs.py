@@ -121,8 +121,8 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     ValueError
         Name collisions, or a model without feature input.
     """
-    carried_inputs = set(wrt) | set(buffers)
-    features = [i for i in model.graph.input if i.name not in carried_inputs]
+    not_features = set(wrt) | set(buffers) | {i.name for i in model.graph.initializer}
+    features = [i for i in model.graph.input if i.name not in not_features]
     if not features:
         raise ValueError("The fused training step needs a model with an input.")
     prediction = model.graph.output[0].name

@@ -236,6 +236,10 @@ def with_running_statistics_updates(model, as_inputs=True):
         kept = [i for i in graph.initializer if i.name not in set(buffers)]
         del graph.initializer[:]
         graph.initializer.extend(kept)
+        # an export with keep_initializers_as_inputs=True lists them already
+        inputs = [i for i in graph.input if i.name not in set(buffers)]
+        del graph.input[:]
+        graph.input.extend(inputs)
         graph.input.extend(helper.make_tensor_value_info(
             name, inits[name].data_type, list(inits[name].dims)) for name in buffers)
     return new, buffers, initial

@@ -209,6 +209,35 @@ def test_estimator_state_survives_pickling_with_running_statistics():
                                rtol=1e-6)
 
 
+def test_a_torch_graph_starts_every_fit_from_its_own_weights():
+    X, y, _, _ = _digits()
+    torch.manual_seed(0)
+    model = _export(CNN(), [torch.from_numpy(X[:2])], ["x"])
+    est = _estimator(model, 1, "loop")
+    first = est.fit(X, y).train_losses_
+    assert est.fit(X, y).train_losses_ == pytest.approx(first, rel=1e-6)
+    assert est.set_params(warm_start=True).fit(X, y).train_losses_[0] < 0.9 * first[0]
+
+
+def test_initializers_kept_as_inputs_train_the_same():
+    X, y, _, _ = _digits()
+    curves = []
+    for keep in (False, True):
+        torch.manual_seed(0)
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                CNN(), (torch.from_numpy(X[:2]),), buffer, dynamo=False,
+                training=torch.onnx.TrainingMode.TRAINING,
+                do_constant_folding=False, input_names=["x"],
+                dynamic_axes={"x": {0: "N"}}, keep_initializers_as_inputs=keep)
+        model = onnx.load_from_string(buffer.getvalue())
+        assert ("bn.running_var" in {i.name for i in model.graph.input}) == keep
+        curves.append(_estimator(model, 2, "loop").fit(X, y).train_losses_)
+    np.testing.assert_allclose(curves[1], curves[0], rtol=1e-6)
+
+
 def test_fixed_batch_dimension_is_refused_with_the_fix():
     X, y, _, _ = _digits()
     torch.manual_seed(0)

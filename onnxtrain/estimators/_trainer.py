@@ -59,6 +59,23 @@ def _loss_on_logits(model, loss):
     return model, loss
 
 
+def _without_initializer_inputs(model):
+    """``model`` without the graph inputs that initializers define (an
+    export with ``keep_initializers_as_inputs=True``): the engine feeds
+    only the data, the weights and the running statistics. IR < 4 requires
+    them: such a model is returned as it is."""
+    inits = {i.name for i in model.graph.initializer}
+    if model.ir_version < 4 or not any(i.name in inits for i in model.graph.input):
+        return model
+    import onnx
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    inputs = [i for i in new.graph.input if i.name not in inits]
+    del new.graph.input[:]
+    new.graph.input.extend(inputs)
+    return new
+
+
 class Trainer:
     """Forward, loss and dE/dY, backward, update: one step per batch.
 
@@ -94,6 +111,7 @@ class Trainer:
 
     def __init__(self, model, weights, device, loss_models, update_model,
                  learning_rate, weight_input="weight", fused_spec=None):
+        model = _without_initializer_inputs(model)
         running, self.buffer_names, initial = with_running_statistics_updates(model)
         outputs = None if loss_models and not self.buffer_names else [
             model.graph.output[0].name]
