@@ -14,11 +14,11 @@ Dropout (as PyTorch exports them with ``training=TrainingMode.TRAINING``).
 """
 from __future__ import annotations
 
-import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from .autodiff.backward import implicit_inputs
+from .graph import GraphBuilder, infer_value_types, opset_of
 
 __all__ = ["running_statistics", "batchnorm_buffers", "updated_name",
            "with_running_statistics_updates", "inference_mode"]
@@ -31,11 +31,11 @@ def _is_batchnorm(node):
 
 
 _HELPER = "bn_update__"  # prefix of the names of the update nodes
+_MASK = "bn_mask__"  # prefix of the Mul(statistic, 0) nodes
 
 
 def _training_batchnorm(node):
-    """A BatchNormalization in training mode (not one of the update's)."""
-    return _is_batchnorm(node) and not node.name.startswith(_HELPER) and any(
+    return _is_batchnorm(node) and any(
         a.name == "training_mode" and a.i for a in node.attribute)
 
 
@@ -80,11 +80,13 @@ def batchnorm_buffers(model):
     """
     stored = {i.name for i in model.graph.initializer}
     stored |= {i.name for i in model.graph.input}
+    masks = _masks(model.graph)
     buffers = []
     for node in model.graph.node:
         if not _training_batchnorm(node):
             continue
         for name in node.input[3:5]:
+            name = masks.get(name, name)
             if name not in stored:
                 raise ValueError(
                     f"BatchNormalization node {node.name!r} in training mode "
@@ -100,6 +102,13 @@ def batchnorm_buffers(model):
     return buffers
 
 
+def _masks(graph):
+    """``zeros name -> statistic name`` of the Mul(statistic, 0) nodes
+    :func:`with_running_statistics_updates` feeds BatchNormalization."""
+    return {n.output[0]: n.input[0] for n in graph.node
+            if n.name.startswith(_MASK) and n.op_type == "Mul"}
+
+
 def updated_name(buffer):
     """Name of the output holding ``buffer`` after a training step."""
     return f"{buffer}__new"
@@ -113,15 +122,16 @@ def with_running_statistics_updates(model, as_inputs=True):
     (PyTorch exports ``m = 1 - torch_momentum``, 0.9 by default), over the
     ``M = size(X) / C`` values of each channel:
 
-    - ``running_mean <- m * running_mean + (1 - m) * mean(X)``, the node's
-      own second output (ONNX BatchNormalization-15);
+    - ``running_mean <- m * running_mean + (1 - m) * mean(X)``;
     - ``running_var <- m * running_var + (1 - m) * var(X) * M / (M - 1)``:
       the unbiased batch variance, as PyTorch's ``BatchNorm`` updates it
-      (ONNX's reference output uses the population variance ``var(X)``;
-      the graph adds ``(1 - m) var(X) / (M - 1)`` to the node's third
-      output, with ``var(X)`` from a second BatchNormalization of momentum
-      0: nothing reads the running statistics after the node, whose outputs
-      onnxruntime may write over its inputs in place).
+      (ONNX's reference uses the population variance ``var(X)``).
+
+    The graph computes both from X with standard ops (the same on every
+    execution provider); the node itself reads zeros in place of the
+    statistics (its training-mode output does not depend on them, and
+    onnxruntime may write its unused running-statistics outputs over those
+    inputs in place); :func:`inference_mode` restores them.
 
     Parameters
     ----------
@@ -146,7 +156,8 @@ def with_running_statistics_updates(model, as_inputs=True):
     ------
     ValueError
         See :func:`batchnorm_buffers`; also a node in training mode before
-        opset 14 (whose extra outputs are not the running statistics).
+        opset 14 (whose extra outputs are not the running statistics), or
+        one whose input rank shape inference does not find.
     """
     buffers = batchnorm_buffers(model)
     new = onnx.ModelProto()
@@ -154,9 +165,8 @@ def with_running_statistics_updates(model, as_inputs=True):
     if not buffers:
         return new, [], {}
     graph = new.graph
-    opset = next((o.version for o in model.opset_import
-                  if o.domain in _DEFAULT_DOMAINS), None)
-    if opset is not None and opset < 14:
+    opset = opset_of(model)
+    if opset is None or opset < 14:
         raise ValueError("BatchNormalization in training mode needs opset >= 14 "
                          f"(the model has opset {opset}): export it again with "
                          "opset_version >= 14.")
@@ -167,66 +177,20 @@ def with_running_statistics_updates(model, as_inputs=True):
                          "initializers: their initial values are unknown.")
     taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
     taken |= set(inits) | {i.name for i in graph.input}
-    counter = iter(range(10 ** 9))
-
-    def fresh(base):
-        name = f"{_HELPER}{base}"
-        while name in taken:
-            name = f"{_HELPER}{base}_{next(counter)}"
-        taken.add(name)
-        return name
-
-    extra_nodes, extra_inits = [], []
+    types = infer_value_types(model)
+    updates = GraphBuilder(opset, taken, types, prefix=_HELPER)
+    masks = GraphBuilder(opset, taken, types, prefix=_MASK)
+    nodes = []
     for node in graph.node:
-        if not _training_batchnorm(node):
-            continue
-        while len(node.output) < 3:
-            node.output.append("")
-        for k in (1, 2):
-            if not node.output[k]:
-                node.output[k] = fresh(f"{node.name or 'bn'}_out{k}")
-        mean, var = node.input[3], node.input[4]
-        elem_type = inits[var].data_type
-        dtype = helper.tensor_dtype_to_np_dtype(elem_type)
-        rest = fresh("one_minus_momentum")
-        extra_inits.append(numpy_helper.from_array(
-            np.array(1 - _attribute(node, "momentum", 0.9), dtype=dtype), rest))
-        one = fresh("one")
-        extra_inits.append(numpy_helper.from_array(np.array(1, dtype=dtype), one))
-        # the batch variance var(X), from a second node with momentum 0 on
-        # zero statistics: nothing reads the running statistics after the
-        # node, whose outputs onnxruntime may write over them in place
-        zeros, batch_mean, batch_var, unused = (
-            fresh("zeros"), fresh("batch_mean"), fresh("batch_var"), fresh("y"))
-        extra_nodes += [
-            helper.make_node("Sub", [node.input[1], node.input[1]], [zeros]),
-            helper.make_node(
-                "BatchNormalization", [node.input[0], node.input[1], node.input[2],
-                                       zeros, zeros],
-                [unused, batch_mean, batch_var], name=fresh("batch_statistics"),
-                epsilon=_attribute(
-                    node, "epsilon", 1e-5), momentum=0.0, training_mode=1),
-        ]
-        size_x, size_c, count = fresh("size_x"), fresh("size_c"), fresh("count")
-        count_f, dof = fresh("count_f"), fresh("dof")
-        scaled, correction = fresh("scaled"), fresh("correction")
-        extra_nodes += [
-            # M - 1 = size(X) / C - 1
-            helper.make_node("Size", [node.input[0]], [size_x]),
-            helper.make_node("Size", [node.input[1]], [size_c]),
-            helper.make_node("Div", [size_x, size_c], [count]),
-            helper.make_node("Cast", [count], [count_f], to=elem_type),
-            helper.make_node("Sub", [count_f, one], [dof]),
-            # out2 = m var + (1 - m) var(X); + (1 - m) var(X) / (M - 1)
-            # gives m var + (1 - m) var(X) M / (M - 1)
-            helper.make_node("Mul", [batch_var, rest], [scaled]),
-            helper.make_node("Div", [scaled, dof], [correction]),
-            helper.make_node("Add", [node.output[2], correction],
-                             [updated_name(var)]),
-            helper.make_node("Identity", [node.output[1]], [updated_name(mean)]),
-        ]
-    graph.node.extend(extra_nodes)
-    graph.initializer.extend(extra_inits)
+        if _training_batchnorm(node):
+            start = len(masks.nodes)
+            _momentum_update(updates, node, types, inits[node.input[4]].data_type)
+            _read_zeros(masks, node, inits[node.input[4]].data_type)
+            nodes += masks.nodes[start:]
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes + updates.nodes)
+    graph.initializer.extend(masks.initializers + updates.initializers)
     for name in buffers:
         init = inits[name]
         graph.output.append(helper.make_tensor_value_info(
@@ -243,6 +207,45 @@ def with_running_statistics_updates(model, as_inputs=True):
         graph.input.extend(helper.make_tensor_value_info(
             name, inits[name].data_type, list(inits[name].dims)) for name in buffers)
     return new, buffers, initial
+
+
+def _momentum_update(g, node, types, elem_type):
+    """Emit ``updated_name`` of the node's running mean and variance (see
+    :func:`with_running_statistics_updates`) into the builder ``g``."""
+    x, scale, mean, var = (node.input[i] for i in (0, 1, 3, 4))
+    shape = types.get(x, (None, None))[1]
+    if shape is None:
+        raise ValueError(f"The rank of the input {x!r} of BatchNormalization "
+                         f"node {node.name!r} is unknown: add its shape to the "
+                         "model (onnx.shape_inference).")
+    axes = [0] + list(range(2, len(shape)))
+    batch_mean = g.reduce("ReduceMean", x, axes)
+    centered = g.op("Sub", x, batch_mean)
+    batch_var = g.reduce("ReduceMean", g.op("Mul", centered, centered), axes)
+    count = g.cast(g.op("Div", g.op("Size", x), g.op("Size", scale)), elem_type)
+    unbiased = g.op("Mul", g.reshape_like(batch_var, var), g.op(
+        "Div", count, g.op("Sub", count, g.const(1, elem_type))))
+    momentum = _attribute(node, "momentum", 0.9)
+    m, rest = g.const(momentum, elem_type), g.const(1 - momentum, elem_type)
+    for old, batch in ((mean, g.reshape_like(batch_mean, mean)), (var, unbiased)):
+        g.op("Add", g.op("Mul", old, m), g.op("Mul", batch, rest),
+             outputs=[g.reserve(updated_name(old))])
+
+
+def _read_zeros(g, node, elem_type):
+    """Make ``node`` read ``Mul(statistic, 0)`` instead of its running
+    statistics (nodes emitted into ``g``) and name its unused outputs:
+    onnxruntime may write the running-statistics outputs over those inputs
+    in place, while the update reads the statistics. Its training-mode
+    output does not depend on them; :func:`inference_mode` undoes it."""
+    while len(node.output) < 3:
+        node.output.append("")
+    for k in (1, 2):
+        if not node.output[k]:
+            node.output[k] = g.unique_name("unused")
+    zero = g.const(0, elem_type)
+    for k in (3, 4):
+        node.input[k] = g.op("Mul", node.input[k], zero)
 
 
 def inference_mode(model, drop_outputs=()):
@@ -281,8 +284,11 @@ def inference_mode(model, drop_outputs=()):
     new = onnx.ModelProto()
     new.CopyFrom(model)
     graph = new.graph
+    masks = _masks(graph)
     for node in graph.node:
         if _is_batchnorm(node):
+            for k in range(3, min(len(node.input), 5)):
+                node.input[k] = masks.get(node.input[k], node.input[k])
             for att in node.attribute:
                 if att.name == "training_mode":
                     att.i = 0
