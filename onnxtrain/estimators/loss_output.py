@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..rewrite import prediction_graph
 from ._base import BaseOrtGradientEstimator
+from ._inputs import check_features
 from ._validation import check_targets
 
 __all__ = ["OrtGradientOptimizer"]
@@ -129,8 +130,9 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
     def losses(self, X, y):
         """Value of the loss output on all of (X, y), in one pass (float)."""
         trainer = self._ensure_trainer()
-        from ._validation import check_features
-        X = check_features(self._training_model(), X, "X", self._training_types())
+        model = self._training_model()
+        X = check_features(model, X, "X", self._training_types(),
+                           self._feature_inputs(model))
         y = self._encode_targets(y, X.shape[0], None, False)
         return trainer.dataset_loss(X, y)
 
