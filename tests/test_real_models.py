@@ -160,6 +160,28 @@ def test_cnn_with_batchnorm_trains_as_torch_through_the_estimator(path):
     np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-4)
 
 
+def test_batchnorm1d_mlp_at_opset_18_trains_as_torch():
+    # rank-2 BatchNormalization (statistics over axis 0 only), ReduceMean
+    # taking its axes as an input (opset 18)
+    X, y, X_test, _ = _digits()
+    X, X_test = X.reshape(len(X), -1), X_test.reshape(len(X_test), -1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16),
+                              torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.from_numpy(X[:2]),), buffer, dynamo=False,
+                          opset_version=18, training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "N"}})
+    est = _estimator(onnx.load_from_string(buffer.getvalue()), 2, "loop").fit(X, y)
+    np.testing.assert_allclose(est.train_losses_, _torch_fit(net, [X], y, 2),
+                               rtol=2e-4)
+    np.testing.assert_allclose(est.predict_proba(X_test), torch.softmax(
+        torch.from_numpy(_torch_eval(net, [X_test])), 1), rtol=1e-3, atol=1e-5)
+
+
 def test_running_statistics_are_never_weights_to_train():
     X, y, _, _ = _digits()
     torch.manual_seed(0)
