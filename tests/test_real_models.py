@@ -33,6 +33,16 @@ torch = pytest.importorskip("torch")
 LR, BATCH = 0.1, 32
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """PyTorch's idle OpenMP threads spin on the cores onnxruntime's
+    threads run on (a 2-core machine: seconds lost per test)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class CNN(torch.nn.Module):
     """Conv -> BatchNorm -> Relu -> MaxPool -> Dropout -> Linear, 10 classes."""
 
