@@ -12,6 +12,7 @@ from onnx import numpy_helper
 from .autodiff import is_nondifferentiable, trainable_initializers
 from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
+from .training_mode import batchnorm_buffers, running_statistics
 
 __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
            "get_train_initializer", "replace_initializers", "to_onnx",
@@ -64,7 +65,6 @@ def select_weights(model, weights_to_train=None):
         (the message names the non-differentiable ops that stop their
         gradient).
     """
-    from .training_mode import batchnorm_buffers, running_statistics
     statistics = set(running_statistics(model))
     candidates = [n for n in trainable_initializers(model) if n not in statistics]
     if weights_to_train is None:
