@@ -14,6 +14,7 @@ from ._files import load_onnx_file
 from .autodiff import is_nondifferentiable, trainable_initializers
 from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
+from .training_mode import batchnorm_buffers, running_statistics
 
 __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
            "get_train_initializer", "replace_initializers", "to_onnx",
@@ -48,7 +49,10 @@ def select_weights(model, weights_to_train=None):
     ----------
     model : onnx.ModelProto
     weights_to_train : list of str, default=None
-        None selects :func:`onnxtrain.autodiff.trainable_initializers`.
+        None selects :func:`onnxtrain.autodiff.trainable_initializers`
+        except the running statistics of BatchNormalization nodes
+        (:func:`onnxtrain.training_mode.running_statistics`), which are
+        never trained by gradient.
 
     Returns
     -------
@@ -58,12 +62,15 @@ def select_weights(model, weights_to_train=None):
     ------
     ValueError
         A name that is not a float initializer of the model (the message
-        lists the candidates), a duplicate, nothing to train, or weights
+        lists the candidates), a duplicate, nothing to train, the running
+        statistic of a BatchNormalization in training mode (updated by each
+        step, not trained), or weights
         none of which reaches a float output through differentiable ops
         (the message names the non-differentiable ops that stop their
         gradient).
     """
-    candidates = trainable_initializers(model)
+    statistics = set(running_statistics(model))
+    candidates = [n for n in trainable_initializers(model) if n not in statistics]
     if weights_to_train is None:
         if not candidates:
             raise ValueError(
@@ -80,6 +87,13 @@ def select_weights(model, weights_to_train=None):
                          f"of the model; candidates: {candidates}.")
     if len(set(names)) != len(names):
         raise ValueError(f"weights_to_train has duplicates: {names}.")
+    buffers = [n for n in batchnorm_buffers(model) if n in set(names)]
+    if buffers:
+        raise ValueError(
+            f"weights_to_train {buffers} are running statistics of "
+            "BatchNormalization nodes in training mode: each training step "
+            "updates them with the momentum rule, they are not trained by "
+            f"gradient. Leave them out; candidates: {candidates}.")
     if not names:
         raise ValueError("weights_to_train is empty: nothing to train.")
     if not set(names) & set(candidates):  # else one reaches: nothing to check

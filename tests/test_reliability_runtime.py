@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from sklearn.exceptions import NotFittedError
 
 import onnxtrain.onnxblock as onnxblock

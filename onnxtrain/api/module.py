@@ -483,6 +483,9 @@ class Module:
         for name, grad in zip(layout["trainable"], outputs[n_user:]):
             self._state.parameters.raw(name)._grad = grad
         self._reset_grad = False
+        n_grads = len(layout["trainable"]) + len(layout.get("input_gradients", ()))
+        _write_running_statistics(self._state, layout,
+                                  outputs[n_user + n_grads:])
         return outputs
 
     def _feed_gradients(self, feeds, layout):
@@ -534,6 +537,13 @@ class Module:
                                  list(graph_output_names), self._state.parameters)
         onnx.save(model, str(inference_model_uri))
         return model
+
+
+def _write_running_statistics(state, layout, values):
+    """Store the running statistics a training call updated (BatchNorm in
+    training mode: see :mod:`onnxtrain.training_mode`) into the state."""
+    for name, value in zip(layout.get("running_statistics", {}), values):
+        state.parameters.raw(name)._value = value
 
 
 def _node_reads(node):

@@ -43,8 +43,12 @@ _COMMON_PARAMETERS = """
         or an object from :mod:`onnxtrain.optim`.
     device : {{'cpu', 'cuda', 'cuda:N'}}, default='cpu'
     warm_start : bool, default=False
-        False: every fit starts from weights drawn Glorot-uniform as
-        scikit-learn's MLP draws them (``random_state``). True: from the
+        False: every fit starts from the initial weights: for a graph
+        converted from scikit-learn (skl2onnx), weights drawn
+        Glorot-uniform as scikit-learn's MLP draws them (``random_state``);
+        for any other graph (a PyTorch export...), the graph's own
+        initializers. Only ``weights_to_train`` are drawn, never
+        BatchNormalization running statistics or constants. True: from the
         weights of the previous fit, or the graph's initializers at first.
     verbose : int, default=0
         > 0: a tqdm progress bar over epochs; > 1: with loss and learning rate.
@@ -90,7 +94,7 @@ _COMMON_PARAMETERS = """
         per batch doing all four); 'loop' (an ONNX Loop over the batches of
         device-resident data: one run per epoch, or one run for every epoch
         when nothing happens between epochs). 'auto' takes 'loop' when the
-        model allows it (opset >= 13, one input, a loss graph), else
+        model allows it (opset >= 13, a loss graph), else
         'split'. All paths compute the same steps (same losses and weights
         up to float rounding).
 """
@@ -249,8 +253,12 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            Numeric; cast to the graph input's element type.
+        X : array-like of shape (n_samples, n_features) or (n_samples, ...), or dict
+            Numeric; cast to the graph input's element type. An array of the
+            input's rank (images (n_samples, channels, height, width),
+            sequences...); for a graph of several inputs, a dict (or
+            :class:`~onnxtrain.GraphInputs`) ``input name -> array``, each
+            sliced along axis 0.
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             Numeric (integers accepted); cast to the prediction's type.
         sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
@@ -289,7 +297,9 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, ...), or dict
+            As in :meth:`fit`. The graph runs in inference mode
+            (BatchNormalization on its running statistics, no Dropout).
 
         Returns
         -------

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from ..rewrite import prediction_graph
 from ._base import BaseOrtGradientEstimator
-from ._validation import (check_features, check_sample_weight, check_targets,
-                          check_use_numpy)
+from ._inputs import check_features
+from ._validation import check_sample_weight, check_targets, check_use_numpy
 
 __all__ = ["OrtGradientOptimizer"]
 
@@ -90,6 +90,9 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
 
     def _build_loss_models(self, loss, elem_type):
         return None  # the graph computes its own loss
+
+    def _feature_inputs(self, model):
+        return super()._feature_inputs(model)[:1]  # then targets, weights
 
     def _start(self, model):
         super()._start(model)
@@ -225,7 +228,9 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         """
         trainer = self._ensure_trainer()
         self._check_weight_input(sample_weight)
-        X = check_features(self._training_model(), X, "X", self._training_types())
+        model = self._training_model()
+        X = check_features(model, X, "X", self._training_types(),
+                           self._feature_inputs(model))
         y = self._encode_targets(y, X.shape[0], None, False)
         if sample_weight is not None:
             sample_weight = check_sample_weight(sample_weight, X.shape[0],

@@ -18,6 +18,8 @@ from ..autodiff import backward
 from ..graph import (FLOAT_TYPES, default_ir_version, elem_type_to_numpy,
                      infer_value_types)
 from ..models import check_weights_reach_outputs
+from ..training_mode import (batchnorm_buffers, running_statistics,
+                             with_running_statistics_updates)
 
 __all__ = ["TrainingResult", "build_training_models", "set_graph_outputs",
            "LAZY_RESET_GRAD", "buffer_name", "accumulated_name",
@@ -225,9 +227,11 @@ def build_training_models(state, output_names, trainable, frozen):
         (``lazy_reset_grad``, buffers) already taken.
     """
     set_graph_outputs(state, output_names)
-    model = state.model
+    base = state.model
+    trainable, frozen = classify_running_statistics(base, trainable, frozen)
+    inits = _check_parameters(base.graph, trainable, frozen)
+    model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
     graph = model.graph
-    inits = _check_parameters(graph, trainable, frozen)
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
     input_grads = [i.name for i in graph.input
                    if i.name in set(trainable) and i.name not in inits]
@@ -250,16 +254,18 @@ def build_training_models(state, output_names, trainable, frozen):
                    if i.name not in param_set and i.name not in inits]
     param_inputs = [_param_value_info(inits[p]) for p in params]
     constants = [i for i in graph.initializer if i.name not in param_set]
-    outputs = list(graph.output)
+    outputs = list(graph.output)[:len(base.graph.output)]
+    update_outputs = list(graph.output)[len(base.graph.output):]
 
     train_graph = helper.make_graph(
         list(graph.node) + nodes, f"{graph.name}_training",
         user_inputs + param_inputs + buffers + [lazy_vi],
-        outputs + acc_outputs, constants + grad_inits)
+        outputs + acc_outputs + update_outputs, constants + grad_inits)
     training = _model_like(model, train_graph)
     eval_graph = helper.make_graph(
-        _inference_mode(graph.node), f"{graph.name}_eval",
-        user_inputs + param_inputs, outputs, constants)
+        _inference_mode(base.graph.node), f"{graph.name}_eval",
+        user_inputs + param_inputs, outputs,
+        [i for i in base.graph.initializer if i.name not in param_set])
     evaluation = _model_like(model, eval_graph)
 
     layout = {"user_inputs": [i.name for i in user_inputs],
@@ -269,7 +275,9 @@ def build_training_models(state, output_names, trainable, frozen):
     n_params = len(trainable)
     layout = dict(layout, lazy_reset_grad=LAZY_RESET_GRAD,
                   buffers=[b.name for b in buffers[:n_params]],
-                  gradients=[o.name for o in acc_outputs[:n_params]])
+                  gradients=[o.name for o in acc_outputs[:n_params]],
+                  running_statistics={b: o.name for b, o in
+                                      zip(updated, update_outputs)})
     if input_grads:
         layout.update(input_gradients=input_grads,
                       input_gradient_buffers=[b.name for b in buffers[n_params:]])
@@ -279,6 +287,22 @@ def build_training_models(state, output_names, trainable, frozen):
     return TrainingResult(training, evaluation,
                           [_copy(inits[p]) for p in trainable],
                           [_copy(inits[p]) for p in params if p not in set(trainable)])
+
+
+def classify_running_statistics(model, trainable, frozen):
+    """(trainable, frozen) with the running statistics of BatchNormalization
+    nodes moved to ``frozen`` whatever the lists said, as
+    onnxruntime-training classifies them: they are never trained by
+    gradient. Those of nodes in training mode
+    (:func:`~onnxtrain.training_mode.batchnorm_buffers`) are also frozen
+    parameters when the lists leave them out, since each training step
+    updates them (a training-model output written back into the state)."""
+    statistics = running_statistics(model)
+    updated = set(batchnorm_buffers(model))
+    listed = set(trainable)
+    frozen = list(frozen) + [n for n in statistics if n not in set(frozen) and (
+        n in updated or n in listed)]
+    return [n for n in trainable if n not in set(statistics)], frozen
 
 
 def _copy(tensor):
