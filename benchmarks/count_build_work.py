@@ -131,8 +131,9 @@ def count_build_work(case):
     X, y = _data()
     model = _mlp_model(X, y)
     if case == "artifacts":
+        trainable = trainable_initializers(model)
         with tempfile.TemporaryDirectory() as folder, _counting() as counts:
-            generate_artifacts(model, requires_grad=trainable_initializers(model),
+            generate_artifacts(model, requires_grad=trainable,
                                loss=LossType.MSELoss,
                                optimizer=OptimType.AdamW,
                                artifact_directory=folder)
