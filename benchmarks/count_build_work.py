@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["count_build_work", "CASES"]
+__all__ = ["count_build_work", "counting", "CASES"]
 
 CASES = ("split", "fused", "loop", "artifacts")
 
@@ -38,7 +38,9 @@ def _replace_everywhere(original, replacement):
 
 
 @contextlib.contextmanager
-def _counting():
+def counting():
+    """Context manager yielding the dict of counts, updated while it is
+    open."""
     import onnx.shape_inference
     import onnxruntime
     import importlib
@@ -132,7 +134,7 @@ def count_build_work(case):
     model = _mlp_model(X, y)
     if case == "artifacts":
         trainable = trainable_initializers(model)
-        with tempfile.TemporaryDirectory() as folder, _counting() as counts:
+        with tempfile.TemporaryDirectory() as folder, counting() as counts:
             generate_artifacts(model, requires_grad=trainable,
                                loss=LossType.MSELoss,
                                optimizer=OptimType.AdamW,
@@ -141,7 +143,7 @@ def count_build_work(case):
     est = OrtGradientForwardBackwardOptimizer(
         model, max_iter=3, learning_rate=0.01, training_path=case,
         random_state=0)
-    with _counting() as counts:
+    with counting() as counts:
         est.fit(X, y)
     assert est.training_path_ == case
     return counts
