@@ -14,7 +14,7 @@ from ..training_graphs import TrainingGraphs, final_activation
 from ..training_mode import with_running_statistics_updates
 from ._inputs import feature_arrays
 
-__all__ = ["Trainer", "final_activation"]
+__all__ = ["StepRunner", "Trainer", "final_activation"]
 
 _ITEMSIZE = {"tensor(float16)": 2, "tensor(bfloat16)": 2, "tensor(float)": 4,
              "tensor(double)": 8}
@@ -37,8 +37,12 @@ def _without_initializer_inputs(model):
     return new
 
 
-class Trainer:
-    """Forward, loss and dE/dY, backward, update: one step per batch.
+class StepRunner:
+    """Runs training steps: forward, loss and dE/dY, backward, update, one
+    step per batch (or the steps of whole epochs in one fused-loop run), on
+    the weights and optimizer state it keeps on the device. It only runs
+    graphs: :mod:`onnxtrain.training_graphs` builds them, the estimators'
+    epoch loop calls it. Formerly ``Trainer`` (still an alias).
 
     Parameters
     ----------
@@ -340,3 +344,7 @@ class Trainer:
             self._take_parameters(runner)
             self.step_count += n_batches * len(rates)
         return losses.reshape(len(rates), n_batches)
+
+
+#: Former name of :class:`StepRunner`.
+Trainer = StepRunner
