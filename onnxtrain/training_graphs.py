@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto, helper
 
-from .autodiff import build_fused_model
+from .autodiff import build_fused_model, build_gradient_models
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 from .training_mode import updated_name, with_running_statistics_updates
@@ -569,6 +569,18 @@ class TrainingGraphs:
         self.buffer_names = list(buffer_names)
         self.types = types
         self._cache = {}
+
+    def split(self, model, outputs=None):
+        """The split path's :class:`~onnxtrain.autodiff.GradientModels` of
+        ``model`` (this one, or its copy with the running statistics as
+        inputs) for the differentiated ``outputs``: one reverse pass, with
+        the types known when ``model`` adds no value."""
+        key = ("split", tuple(outputs or ()))
+        if key not in self._cache:
+            types = self.types if not self.buffer_names else None
+            self._cache[key] = build_gradient_models(model, self.weights,
+                                                     outputs, types)
+        return self._cache[key]
 
     def get(self, kind, weighted):
         """The graph ``kind`` ('step', 'loop' or 'epochs') as a

@@ -86,10 +86,14 @@ class StepRunner:
         running, self.buffer_names, initial = with_running_statistics_updates(model)
         outputs = None if loss_models and not self.buffer_names else [
             model.graph.output[0].name]
-        # the engine builds the split graphs when a split step first runs
+        self.graphs = TrainingGraphs(
+            model, weights, learning_rate, fused_spec, loss_models,
+            update_model, self.buffer_names, types)
+        # the split graphs are built when a split step first runs
         self.engine = OrtGradientForwardBackward(
             running, weights, device, outputs,
-            types=None if self.buffer_names else types)
+            types=None if self.buffer_names else types,
+            gradient_models=lambda: self.graphs.split(running, outputs))
         self.buffers = [to_ortvalue(initial[b], self.engine.device)
                         for b in self.buffer_names]
         self._new_buffers = None
@@ -104,9 +108,6 @@ class StepRunner:
         self._scalars = {}
         self.model = model
         self.fused_spec = fused_spec
-        self.graphs = TrainingGraphs(
-            model, self.engine.weights_to_train, learning_rate, fused_spec,
-            loss_models, update_model, self.buffer_names, types)
         self._fused = {}
         self._weight_dtype = self._default_weight_dtype()
         self.reset_state()

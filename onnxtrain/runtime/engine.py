@@ -56,6 +56,11 @@ class OrtGradientForwardBackward:
     types : dict, default=None
         The model's :func:`~onnxtrain.graph.infer_value_types` when the
         caller has it (shape inference then does not run again).
+    gradient_models : callable, default=None
+        Returns the :class:`~onnxtrain.autodiff.GradientModels` to run
+        (:meth:`onnxtrain.training_graphs.TrainingGraphs.split` for a
+        trainer), called at the first training step; None: the engine
+        builds them with :func:`onnxtrain.autodiff.build_gradient_models`.
 
     Attributes
     ----------
@@ -84,12 +89,13 @@ class OrtGradientForwardBackward:
     """
 
     def __init__(self, model_onnx, weights_to_train=None, device="cpu",
-                 outputs=None, types=None):
+                 outputs=None, types=None, gradient_models=None):
         self.device = parse_device(device)
         model = load_model(model_onnx)
         check_weight_names(weights_to_train)
         self.weights_to_train = select_weights(model, weights_to_train, types)
         self._model, self._outputs, self._types = model, outputs, types
+        self._build_models = gradient_models
         # built on first use: a trainer running fused graphs, or predicting
         # only, never builds the split graphs nor their sessions
         self._models = self._inference_model = None
@@ -114,9 +120,12 @@ class OrtGradientForwardBackward:
         if self._models is None:
             with self._lock:
                 if self._models is None:
-                    models = build_gradient_models(
-                        self._model, self.weights_to_train, self._outputs,
-                        self._types)
+                    if self._build_models is not None:
+                        models = self._build_models()
+                    else:
+                        models = build_gradient_models(
+                            self._model, self.weights_to_train, self._outputs,
+                            self._types)
                     models.inference_model = self.inference_model
                     self._models = models
         return self._models
