@@ -20,7 +20,8 @@ import numpy as np
 
 __all__ = ["count_build_work", "counting", "CASES"]
 
-CASES = ("split", "fused", "loop", "artifacts")
+CASES = ("split", "fused", "loop", "classifier-split", "classifier-loop",
+         "artifacts")
 
 
 def _replace_everywhere(original, replacement):
@@ -124,9 +125,22 @@ def _mlp_model(X, y):
     return to_onnx(skl, X[:1])
 
 
+def _classifier_model(X, y):
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    from onnxtrain import to_onnx
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        skl = MLPClassifier(hidden_layer_sizes=(6,), max_iter=1,
+                            random_state=0).fit(X, y)
+    return to_onnx(skl, X[:1], options={"zipmap": False})
+
+
 def count_build_work(case):
     """The counts of one ``case`` (see :data:`CASES`) as a dict."""
-    from onnxtrain import OrtGradientForwardBackwardOptimizer
+    from onnxtrain import (OrtGradientForwardBackwardClassifier,
+                           OrtGradientForwardBackwardOptimizer)
     from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
     from onnxtrain.autodiff import trainable_initializers
 
@@ -140,9 +154,16 @@ def count_build_work(case):
                                optimizer=OptimType.AdamW,
                                artifact_directory=folder)
         return counts
-    est = OrtGradientForwardBackwardOptimizer(
-        model, max_iter=3, learning_rate=0.01, training_path=case,
-        random_state=0)
+    if case.startswith("classifier-"):
+        case = case.split("-")[1]
+        y = (y > 0).astype(int) + (y > 1)
+        est = OrtGradientForwardBackwardClassifier(
+            _classifier_model(X, y), max_iter=3, learning_rate=0.01,
+            training_path=case)
+    else:
+        est = OrtGradientForwardBackwardOptimizer(
+            model, max_iter=3, learning_rate=0.01, training_path=case,
+            random_state=0)
     with counting() as counts:
         est.fit(X, y)
     assert est.training_path_ == case

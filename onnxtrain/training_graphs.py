@@ -504,14 +504,15 @@ def final_activation(model):
     return None, None
 
 
-def loss_on_logits(model, loss):
+def loss_on_logits(model, loss, types=None):
     """A loss on the probabilities of a final Softmax (cross-entropy) or
     Sigmoid (log loss), rewritten as the same loss on the logits for the
     fused paths: the gradient w.r.t. the logits is p - y (per row,
     weighted), skipping the activation's VJP and the clipped log. The value
     differs from the clipped one only where a probability lies within the
     loss's ``eps`` of 0 or 1. Returns (model, loss): the arguments
-    themselves when nothing is rewritten, new objects otherwise."""
+    themselves when nothing is rewritten, new objects otherwise. ``types``:
+    ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known."""
     from sklearn.base import clone
 
     from .losses import CrossEntropyLearningLoss, NegLogLearningLoss
@@ -520,11 +521,11 @@ def loss_on_logits(model, loss):
     kind, logits = final_activation(model)
     if kind == "Softmax" and isinstance(loss, CrossEntropyLearningLoss) \
             and not loss.from_logits:
-        return prediction_graph(model, logits), clone(loss).set_params(
+        return prediction_graph(model, logits, types), clone(loss).set_params(
             from_logits=True)
     if kind == "Sigmoid" and isinstance(loss, NegLogLearningLoss) \
             and loss.probability_function in (None, "none"):
-        return prediction_graph(model, logits), clone(loss).set_params(
+        return prediction_graph(model, logits, types), clone(loss).set_params(
             probability_function="sigmoid")
     return model, loss
 
@@ -606,7 +607,7 @@ class TrainingGraphs:
         opset = opset_of(self.model)
         if opset is None or opset < FUSED_MIN_OPSET:
             return f"opset {opset} < {FUSED_MIN_OPSET}"
-        model, loss = loss_on_logits(self.model, spec["loss"])
+        model, loss = loss_on_logits(self.model, spec["loss"], self.types)
         rewritten = model is not self.model
         model, buffers, _ = with_running_statistics_updates(model)
         if buffers != self.buffer_names:
