@@ -77,3 +77,28 @@ def test_predict_after_unpickling_builds_no_gradient_graph():
     assert got["reverse passes"] == 0
     assert got["sessions"] == 1  # the inference graph's
     assert (predicted == expected).all()
+
+
+@pytest.mark.parametrize("path", ["split", "fused", "loop", "auto"])
+def test_graphs_of_the_path_fail_before_any_step(path):
+    """The split graphs are built lazily, yet a fit builds those of its path
+    before the first step: a missing VJP rule raises with the estimator
+    left unfitted."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxtrain import MissingVJPRuleError, OrtGradientForwardBackwardOptimizer
+    W = numpy_helper.from_array(np.ones((3, 1), dtype=np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["h"]),
+         helper.make_node("MyOp", ["h"], ["Y"], domain="com.example")], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])], [W])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    X, y = counts._data()
+    X = X[:, :3]
+    est = OrtGradientForwardBackwardOptimizer(model, training_path=path)
+    with pytest.raises(MissingVJPRuleError, match="'MyOp'"):
+        est.fit(X, y)
+    assert not hasattr(est, "weights_to_train_")

@@ -277,8 +277,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if self.early_stopping and not incremental:
             X, X_val, y, y_val, sample_weight = self._early_stopping_split(
                 X, y, sample_weight)
-        # a path that cannot run raises here, not after the weights changed
-        self._choose_path(sample_weight, int(np.clip(self.batch_size, 1, len(X))))
+        # a path that cannot run raises here, not after the weights changed;
+        # its graphs are built now (and only its graphs)
+        path = self._choose_path(sample_weight,
+                                 int(np.clip(self.batch_size, 1, len(X))))
+        self._trainer.prepare(path, sample_weight is not None)
         if not (first or restart or incremental):
             # a new fit starts a new optimizer, as scikit-learn's warm start
             self._trainer.reset_state()  # does (last: nothing fails after)

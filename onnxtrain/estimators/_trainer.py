@@ -252,6 +252,15 @@ class StepRunner:
         return self._forward(X, False)[0].numpy()
 
     # ----------------------------------------------------------- fused paths
+    def prepare(self, path, weighted):
+        """Build the graphs training ``path`` ('split', 'fused' or 'loop')
+        runs, so that a graph that cannot be built raises before any step
+        (the split graphs are otherwise built at the first step)."""
+        if path == "split":
+            self.engine.models  # noqa: B018 - builds them
+        else:
+            self.fused_graph("epochs" if path == "loop" else "step", weighted)
+
     def fused_graph(self, kind, weighted):
         """The fused graph ``kind`` ('step', 'loop' or 'epochs') as a
         TrainingStep, or a str saying why it is unavailable
