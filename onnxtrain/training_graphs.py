@@ -632,8 +632,11 @@ class TrainingGraphs:
 
     def _loss_graph(self, loss, rewritten, weighted, opset):
         graphs = self.loss_graphs
-        if not rewritten and graphs is not None and graphs.opset == opset:
-            return graphs[weighted]
+        if not rewritten:
+            if graphs is not None and graphs.opset == opset:
+                return graphs[weighted]
+            from sklearn.base import clone
+            loss = clone(loss)  # the caller's keeps its loss_grad_onnx_
         return loss.build_onnx(self.spec["elem_type"], opset,
                                weight_name="weight" if weighted else None,
                                rank=self.spec["rank"])
