@@ -5,6 +5,8 @@ factory of ``onnxcustom.training.ortgradient`` (``onnxtrain.ortgradient``),
 learning-rate objects refusing an unknown schedule when built, and the
 estimators' ``scores`` (old name of ``losses``)."""
 import gc
+import importlib.util
+import os
 import pickle
 
 import numpy as np
@@ -341,3 +343,70 @@ def test_to_ortvalue_wraps_c_level_ortvalues():
     wrapped = to_ortvalue(value)
     assert isinstance(wrapped, onnxruntime.OrtValue)
     assert_allclose(wrapped.numpy(), array)
+
+
+# ------------------------------------------------------ the counting script
+
+def _suite_script():
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+                        "compat_onnxcustom_suite.py")
+    spec = importlib.util.spec_from_file_location("compat_onnxcustom_suite", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_suite_script_rewrites_imports_and_guards_only():
+    script = _suite_script()
+    source = "\n".join([
+        "import numpy",
+        "try:",
+        "    from onnxruntime import TrainingSession",
+        "except ImportError:",
+        "    # no training",
+        "    TrainingSession = None",
+        "try:",
+        "    import scipy",
+        "except ImportError:",
+        "    scipy = None",
+        "from mlprodict.onnx_conv import to_onnx",
+        "from onnxcustom import __max_supported_opset__ as opset",
+        "from onnxcustom.training.sgd_learning_rate import LearningRateSGDRegressor",
+        "        from onnxcustom.training.optimizers_partial import (",
+        "            OrtGradientForwardBackwardOptimizer)",
+        "from onnxcustom.utils.onnx_helper import onnx_rename_weights",
+        "from mlprodict.onnxrt import OnnxInference",
+        "from onnxcustom.plotting.unknown import thing",
+        'x = "onnxcustom.training.excs"'])
+    assert script.rewrite_source(source).splitlines() == [
+        "import numpy",
+        "TrainingSession = True  # onnxtrain: stock onnxruntime, own gradient graphs",
+        "try:",
+        "    import scipy",
+        "except ImportError:",
+        "    scipy = None",
+        "from onnxtrain import to_onnx",
+        "opset = 15",
+        "from onnxtrain.optim import LearningRateSGD as LearningRateSGDRegressor",
+        "        from onnxtrain import (",
+        "            OrtGradientForwardBackwardOptimizer)",
+        "from onnxtrain.models import onnx_rename_weights",
+        "from standins import OnnxInference",
+        "from onnxcustom.plotting.unknown import thing",
+        'x = "onnxcustom.training.excs"']
+
+
+def test_suite_script_standins_run_a_model(tmp_path):
+    script = _suite_script()
+    (tmp_path / "standins_copy.py").write_text(script._STANDINS)
+    spec = importlib.util.spec_from_file_location(
+        "standins_copy", tmp_path / "standins_copy.py")
+    standins = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standins)
+    model = _tanh_model(TensorProto.FLOAT)
+    feeds = standins.random_feed(model.graph.input, batch=7)
+    assert feeds["X"].shape == (7, 3) and feeds["X"].dtype == np.float32
+    out = standins.OnnxInference(model).run(feeds)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert_allclose(out["Y"], _forward(feeds["X"], inits["W"], inits["B"]),
+                    rtol=1e-5, atol=1e-6)
