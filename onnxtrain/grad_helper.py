@@ -30,7 +30,9 @@ class DerivativeOptions(IntFlag):
     * ``FillGrad``: no ``<output>_grad`` input, the output gradients are
       ones of the output's shape (needs ``KeepOutputs``).
     * ``Loss``: the model computes a loss; its gradient w.r.t. the inputs
-      and weights, the loss seeded with one.
+      and weights, the loss seeded with one. Its value, 5, is also
+      ``KeepYieldOp | FillGrad`` (onnxcustom's numbering): that combination
+      means ``Loss``.
     """
 
     Zero = 0

@@ -24,7 +24,9 @@ class OrtDataLoader:
     Parameters
     ----------
     X : array-like of shape (n_samples, ...)
-        Features; kept as a C-contiguous copy.
+        Features; referenced as they are when C-contiguous (a C-contiguous
+        copy otherwise), copied to the device for ``data_ort`` and for each
+        batch of :meth:`iter_ortvalue`.
     y : array-like of shape (n_samples,) or (n_samples, n_targets)
         Targets; a 1-D ``y`` is stored as a column (n_samples, 1).
     sample_weight : array-like of shape (n_samples,) or (n_samples, 1), default=None
@@ -134,16 +136,20 @@ class OrtDataLoader:
         self._to_device()
 
     def batch_indices(self):
-        """The row indices of each batch of one pass (a generator)."""
+        """The rows of each batch of one pass (a generator): index arrays
+        when ``random_iter``, else slices (the numpy batches are then views
+        of the dataset)."""
         n = len(self)
-        order = np.random.permutation(n) if self.random_iter else np.arange(n)
+        order = np.random.permutation(n) if self.random_iter else None
         size = self.batch_size if 0 < self.batch_size < n else n
         for start in range(0, n, size):
-            yield order[start:start + size]
+            yield (slice(start, start + size) if order is None
+                   else order[start:start + size])
 
     def iter_numpy(self):
         """One pass over the data: tuples ``(X, y[, sample_weight])`` of
-        numpy arrays, one per batch.
+        numpy arrays, one per batch (views of the dataset unless
+        ``random_iter``).
 
         Raises
         ------
