@@ -110,12 +110,6 @@ DELIBERATE = {
     "test_optimizers_grid_score::test_ort_gradient_optimizers_grid_cls":
         "a classifier graph (ZipMap, 2 probability columns) given to the "
         "regressor is refused: OrtGradientForwardBackwardClassifier trains it",
-    "test_optimizers_nan::test_ort_gradient_optimizers_reg":
-        "training stops at the first non-finite (inf) loss, onnxcustom went on "
-        "until NaN: one epoch recorded where the test wants two",
-    "test_optimizers_nan::test_ort_gradient_optimizers_reg_w":
-        "training stops at the first non-finite (inf) loss, onnxcustom went on "
-        "until NaN: one epoch recorded where the test wants two",
     "test_orttraining::test_add_loss_output":
         "the loss is a rank-0 mean, onnxcustom's a [1, 1] sum",
     "test_orttraining::test_get_train_initializer":
@@ -127,12 +121,19 @@ DELIBERATE = {
     "test_grad_helper::test_grad_helper_loss":
         "the test passes the model without its loss output and an output as "
         "label: ValueError",
-    "test_grad_helper::test_grad_helper_noweight":
-        "a model without weights has one gradient output (X_grad); the test "
-        "wants more than one",
-    "test_grad_helper::test_grad_helper_mul":
-        "a model without weights has one gradient output (X_grad); the test "
-        "wants more than one",
+}
+_ONE_OUTPUT = ("a model without weights has one gradient output (X_grad), the "
+               "one asked for; the test wants more than one (what "
+               "onnxruntime-training's graph builder output there is unknown)")
+_INF = ("at learning_rate=1e9 the loss is inf from the second epoch: "
+        "ConvergenceError with one epoch recorded; the test wants more than "
+        "one (onnxcustom's own loop also stops at the first inf loss)")
+#: Failing tests not understood or not worked on.
+NOT_DONE = {
+    "test_optimizers_nan::test_ort_gradient_optimizers_reg": _INF,
+    "test_optimizers_nan::test_ort_gradient_optimizers_reg_w": _INF,
+    "test_grad_helper::test_grad_helper_noweight": _ONE_OUTPUT,
+    "test_grad_helper::test_grad_helper_mul": _ONE_OUTPUT,
 }
 
 _TRY_BLOCK = re.compile(
@@ -391,7 +392,8 @@ def main(argv=None):
         if results[key] != "passed":
             kind, reason = next(
                 ((kind, table[key]) for kind, table in
-                 (("excepted", EXCEPTED), ("deliberate", DELIBERATE))
+                 (("excepted", EXCEPTED), ("deliberate", DELIBERATE),
+                  ("not done", NOT_DONE))
                  if key in table), ("not done", ""))
             print(f"{results[key]:8s} {kind:10s} {key}  {reason}")
     passed = sum(v == "passed" for v in results.values())
