@@ -314,6 +314,12 @@ def test_ortgradient_eval_forward_pickle_and_errors():
         OrtGradientForwardBackward(onx, weights_to_train=[])
     with pytest.raises(ValueError, match="providers"):
         OrtGradientForwardBackward(onx, providers=["NONE"])
+    with pytest.raises(ValueError, match="must name every input"):
+        OrtGradientForwardBackward(onx, input_names=["Z"])
+    with pytest.raises(ValueError, match="nope"):
+        OrtGradientForwardBackward(onx, weights_to_train=["nope"])
+    with pytest.raises(TypeError, match="weights_to_train"):
+        OrtGradientForwardBackward(onx, weights_to_train=[3])
 
 
 # ------------------------------------------- learning rates and estimators

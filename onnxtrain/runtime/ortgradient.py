@@ -6,15 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+from onnx import TensorProto
 
 from ..autodiff import build_gradient_models
 from ..models import get_train_initializer, load_model, select_weights
 from .devices import parse_device
+from .engine import check_weight_names
 from .sessions import SessionRunner, make_session, to_ortvalue
 
 __all__ = ["OrtGradientForwardBackward", "OrtGradientForwardBackwardFunction"]
 
-_FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE,
+                TensorProto.BFLOAT16}
 
 
 def _device_from_providers(providers, device_index):
@@ -48,8 +51,8 @@ class OrtGradientForwardBackward:
         reaching an output (:func:`onnxtrain.get_train_initializer`), sorted
         by name as onnxcustom sorted them.
     input_names : list of str, default=None
-        Model inputs ``forward`` takes (default: all of them); gradients are
-        computed for the float ones.
+        The model's inputs in the order ``forward`` takes them (default: the
+        graph's order); gradients are computed for the float ones.
     output_names : list of str, default=None
         Outputs ``forward`` returns and ``backward`` receives gradients for
         (default: all of them).
@@ -76,8 +79,10 @@ graph_builder_config, enable_logging, debug
     Raises
     ------
     ValueError
-        ``weights_to_train`` empty or unknown names, unknown providers, no
-        float input or weight to differentiate.
+        ``weights_to_train`` empty or unknown names, ``input_names`` not the
+        model's inputs, unknown providers.
+    TypeError
+        ``weights_to_train`` not a list of str.
     onnxtrain.exceptions.MissingVJPRuleError
         A node on the path has no gradient rule.
     """
@@ -88,6 +93,9 @@ graph_builder_config, enable_logging, debug
                  graph_builder_config=None, device_index=0,
                  enable_logging=False, debug=False):
         model = load_model(onx)
+        check_weight_names(weights_to_train)
+        if isinstance(weights_to_train, str):
+            weights_to_train = [weights_to_train]
         if weights_to_train is None:
             weights_to_train = sorted(get_train_initializer(model))
         if len(weights_to_train) == 0:
@@ -104,6 +112,10 @@ graph_builder_config, enable_logging, debug
         weights = set(self._weights_to_train)
         graph_inputs = [i for i in model.graph.input if i.name not in weights]
         self._input_names = list(input_names or [i.name for i in graph_inputs])
+        if sorted(self._input_names) != sorted(i.name for i in graph_inputs):
+            raise ValueError(f"input_names={input_names!r} must name every input "
+                             f"of the model but the weights, "
+                             f"{[i.name for i in graph_inputs]} (in any order).")
         self._output_names = list(output_names or
                                   [o.name for o in model.graph.output])
         float_inputs = [i.name for i in graph_inputs
