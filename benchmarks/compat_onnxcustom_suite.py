@@ -69,37 +69,39 @@ MODULES = {
 #: Names onnxcustom renamed since (old name -> onnxtrain's).
 NAMES = {"LearningRateSGDRegressor": "LearningRateSGD"}
 
+FB = "test_optimizers_forward_backward::test_ort_gradient_optimizers_"
+CLS = "test_optimizers_classification::test_ort_gradient_optimizers_"
 #: Failing tests counted apart, and why.
 EXCEPTED = {
-    "test_optimizers_classification::test_ort_gradient_optimizers_binary":
+    CLS + "binary":
         "SGDClassifier(loss='log'): removed by scikit-learn 1.3",
-    "test_optimizers_classification::test_ort_gradient_optimizers_fw_nesterov_binary":
+    CLS + "fw_nesterov_binary":
         "SGDClassifier(loss='log'): removed by scikit-learn 1.3",
-    "test_optimizers_classification::test_ort_gradient_optimizers_fw_nesterov_binary_weight":
+    CLS + "fw_nesterov_binary_weight":
         "SGDClassifier(loss='log'): removed by scikit-learn 1.3",
     "test_optimizers_nan::test_ort_gradient_optimizers_binary":
         "SGDClassifier(loss='log'): removed by scikit-learn 1.3",
     "test_optimizers_nan::test_ort_gradient_optimizers_fw_sgd_binary":
         "SGDClassifier(loss='log'): removed by scikit-learn 1.3",
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_use_numpy_log":
+    FB + "use_numpy_log":
         "reads onnxcustom's log text",
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_use_numpy_log_w":
+    FB + "use_numpy_log_w":
         "reads onnxcustom's log text",
 }
 _CTOR = ("the estimator keeps its parameters as given (scikit-learn's rule); "
          "onnxcustom turned the strings into objects in __init__")
 #: Failing tests where onnxtrain differs on purpose (README, porting section).
 DELIBERATE = {
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_use_numpy_zero": _CTOR,
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_optimal_use_ort_w_absolute": _CTOR,
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_optimal_use_ort_w_elastic": _CTOR,
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_use_numpy_pickle_w_nesterov": _CTOR,
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_use_numpy_pickle_w_nesterov_rate": _CTOR,
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_use_numpy_nn":
+    FB + "use_numpy_zero": _CTOR,
+    FB + "optimal_use_ort_w_absolute": _CTOR,
+    FB + "optimal_use_ort_w_elastic": _CTOR,
+    FB + "use_numpy_pickle_w_nesterov": _CTOR,
+    FB + "use_numpy_pickle_w_nesterov_rate": _CTOR,
+    FB + "use_numpy_nn":
         "weight names need not be in graph order",
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_use_numpy_nn_w":
+    FB + "use_numpy_nn_w":
         "weight names need not be in graph order",
-    "test_optimizers_forward_backward::test_ort_gradient_optimizers_nesterov_penalty_l2":
+    FB + "nesterov_penalty_l2":
         "penalties are part of the update graph (no graphs of their own)",
     "test_gradient_mlp::test_gradient_mlpregressor":
         "get_state() returns numpy arrays; reads internals (train_function_, "
