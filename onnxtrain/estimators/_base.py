@@ -186,8 +186,9 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """(unweighted, weighted) loss graphs, each built at its first use
         (:class:`~onnxtrain.training_graphs.LossGraphs`); the unweighted one
         now, as ``loss.loss_grad_onnx_``, which the seed reads after fit."""
-        graphs = LossGraphs(loss, elem_type, small_graph_opset(self._training_model(), _OPSET),
-                            self._output_rank, self._weight_input())
+        opset = small_graph_opset(self._training_model(), _OPSET)
+        graphs = LossGraphs(loss, elem_type, opset, self._output_rank,
+                            self._weight_input())
         graphs[False]
         return graphs
 
