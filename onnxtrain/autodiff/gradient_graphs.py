@@ -3,7 +3,8 @@ pass): the split form (forward + backward models), the fused form, and the
 two pieces every training graph shares, the weights turned into graph inputs
 (:func:`weights_as_inputs`) and the seed of a loss computed in the graph
 (:func:`seed_with_ones`). :mod:`onnxtrain.training_graphs` builds the
-training graphs of every path from these."""
+training graphs of every path from these (the artifacts' too, through
+:func:`move_to_inputs`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ from ..graph import clean_shape, elem_type_to_numpy
 from .backward import backward, implicit_inputs
 
 __all__ = ["GradientModels", "build_gradient_models", "build_fused_model",
-           "gradient_models_from", "fused_model_from", "weights_as_inputs",
-           "seed_with_ones"]
+           "gradient_models_from", "fused_model_from", "move_to_inputs",
+           "weights_as_inputs", "seed_with_ones"]
 
 
 @dataclass
@@ -61,12 +62,48 @@ def _value_info(name, types):
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
+def move_to_inputs(graph, wrt, types, keep_initializer_inputs=True):
+    """The weights ``wrt`` moved from initializers to graph inputs: the one
+    surgery every training graph (split, fused, artifacts) makes.
+
+    Parameters
+    ----------
+    graph : onnx.GraphProto
+        Not modified.
+    wrt : list of str
+        Initializers (or inputs) to feed, typed from ``types``.
+    types : dict
+        name -> (elem_type, shape) (:func:`~onnxtrain.graph.infer_value_types`,
+        or the initializers' own types).
+    keep_initializer_inputs : bool, default=True
+        Whether graph inputs that are also initializers (not in ``wrt``)
+        stay inputs (an export with ``keep_initializers_as_inputs``).
+
+    Returns
+    -------
+    inputs : list of ValueInfoProto
+        The other inputs, then one per weight in ``wrt`` order.
+    initializers : list of TensorProto
+        The initializers but the weights.
+
+    Raises
+    ------
+    ValueError
+        A weight whose element type ``types`` lacks.
+    """
+    wrt_set = set(wrt)
+    inits = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in wrt_set
+              and (keep_initializer_inputs or i.name not in inits)]
+    inputs += [_value_info(w, types) for w in wrt]
+    return inputs, [i for i in graph.initializer if i.name not in wrt_set]
+
+
 def weights_as_inputs(model, wrt, types, extra_outputs=(), nodes=None,
                       extra_inputs=(), initializers=(), name=None,
                       opset_imports=None):
     """``model`` with the weights ``wrt`` moved from initializers to graph
-    inputs (after the other inputs): the one way every training graph
-    (split, fused, step, artifacts) turns weights into inputs.
+    inputs (after the other inputs, :func:`move_to_inputs`).
 
     Parameters
     ----------
@@ -100,17 +137,14 @@ def weights_as_inputs(model, wrt, types, extra_outputs=(), nodes=None,
         A weight whose element type ``types`` lacks.
     """
     graph = model.graph
-    wrt_set = set(wrt)
-    inputs = [i for i in graph.input if i.name not in wrt_set]
-    inputs += [_value_info(w, types) for w in wrt] + list(extra_inputs)
-    inits = [i for i in graph.initializer if i.name not in wrt_set]
+    inputs, inits = move_to_inputs(graph, wrt, types)
     outputs = list(graph.output) + [
         n if not isinstance(n, str) else _value_info(n, types)
         for n in extra_outputs]
     new_graph = helper.make_graph(
         list(graph.node) if nodes is None else list(nodes),
-        graph.name if name is None else name, inputs, outputs,
-        inits + list(initializers), value_info=list(graph.value_info))
+        graph.name if name is None else name, inputs + list(extra_inputs),
+        outputs, inits + list(initializers), value_info=list(graph.value_info))
     new_graph.sparse_initializer.extend(graph.sparse_initializer)
     return _model_like(model, new_graph, opset_imports)
 

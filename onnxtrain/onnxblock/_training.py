@@ -16,7 +16,7 @@ import onnx
 from onnx import helper
 
 from ..autodiff import backward
-from ..autodiff.gradient_graphs import seed_with_ones
+from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types)
 from ..models import check_weights_reach_outputs
@@ -123,11 +123,6 @@ def _check_parameters(graph, trainable, frozen):
         raise ValueError(f"Trainable names {not_float} are not float "
                          "tensors; only float tensors have gradients.")
     return inits
-
-
-def _param_value_info(init):
-    return helper.make_tensor_value_info(init.name, init.data_type,
-                                         list(init.dims))
 
 
 def _model_like(model, graph):
@@ -240,23 +235,23 @@ def build_training_models(state, output_names, trainable, frozen):
     nodes, grad_inits, buffers, lazy_vi, acc_outputs = _gradient_nodes(
         model, trainable + input_grads, loss, types, buffer_types)
 
-    param_set = set(params)
-    user_inputs = [i for i in graph.input
-                   if i.name not in param_set and i.name not in inits]
-    param_inputs = [_param_value_info(inits[p]) for p in params]
-    constants = [i for i in graph.initializer if i.name not in param_set]
+    param_types = {p: (inits[p].data_type, tuple(inits[p].dims)) for p in params}
+    inputs, constants = move_to_inputs(graph, params, param_types,
+                                       keep_initializer_inputs=False)
+    user_inputs = inputs[:len(inputs) - len(params)]
     outputs = list(graph.output)[:len(base.graph.output)]
     update_outputs = list(graph.output)[len(base.graph.output):]
 
     train_graph = helper.make_graph(
         list(graph.node) + nodes, f"{graph.name}_training",
-        user_inputs + param_inputs + buffers + [lazy_vi],
+        inputs + buffers + [lazy_vi],
         outputs + acc_outputs + update_outputs, constants + grad_inits)
     training = _model_like(model, train_graph)
+    eval_inputs, eval_constants = move_to_inputs(
+        base.graph, params, param_types, keep_initializer_inputs=False)
     eval_graph = helper.make_graph(
         _inference_mode(base.graph.node), f"{graph.name}_eval",
-        user_inputs + param_inputs, outputs,
-        [i for i in base.graph.initializer if i.name not in param_set])
+        eval_inputs, outputs, eval_constants)
     evaluation = _model_like(model, eval_graph)
 
     layout = {"user_inputs": [i.name for i in user_inputs],
