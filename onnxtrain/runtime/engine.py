@@ -130,6 +130,11 @@ class OrtGradientForwardBackward:
                     self._models = models
         return self._models
 
+    @models.setter
+    def models(self, value):
+        self._models = value
+        self._forward_runner = self._gradient_runner = None
+
     @property
     def _forward(self):
         if self._forward_runner is None:
