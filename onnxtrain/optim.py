@@ -146,8 +146,9 @@ class BaseLearningRate(BaseEstimator):
 
     # --------------------------------------------------------- update graph
     def init_state(self, shape, dtype):
-        """Initial optimizer state of one weight: one array per state name."""
-        return self.update_rule().init(shape, dtype)
+        """Initial optimizer state of one weight: one array per state name
+        (zeros, as every rule of :mod:`onnxtrain.update_rules` starts)."""
+        return [np.zeros(shape, dtype=dtype) for _ in self.state_names]
 
     def update_rule(self):
         """The :class:`~onnxtrain.update_rules.UpdateRule` of this object's
@@ -186,7 +187,8 @@ class BaseLearningRate(BaseEstimator):
             g.reserve(name)
         inputs = [tensor_input(n, elem_type, []) for n in scalars]
         outputs, penalties = [], []
-        rule = self.update_rule()
+        legacy = type(self)._update is not BaseLearningRate._update
+        rule = None if legacy else self.update_rule()
         rule_scalars = self._rule_scalars()
         for name, shape in weights:
             states = [f"{name}_{s}" for s in self.state_names]
@@ -203,7 +205,10 @@ class BaseLearningRate(BaseEstimator):
                 grad, value = penalty.penalize(g, name, grad, "penalty_scale")
                 if value is not None:
                     penalties.append(value)
-            rule.update(g, elem_type, name, grad, states, rule_scalars, news)
+            if rule is None:  # a subclass of the former API (_update)
+                self._update(g, name, grad, states, news[0], news[1:])
+            else:
+                rule.update(g, elem_type, name, grad, states, rule_scalars, news)
         total = "loss"
         for value in penalties:
             total = g.op("Add", total, value)
@@ -216,6 +221,11 @@ class BaseLearningRate(BaseEstimator):
     def _rule_scalars(self):
         """The rule's scalars: graph inputs of the same names."""
         return {"learning_rate": "learning_rate", "step": "step"}
+
+    def _update(self, g, weight, grad, states, new_weight, new_states):
+        """The former extension point: a subclass overriding it emits the
+        update of one weight itself instead of :meth:`update_rule`'s."""
+        raise NotImplementedError
 
 
 class LearningRateSGD(BaseLearningRate):
