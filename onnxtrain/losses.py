@@ -31,6 +31,8 @@ import numpy as np
 from onnx import TensorProto
 from sklearn.base import BaseEstimator
 
+from .loss_emitters import (absolute_error, log_softmax,
+                            logistic_loss_on_logits, squared_error)
 from ._small import (check_float_type, finish, new_builder, resolve_named,
                      tensor_input)
 from .graph import elem_type_to_numpy
@@ -229,8 +231,7 @@ class SquareLearningLoss(BaseLearningLoss):
     """
 
     def _build(self, g, expected, predicted, weight, elem_type, rank):
-        d = g.op("Sub", predicted, expected)
-        square = g.op("Mul", d, d)
+        d, square = squared_error(g, predicted, expected)
         half = g.const(0.5, elem_type)
         if weight is None:
             rows = g.cast(g.op("Gather", g.shape_of(predicted),
@@ -272,8 +273,8 @@ class AbsoluteLearningLoss(BaseLearningLoss):
     """
 
     def _build(self, g, expected, predicted, weight, elem_type, rank):
-        d = g.op("Sub", predicted, expected)
-        _reduce_rows(g, g.op("Abs", d), g.op("Sign", d), predicted, weight,
+        d, absolute = absolute_error(g, predicted, expected)
+        _reduce_rows(g, absolute, g.op("Sign", d), predicted, weight,
                      elem_type, rank, mean_over_outputs=True)
 
     def loss_per_row(self, y, y_pred):
@@ -319,9 +320,9 @@ class ElasticLearningLoss(BaseLearningLoss):
                                  f"{value!r}.")
 
     def _build(self, g, expected, predicted, weight, elem_type, rank):
-        d = g.op("Sub", predicted, expected)
+        d, absolute = absolute_error(g, predicted, expected)
         l1 = g.const(self.l1_weight, elem_type)
-        loss = g.op("Add", g.op("Mul", g.op("Abs", d), l1),
+        loss = g.op("Add", g.op("Mul", absolute, l1),
                     g.op("Mul", g.op("Mul", d, d), g.const(self.l2_weight, elem_type)))
         grad = g.op("Add", g.op("Mul", g.op("Sign", d), l1),
                     g.op("Mul", d, g.const(2.0 * self.l2_weight, elem_type)))
@@ -397,9 +398,7 @@ class NegLogLearningLoss(BaseLearningLoss):
         one = g.const(1.0, elem_type)
         if self._sigmoid():
             s = predicted
-            softplus = g.op("Add", g.op("Relu", s), g.op(
-                "Log", g.op("Add", one, g.op("Exp", g.op("Neg", g.op("Abs", s))))))
-            loss = g.op("Sub", softplus, g.op("Mul", expected, s))
+            loss = logistic_loss_on_logits(g, s, expected, elem_type)
             grad = g.op("Sub", g.op("Sigmoid", s), expected)
         else:
             lo, hi = _clip_bounds(self.eps, elem_type_to_numpy(elem_type))
@@ -479,7 +478,7 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
 
     def _build(self, g, expected, predicted, weight, elem_type, rank):
         if self.from_logits:
-            log_p = g.op("LogSoftmax", predicted, axis=1)
+            log_p = log_softmax(g, predicted)
             # exp(log_softmax) is softmax to an ulp; onnxruntime's Exp costs
             # a quarter of a second Softmax (measured on (200, 10) float32)
             softmax = g.op("Exp", log_p)

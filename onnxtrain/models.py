@@ -42,7 +42,7 @@ def load_model(model):
         f"file, got {type(model).__module__}.{type(model).__qualname__}")
 
 
-def select_weights(model, weights_to_train=None):
+def select_weights(model, weights_to_train=None, types=None):
     """Validate ``weights_to_train`` against ``model``.
 
     Parameters
@@ -53,6 +53,9 @@ def select_weights(model, weights_to_train=None):
         except the running statistics of BatchNormalization nodes
         (:func:`onnxtrain.training_mode.running_statistics`), which are
         never trained by gradient.
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known
+        (shape inference runs otherwise).
 
     Returns
     -------
@@ -70,7 +73,8 @@ def select_weights(model, weights_to_train=None):
         gradient).
     """
     statistics = set(running_statistics(model))
-    candidates = [n for n in trainable_initializers(model) if n not in statistics]
+    candidates = [n for n in trainable_initializers(model, types=types)
+                  if n not in statistics]
     if weights_to_train is None:
         if not candidates:
             raise ValueError(
@@ -97,7 +101,7 @@ def select_weights(model, weights_to_train=None):
     if not names:
         raise ValueError("weights_to_train is empty: nothing to train.")
     if not set(names) & set(candidates):  # else one reaches: nothing to check
-        check_weights_reach_outputs(model, names)
+        check_weights_reach_outputs(model, names, types=types)
     return names
 
 

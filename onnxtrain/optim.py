@@ -1,13 +1,16 @@
-"""Learning rates and update rules (SGD, momentum, Nesterov, Adam, AdamW).
+"""Learning-rate objects: a learning-rate schedule plus an update rule
+(SGD, momentum, Nesterov, Adam, AdamW), the seed's (onnxcustom's) API.
 
 A learning-rate object has two halves:
 
 - a schedule evaluated on the host (``schedule(t) -> float``, updated at the
   end of each epoch) and the scalars fed to the update graph at each step
-  (``step_scalars(step)``, e.g. Adam's bias-corrected step size);
+  (``step_scalars(step)``);
 - the update graph (``build_onnx``), one small ONNX graph updating every
   weight and its optimizer state (velocity, first and second moments), kept
-  as OrtValues on the device by the trainer.
+  as OrtValues on the device by the trainer. Its formula is an update rule
+  of :mod:`onnxtrain.update_rules` (:meth:`BaseLearningRate.update_rule`):
+  this module only adapts the rules to the seed's graph layout.
 
 Formulas follow scikit-learn's ``sklearn/neural_network/_stochastic_optimizers.py``
 (SGD with momentum/Nesterov, Adam) so that loss curves overlay MLPRegressor's;
@@ -24,6 +27,7 @@ from sklearn.base import BaseEstimator
 
 from ._small import (check_float_type, finish, new_builder, resolve_named,
                      tensor_input)
+from .update_rules import AdamRule, MomentumRule, SGDRule
 
 __all__ = ["BaseLearningRate", "LearningRateSGD", "LearningRateSGDNesterov",
            "LearningRateAdam", "LearningRateAdamW", "check_learning_rate",
@@ -35,9 +39,11 @@ _SCHEDULES = ("constant", "invscaling", "optimal", "adaptive")
 class BaseLearningRate(BaseEstimator):
     """Schedule + update graph.
 
-    Subclasses set :attr:`state_names` (per-weight optimizer state) and
-    define :meth:`_update` (nodes updating one weight); they may override
-    :meth:`schedule` and :meth:`step_scalars`.
+    Subclasses set :attr:`state_names` (per-weight optimizer state, the
+    names of their rule's states in the graph) and define
+    :meth:`update_rule` (the :class:`~onnxtrain.update_rules.UpdateRule`
+    updating one weight); they may override :meth:`schedule` and
+    :meth:`step_scalars`.
 
     Attributes
     ----------
@@ -140,8 +146,14 @@ class BaseLearningRate(BaseEstimator):
 
     # --------------------------------------------------------- update graph
     def init_state(self, shape, dtype):
-        """Initial optimizer state of one weight: one array per state name."""
+        """Initial optimizer state of one weight: one array per state name
+        (zeros, as every rule of :mod:`onnxtrain.update_rules` starts)."""
         return [np.zeros(shape, dtype=dtype) for _ in self.state_names]
+
+    def update_rule(self):
+        """The :class:`~onnxtrain.update_rules.UpdateRule` of this object's
+        parameters (a new object)."""
+        raise NotImplementedError
 
     def build_onnx(self, weights, elem_type=TensorProto.FLOAT, opset=None,
                    penalty=None, penalized=()):
@@ -175,6 +187,9 @@ class BaseLearningRate(BaseEstimator):
             g.reserve(name)
         inputs = [tensor_input(n, elem_type, []) for n in scalars]
         outputs, penalties = [], []
+        legacy = type(self)._update is not BaseLearningRate._update
+        rule = None if legacy else self.update_rule()
+        rule_scalars = self._rule_scalars()
         for name, shape in weights:
             states = [f"{name}_{s}" for s in self.state_names]
             feeds = [name, f"{name}_grad"] + states
@@ -190,7 +205,10 @@ class BaseLearningRate(BaseEstimator):
                 grad, value = penalty.penalize(g, name, grad, "penalty_scale")
                 if value is not None:
                     penalties.append(value)
-            self._update(g, name, grad, states, news[0], news[1:])
+            if rule is None:  # a subclass of the former API (_update)
+                self._update(g, name, grad, states, news[0], news[1:])
+            else:
+                rule.update(g, elem_type, name, grad, states, rule_scalars, news)
         total = "loss"
         for value in penalties:
             total = g.op("Add", total, value)
@@ -200,7 +218,13 @@ class BaseLearningRate(BaseEstimator):
                                  outputs)
         return self.axpy_onnx_
 
+    def _rule_scalars(self):
+        """The rule's scalars: graph inputs of the same names."""
+        return {"learning_rate": "learning_rate", "step": "step"}
+
     def _update(self, g, weight, grad, states, new_weight, new_states):
+        """The former extension point: a subclass overriding it emits the
+        update of one weight itself instead of :meth:`update_rule`'s."""
         raise NotImplementedError
 
 
@@ -263,9 +287,8 @@ class LearningRateSGD(BaseLearningRate):
         raise ValueError(f"Unknown learning_rate schedule {kind!r}; expected one "
                          f"of {_SCHEDULES}.")
 
-    def _update(self, g, weight, grad, states, new_weight, new_states):
-        step = g.op("Mul", grad, "learning_rate")
-        g.op("Sub", weight, step, outputs=[new_weight])
+    def update_rule(self):
+        return SGDRule()
 
 
 class LearningRateSGDNesterov(LearningRateSGD):
@@ -294,16 +317,8 @@ class LearningRateSGDNesterov(LearningRateSGD):
         self.momentum = momentum
         self.nesterov = nesterov
 
-    def _update(self, g, weight, grad, states, new_weight, new_states):
-        mu = g.const(self.momentum, g.elem_type(weight))
-        step = g.op("Mul", grad, "learning_rate")
-        velocity = g.op("Sub", g.op("Mul", states[0], mu), step,
-                        outputs=[new_states[0]])
-        if self.nesterov:
-            g.op("Sub", g.op("Add", weight, g.op("Mul", velocity, mu)), step,
-                 outputs=[new_weight])
-        else:
-            g.op("Add", weight, velocity, outputs=[new_weight])
+    def update_rule(self):
+        return MomentumRule(self.momentum, self.nesterov)
 
 
 class LearningRateAdam(BaseLearningRate):
@@ -343,33 +358,14 @@ class LearningRateAdam(BaseLearningRate):
         return {"learning_rate": self.value, "step": float(step),
                 "decay": float(self.value * self.weight_decay)}
 
-    def _update(self, g, weight, grad, states, new_weight, new_states):
-        elem_type = g.elem_type(weight)
-        b1, b2 = (g.const(b, elem_type) for b in (self.beta_1, self.beta_2))
-        one_b1 = g.const(1 - self.beta_1, elem_type)
-        one_b2 = g.const(1 - self.beta_2, elem_type)
-        m = g.op("Add", g.op("Mul", states[0], b1), g.op("Mul", grad, one_b1),
-                 outputs=[new_states[0]])
-        v = g.op("Add", g.op("Mul", states[1], b2),
-                 g.op("Mul", g.op("Mul", grad, grad), one_b2),
-                 outputs=[new_states[1]])
-        denominator = g.op("Add", g.op("Sqrt", v), g.const(self.epsilon, elem_type))
-        step = g.op("Mul", g.op("Div", m, denominator), self._corrected_rate(g, elem_type))
-        decayed = g.op("Sub", weight, g.op("Mul", weight, "decay"))
-        g.op("Sub", decayed, step, outputs=[new_weight])
+    def update_rule(self):
+        return AdamRule(self.beta_1, self.beta_2, self.epsilon, self.weight_decay)
 
-
-    def _corrected_rate(self, g, elem_type):
-        """eta * sqrt(1 - beta_2**step) / (1 - beta_1**step), once per graph."""
-        if "corrected_rate" not in g.types:
-            one = g.const(1.0, elem_type)
-            b1, b2 = (g.const(b, elem_type) for b in (self.beta_1, self.beta_2))
-            root = g.op("Sqrt", g.op("Sub", one, g.op("Pow", b2, "step")))
-            ratio = g.op("Div", root, g.op("Sub", one, g.op("Pow", b1, "step")))
-            g.reserve("corrected_rate")
-            g.op("Mul", "learning_rate", ratio, outputs=["corrected_rate"])
-            g.set_type("corrected_rate", elem_type, ())
-        return "corrected_rate"
+    def _rule_scalars(self):
+        scalars = super()._rule_scalars()
+        if self.weight_decay:  # fed as learning_rate * weight_decay
+            scalars["decay"] = "decay"
+        return scalars
 
 
 class LearningRateAdamW(LearningRateAdam):

@@ -520,7 +520,7 @@ def _value_info_of(model, name, types=None):
     return helper.make_tensor_value_info(name, elem, clean_shape(shape))
 
 
-def prediction_graph(model, output_name=None):
+def prediction_graph(model, output_name=None, types=None):
     """A copy of ``model`` keeping a single output.
 
     Nodes not needed to compute that output (the label path of a
@@ -535,6 +535,9 @@ def prediction_graph(model, output_name=None):
         A graph output or an intermediate value of the main graph (whose
         type shape inference must then find). None selects the first float
         tensor output.
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known
+        (types an intermediate ``output_name`` without shape inference).
 
     Returns
     -------
@@ -560,7 +563,8 @@ def prediction_graph(model, output_name=None):
     if output_name not in known:
         raise ValueError(f"{output_name!r} is not a value of the graph "
                          f"(outputs: {_describe_outputs(graph)}).")
-    return _keep_output(source, output_name, _value_info_of(source, output_name))
+    return _keep_output(source, output_name,
+                        _value_info_of(source, output_name, types))
 
 
 def probability_graph(model):

@@ -1,12 +1,26 @@
-"""Fused training graphs: one ONNX graph per training step, and one ONNX
-``Loop`` running every step of an epoch.
+"""The assembly of training graphs: one module builds the graphs of every
+training path from one reverse pass each, only for the path chosen.
 
-Both are assembled from the pieces the split path runs separately: the
-fused forward/backward graph (:func:`onnxtrain.autodiff.build_fused_model`),
-the loss graph (``loss_grad_onnx_``: X1, X2[, weight] -> Y, Y_grad) and the
-update graph (``axpy_onnx_``). The loss graph's ``Y_grad`` feeds the
-backward nodes, whose ``<w>_grad`` feed the update: nothing leaves the
-graph but the new weights, the new optimizer state and the loss.
+- split (the seed's four graphs): :func:`onnxtrain.autodiff.build_gradient_models`
+  (forward model saving intermediates, backward model), built lazily by the
+  engine when a step first runs;
+- fused: one ONNX graph per training step (:func:`build_training_step`),
+  forward, loss and dE/dY, backward, update;
+- loop: one ONNX ``Loop`` running every step of an epoch
+  (:func:`build_training_loop`, :func:`build_epochs_loop`), from the step;
+- artifacts: the training model of :mod:`onnxtrain.onnxblock`
+  (:func:`onnxtrain.onnxblock._training.build_training_models`).
+
+They share the weights-to-inputs surgery
+(:func:`onnxtrain.autodiff.gradient_graphs.weights_as_inputs`) and the loss
+seed: the loss graph's ``Y_grad`` (``loss_grad_onnx_``: X1, X2[, weight] ->
+Y, Y_grad) renamed into the backward's ``<prediction>_grad`` here, ones for
+a loss computed in the graph
+(:func:`onnxtrain.autodiff.gradient_graphs.seed_with_ones`). The backward
+nodes' ``<w>_grad`` feed the update graph (``axpy_onnx_``): nothing leaves a
+fused graph but the new weights, the new optimizer state and the loss.
+:class:`TrainingGraphs` chooses and caches them for a trainer, with the
+shape inference of the model done once and passed down.
 """
 from __future__ import annotations
 
@@ -15,12 +29,18 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto, helper
 
-from .autodiff import build_fused_model
+from .autodiff import build_fused_model, build_gradient_models
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
-from .training_mode import updated_name
+from .training_mode import updated_name, with_running_statistics_updates
 
-__all__ = ["TrainingStep", "build_training_step", "build_training_loop"]
+__all__ = ["TrainingStep", "TrainingGraphs", "LossGraphs", "build_training_step",
+           "build_training_loop", "build_epochs_loop", "final_activation",
+           "small_graph_opset"]
+
+#: Lowest opset of the fused graphs (the loss and update graphs inlined in
+#: them are built at the model's opset).
+FUSED_MIN_OPSET = 13
 
 
 @dataclass
@@ -88,7 +108,8 @@ def _check_free(names, taken):
 
 def build_training_step(model, wrt, loss_model, update_model, state_names,
                         scalar_names, weighted=False, target_name="target__",
-                        weight_name="sample_weight__", buffers=()):
+                        weight_name="sample_weight__", buffers=(), types=None,
+                        loss_weight_name="weight"):
     """One graph: forward, loss and dE/dY, backward, update.
 
     Parameters
@@ -111,6 +132,11 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         Inputs of ``model`` updated by each step without gradient: the
         model outputs their new values as ``updated_name(buffer)``
         (:func:`onnxtrain.training_mode.with_running_statistics_updates`).
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known
+        (the reverse pass and the step then run no shape inference).
+    loss_weight_name : str, default="weight"
+        Name of the sample-weight input of ``loss_model``.
 
     Returns
     -------
@@ -126,7 +152,8 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     if not features:
         raise ValueError("The fused training step needs a model with an input.")
     prediction = model.graph.output[0].name
-    fused, bg = build_fused_model(model, wrt, [prediction])
+    types = infer_value_types(model) if types is None else types
+    fused, bg = build_fused_model(model, wrt, [prediction], types)
     taken = {n for node in fused.graph.node for n in list(node.input) + list(node.output)}
     taken |= {i.name for i in fused.graph.input} | {i.name for i in fused.graph.initializer}
     scalars = list(scalar_names) + ["penalty_scale"]
@@ -134,10 +161,11 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     _check_free([target_name, weight_name, "loss"] + scalars
                 + [s for group in states for s in group], taken)
 
-    types = infer_value_types(model)
     elem_type, out_shape = types[prediction]
+    # the loss seed: the loss graph's dE/dY is the backward's grad_output
     loss_rename = {"X1": target_name, "X2": prediction, "Y": "loss__Y",
-                   "Y_grad": bg.grad_output_names[0], "weight": weight_name}
+                   "Y_grad": bg.grad_output_names[0],
+                   loss_weight_name: weight_name}
     loss_nodes, loss_inits = _inline(loss_model, "loss__", loss_rename)
     update_rename = {n: n for n in scalars}
     update_rename.update({"loss": "loss__Y", "loss_total": "loss"})
@@ -455,3 +483,213 @@ def build_epochs_loop(loop):
                         ["n_epochs"] + [f"{s}__per_epoch" for s in varying]
                         + ["step__first", "batch_size"], list(loop.weights),
                         loop.states, list(loop.buffers), loop.n_features)
+
+
+def final_activation(model):
+    """(op_type, input name) of the node computing ``model``'s first output
+    (seen through Identity nodes) when it is a Sigmoid or a Softmax over
+    axis -1 or 1 (the class axis of an (N, C) output); (None, None)
+    otherwise."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    node = producers.get(model.graph.output[0].name)
+    while node is not None and node.op_type == "Identity":
+        node = producers.get(node.input[0])
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None, None
+    if node.op_type == "Sigmoid":
+        return "Sigmoid", node.input[0]
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+    if node.op_type == "Softmax" and axis in (-1, 1):
+        return "Softmax", node.input[0]
+    return None, None
+
+
+def loss_on_logits(model, loss, types=None):
+    """A loss on the probabilities of a final Softmax (cross-entropy) or
+    Sigmoid (log loss), rewritten as the same loss on the logits for the
+    fused paths: the gradient w.r.t. the logits is p - y (per row,
+    weighted), skipping the activation's VJP and the clipped log. The value
+    differs from the clipped one only where a probability lies within the
+    loss's ``eps`` of 0 or 1. Returns (model, loss): the arguments
+    themselves when nothing is rewritten, new objects otherwise. ``types``:
+    ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known."""
+    from sklearn.base import clone
+
+    from .losses import CrossEntropyLearningLoss, NegLogLearningLoss
+    from .rewrite import prediction_graph
+
+    kind, logits = final_activation(model)
+    if kind == "Softmax" and isinstance(loss, CrossEntropyLearningLoss) \
+            and not loss.from_logits:
+        return prediction_graph(model, logits, types), clone(loss).set_params(
+            from_logits=True)
+    if kind == "Sigmoid" and isinstance(loss, NegLogLearningLoss) \
+            and loss.probability_function in (None, "none"):
+        return prediction_graph(model, logits, types), clone(loss).set_params(
+            probability_function="sigmoid")
+    return model, loss
+
+
+class TrainingGraphs:
+    """The fused training graphs of one model, built on demand for the path
+    a fit chooses and cached: each from one reverse pass, with the types of
+    the model inferred once (given by the caller) and passed down.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Prediction graph, its weights as initializers.
+    weights : list of str
+    learning_rate : BaseLearningRate
+        Gives the state and scalar names, and the update graph.
+    spec : dict or None
+        ``loss`` (loss object), ``penalty``, ``penalized``, ``shapes``
+        (weight name -> shape), ``elem_type``, ``rank``; None: the graph
+        computes its own loss and has no fused path.
+    loss_graphs : sequence, default=None
+        ``loss_graphs[weighted]`` is the loss graph of ``spec['loss']``
+        (built on first access, see :class:`LossGraphs`), reused when it was
+        built at the model's opset and the loss is not rewritten.
+    update_graph : onnx.ModelProto, default=None
+        The learning rate's ``axpy_onnx_``, reused at the model's opset.
+    buffer_names : list of str, default=()
+        Running statistics the split path updates (the fused graphs must
+        update the same).
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types`.
+    """
+
+    def __init__(self, model, weights, learning_rate, spec, loss_graphs=None,
+                 update_graph=None, buffer_names=(), types=None):
+        self.model = model
+        self.weights = list(weights)
+        self.learning_rate = learning_rate
+        self.spec = spec
+        self.loss_graphs = loss_graphs
+        self.update_graph = update_graph
+        self.buffer_names = list(buffer_names)
+        self.types = types
+        self._cache = {}
+
+    def split(self, model, outputs=None):
+        """The split path's :class:`~onnxtrain.autodiff.GradientModels` of
+        ``model`` (this one, or its copy with the running statistics as
+        inputs) for the differentiated ``outputs``: one reverse pass, with
+        the types known when ``model`` adds no value."""
+        key = ("split", tuple(outputs or ()))
+        if key not in self._cache:
+            types = self.types if not self.buffer_names else None
+            self._cache[key] = build_gradient_models(model, self.weights,
+                                                     outputs, types)
+        return self._cache[key]
+
+    def get(self, kind, weighted):
+        """The graph ``kind`` ('step', 'loop' or 'epochs') as a
+        :class:`TrainingStep`, or a str saying why it is unavailable."""
+        key = (kind, bool(weighted))
+        if key not in self._cache:
+            if kind == "step":
+                self._cache[key] = self._step(bool(weighted))
+            else:
+                step = self.get("step", weighted)
+                if isinstance(step, str):
+                    self._cache[key] = step
+                elif kind == "loop":
+                    self._cache[key] = build_training_loop(step)
+                else:
+                    self._cache[key] = build_epochs_loop(self.get("loop", weighted))
+        return self._cache[key]
+
+    def _step(self, weighted):
+        spec = self.spec
+        if spec is None or spec.get("loss") is None:
+            return "the graph computes its own loss"
+        opset = opset_of(self.model)
+        if opset is None or opset < FUSED_MIN_OPSET:
+            return f"opset {opset} < {FUSED_MIN_OPSET}"
+        model, loss = loss_on_logits(self.model, spec["loss"], self.types)
+        rewritten = model is not self.model
+        model, buffers, _ = with_running_statistics_updates(model)
+        if buffers != self.buffer_names:
+            return "the running statistics do not all reach the logits"
+        loss_graph = self._loss_graph(loss, rewritten, weighted, opset)
+        update = self.update_graph
+        if update is None or opset_of(update) != opset:
+            from sklearn.base import clone
+            update = clone(self.learning_rate).build_onnx(
+                [(w, spec["shapes"][w]) for w in self.weights],
+                spec["elem_type"], opset, spec["penalty"], spec["penalized"])
+        # the types of the model hold for its rewrites without new values
+        types = self.types if not buffers else None
+        try:
+            return build_training_step(
+                model, self.weights, loss_graph, update,
+                self.learning_rate.state_names, self.learning_rate.scalar_names,
+                weighted, buffers=buffers, types=types,
+                loss_weight_name=_weight_input_of(loss_graph, weighted))
+        except ValueError as exc:
+            return str(exc)
+
+    def _loss_graph(self, loss, rewritten, weighted, opset):
+        graphs = self.loss_graphs
+        if not rewritten:
+            if graphs is not None and graphs.opset == opset:
+                return graphs[weighted]
+            from sklearn.base import clone
+            loss = clone(loss)  # the caller's keeps its loss_grad_onnx_
+        return loss.build_onnx(self.spec["elem_type"], opset,
+                               weight_name="weight" if weighted else None,
+                               rank=self.spec["rank"])
+
+
+def _weight_input_of(loss_graph, weighted):
+    """Name of the sample-weight input of a loss graph (its third)."""
+    inputs = loss_graph.graph.input
+    return inputs[2].name if weighted and len(inputs) > 2 else "weight"
+
+
+class LossGraphs:
+    """``(unweighted, weighted)`` loss graphs of a loss, each built at its
+    first access (a fit without sample weights never builds the weighted
+    one); the unweighted one ends as ``loss.loss_grad_onnx_``.
+
+    Parameters
+    ----------
+    loss : BaseLearningLoss
+    elem_type : int
+    opset : int
+    rank : int
+    weight_name : str
+        Sample-weight input of the weighted graph.
+    """
+
+    def __init__(self, loss, elem_type, opset, rank, weight_name):
+        self.loss, self.elem_type, self.opset = loss, elem_type, opset
+        self.rank, self.weight_name = rank, weight_name
+        self._graphs = [None, None]
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, weighted):
+        index = int(weighted)
+        if self._graphs[index] is None:
+            unweighted = getattr(self.loss, "loss_grad_onnx_", None)
+            if index:
+                self._graphs[1] = self.loss.build_onnx(
+                    self.elem_type, self.opset, weight_name=self.weight_name,
+                    rank=self.rank)
+                if unweighted is not None:  # keep loss_grad_onnx_ unweighted
+                    self.loss.loss_grad_onnx_ = unweighted
+            else:
+                self._graphs[0] = self.loss.build_onnx(
+                    self.elem_type, self.opset, rank=self.rank)
+        return self._graphs[index]
+
+
+def small_graph_opset(model, default=17):
+    """Opset of the loss and update graphs trained with ``model``: the
+    model's (so that the fused graphs inline the very graphs the split path
+    runs, built once) from :data:`FUSED_MIN_OPSET` on, ``default`` below."""
+    opset = opset_of(model)
+    return opset if opset is not None and opset >= FUSED_MIN_OPSET else default

@@ -8,7 +8,8 @@ nodes; :func:`build_gradient_models` (split form) and
 from . import rules  # importing registers the rules
 from .backward import BackwardGraph, backward, trainable_initializers
 from .context import VJPContext, sum_to
-from .models import GradientModels, build_fused_model, build_gradient_models
+from .gradient_graphs import (GradientModels, build_fused_model,
+                              build_gradient_models, weights_as_inputs)
 from .registry import (get_vjp_rule, is_nondifferentiable,
                        nondifferentiable_ops, register_nondifferentiable,
                        register_vjp, registered_vjp_ops)
@@ -17,4 +18,4 @@ __all__ = ["BackwardGraph", "GradientModels", "VJPContext", "backward",
            "build_fused_model", "build_gradient_models", "get_vjp_rule",
            "is_nondifferentiable", "nondifferentiable_ops",
            "register_nondifferentiable", "register_vjp", "registered_vjp_ops",
-           "rules", "sum_to", "trainable_initializers"]
+           "rules", "sum_to", "trainable_initializers", "weights_as_inputs"]

@@ -220,7 +220,7 @@ def _all_names(model):
     return names
 
 
-def backward(model, wrt, outputs=None):
+def backward(model, wrt, outputs=None, types=None):
     """Build the gradient nodes of ``outputs`` w.r.t. ``wrt``.
 
     Keeps the nodes on a path from ``wrt`` to ``outputs``, walks them in
@@ -237,6 +237,9 @@ def backward(model, wrt, outputs=None):
     outputs : list of str, default=None
         Outputs to differentiate; default: every float graph output that
         depends on ``wrt``.
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types`, when the
+        caller has it already (not modified); None runs shape inference.
 
     Returns
     -------
@@ -259,7 +262,9 @@ def backward(model, wrt, outputs=None):
         raise ValueError(f"The model's default-domain opset is {opset}; onnxtrain "
                          "differentiates opset 8 and newer (onnx.version_converter"
                          ".convert_version upgrades a model).")
-    types = infer_value_types(model)
+    # a copy: the builder records the gradients' types in it; a model that
+    # gained outputs (``named``) has values the caller's types lack
+    types = infer_value_types(model) if types is None or named else dict(types)
     sources = {i.name for i in graph.initializer} | {i.name for i in graph.input}
     unknown = [w for w in wrt if w not in sources]
     if unknown:
@@ -420,7 +425,7 @@ def fold_output_identities(nodes, outputs):
         nodes[:] = [n for n in nodes if id(n) not in removed]
 
 
-def trainable_initializers(model, candidates=None):
+def trainable_initializers(model, candidates=None, types=None):
     """Float initializers that reach a float output through differentiable ops.
 
     Parameters
@@ -429,6 +434,8 @@ def trainable_initializers(model, candidates=None):
         Not modified.
     candidates : list of str, default=None
         Restrict the search to these names (default: every initializer).
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known.
 
     Returns
     -------
@@ -440,7 +447,7 @@ def trainable_initializers(model, candidates=None):
         through non-differentiable ops.
     """
     graph = model.graph
-    types = infer_value_types(model)
+    types = infer_value_types(model) if types is None else types
     names = [i.name for i in graph.initializer
              if i.data_type in FLOAT_TYPES and len(i.dims) > 0]
     if candidates is not None:

@@ -25,6 +25,7 @@ from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
 from ..runtime.engine import check_weight_names
 from ..training_mode import inference_mode
+from ..training_graphs import LossGraphs, small_graph_opset
 from ._trainer import Trainer
 from ._inputs import (GraphInputs, check_batch_dimension, check_features,
                       data_inputs)
@@ -153,8 +154,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         graph is built."""
         resolved = resolve_learning_loss(self.learning_loss or self._default_loss)
         loss = self._adapt_loss(resolved)
-        types = infer_value_types(model)
-        self.weights_to_train_ = select_weights(model, self.weights_to_train)
+        types = self._training_types()
+        self.weights_to_train_ = select_weights(model, self.weights_to_train, types)
         learning_rate = resolve_learning_rate(self.learning_rate)
         penalty = resolve_learning_penalty(self.learning_penalty)
         out_type, out_shape = types[model.graph.output[0].name]
@@ -164,7 +165,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if getattr(penalty, "exclude_bias", True):
             penalized -= set(bias_weights(model, self.weights_to_train_))
         learning_rate.build_onnx([(w, types[w][1]) for w in self.weights_to_train_],
-                                 out_type, _OPSET, penalty, penalized)
+                                 out_type, small_graph_opset(model, _OPSET), penalty,
+                                 penalized)
         self._loss_models = self._build_loss_models(loss, out_type)
         self._fused_spec = None if self._loss_models is None else {
             "loss": loss, "penalty": penalty, "penalized": penalized,
@@ -181,17 +183,20 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return loss
 
     def _build_loss_models(self, loss, elem_type):
-        """(unweighted, weighted) loss graphs; ``loss.loss_grad_onnx_`` ends
-        as the unweighted one."""
-        weighted = loss.build_onnx(elem_type, _OPSET, weight_name=self._weight_input(),
-                                   rank=self._output_rank)
-        return loss.build_onnx(elem_type, _OPSET, rank=self._output_rank), weighted
+        """(unweighted, weighted) loss graphs, each built at its first use
+        (:class:`~onnxtrain.training_graphs.LossGraphs`); the unweighted one
+        now, as ``loss.loss_grad_onnx_``, which the seed reads after fit."""
+        opset = small_graph_opset(self._training_model(), _OPSET)
+        graphs = LossGraphs(loss, elem_type, opset, self._output_rank,
+                            self._weight_input())
+        graphs[False]
+        return graphs
 
     def _new_trainer(self, model):
         return Trainer(model, self.weights_to_train_, self.device,
                        self._loss_models, self.learning_rate_.axpy_onnx_,
                        self.learning_rate_, self._weight_input(),
-                       self._fused_spec)
+                       self._fused_spec, types=self._training_types())
 
     def _model_changed(self):
         """True when ``model_onnx`` is no longer the model of the last fit
@@ -273,8 +278,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if self.early_stopping and not incremental:
             X, X_val, y, y_val, sample_weight = self._early_stopping_split(
                 X, y, sample_weight)
-        # a path that cannot run raises here, not after the weights changed
-        self._choose_path(sample_weight, int(np.clip(self.batch_size, 1, len(X))))
+        # a path that cannot run raises here, not after the weights changed;
+        # its graphs are built now (and only its graphs)
+        path = self._choose_path(sample_weight,
+                                 int(np.clip(self.batch_size, 1, len(X))))
+        self._trainer.prepare(path, sample_weight is not None)
         if not (first or restart or incremental):
             # a new fit starts a new optimizer, as scikit-learn's warm start
             self._trainer.reset_state()  # does (last: nothing fails after)

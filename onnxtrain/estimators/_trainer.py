@@ -1,62 +1,23 @@
 """The execution state of a training run: sessions, weights and optimizer
 state on the device, and one training step. Not picklable: estimators keep
-numpy copies and rebuild a Trainer lazily."""
+numpy copies and rebuild a Trainer lazily. The graphs come from
+:mod:`onnxtrain.training_graphs`, built for the path a fit runs only; the
+Trainer only runs them."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..graph import elem_type_to_numpy, opset_of
+from ..graph import elem_type_to_numpy
 from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
                        to_ortvalue)
-from ..training_graphs import (build_epochs_loop, build_training_loop,
-                               build_training_step)
+from ..training_graphs import TrainingGraphs, final_activation
 from ..training_mode import with_running_statistics_updates
 from ._inputs import feature_arrays
 
-__all__ = ["Trainer", "final_activation"]
+__all__ = ["StepRunner", "Trainer", "final_activation"]
 
 _ITEMSIZE = {"tensor(float16)": 2, "tensor(bfloat16)": 2, "tensor(float)": 4,
              "tensor(double)": 8}
-
-
-def final_activation(model):
-    """(op_type, input name) of the node computing ``model``'s first output
-    (seen through Identity nodes) when it is a Sigmoid or a Softmax over
-    axis -1 or 1 (the class axis of an (N, C) output); (None, None)
-    otherwise."""
-    producers = {o: n for n in model.graph.node for o in n.output}
-    node = producers.get(model.graph.output[0].name)
-    while node is not None and node.op_type == "Identity":
-        node = producers.get(node.input[0])
-    if node is None or node.domain not in ("", "ai.onnx"):
-        return None, None
-    if node.op_type == "Sigmoid":
-        return "Sigmoid", node.input[0]
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-    if node.op_type == "Softmax" and axis in (-1, 1):
-        return "Softmax", node.input[0]
-    return None, None
-
-
-def _loss_on_logits(model, loss):
-    """A loss on the probabilities of a final Softmax (cross-entropy) or
-    Sigmoid (log loss), rewritten as the same loss on the logits for the
-    fused paths: the gradient w.r.t. the logits is p - y (per row,
-    weighted), skipping the activation's VJP and the clipped log. The value
-    differs from the clipped one only where a probability lies within the
-    loss's ``eps`` of 0 or 1. Returns (model, loss)."""
-    from ..losses import CrossEntropyLearningLoss, NegLogLearningLoss
-    from ..rewrite import prediction_graph
-
-    kind, logits = final_activation(model)
-    if kind == "Softmax" and isinstance(loss, CrossEntropyLearningLoss) \
-            and not loss.from_logits:
-        return prediction_graph(model, logits), loss.set_params(from_logits=True)
-    if kind == "Sigmoid" and isinstance(loss, NegLogLearningLoss) \
-            and loss.probability_function in (None, "none"):
-        return prediction_graph(model, logits), loss.set_params(
-            probability_function="sigmoid")
-    return model, loss
 
 
 def _without_initializer_inputs(model):
@@ -76,8 +37,12 @@ def _without_initializer_inputs(model):
     return new
 
 
-class Trainer:
-    """Forward, loss and dE/dY, backward, update: one step per batch.
+class StepRunner:
+    """Runs training steps: forward, loss and dE/dY, backward, update, one
+    step per batch (or the steps of whole epochs in one fused-loop run), on
+    the weights and optimizer state it keeps on the device. It only runs
+    graphs: :mod:`onnxtrain.training_graphs` builds them, the estimators'
+    epoch loop calls it. Formerly ``Trainer`` (still an alias).
 
     Parameters
     ----------
@@ -86,8 +51,10 @@ class Trainer:
         output is the loss).
     weights : list of str
     device : str
-    loss_models : tuple (unweighted, weighted) of onnx.ModelProto, or None
-        Loss graphs (inputs X1, X2[, weight]; outputs Y, Y_grad).
+    loss_models : sequence (unweighted, weighted) of onnx.ModelProto, or None
+        Loss graphs (inputs X1, X2[, weight]; outputs Y, Y_grad), read when
+        a step needs them (a :class:`~onnxtrain.training_graphs.LossGraphs`
+        builds each at its first access).
     update_model : onnx.ModelProto
         The learning-rate object's ``axpy_onnx_``.
     learning_rate : BaseLearningRate
@@ -99,6 +66,9 @@ class Trainer:
         opset: ``loss`` (loss object), ``penalty``, ``penalized``,
         ``shapes`` (weight name -> shape), ``elem_type``, ``rank``. None
         disables the fused paths.
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types`, passed down
+        to the graph builders (no shape inference of the model again).
 
     Attributes
     ----------
@@ -110,19 +80,28 @@ class Trainer:
     """
 
     def __init__(self, model, weights, device, loss_models, update_model,
-                 learning_rate, weight_input="weight", fused_spec=None):
+                 learning_rate, weight_input="weight", fused_spec=None,
+                 types=None):
         model = _without_initializer_inputs(model)
         running, self.buffer_names, initial = with_running_statistics_updates(model)
         outputs = None if loss_models and not self.buffer_names else [
             model.graph.output[0].name]
-        self.engine = OrtGradientForwardBackward(running, weights, device, outputs)
+        self.graphs = TrainingGraphs(
+            model, weights, learning_rate, fused_spec, loss_models,
+            update_model, self.buffer_names, types)
+        # the split graphs are built when a split step first runs
+        self.engine = OrtGradientForwardBackward(
+            running, weights, device, outputs,
+            types=None if self.buffer_names else types,
+            gradient_models=lambda: self.graphs.split(running, outputs))
         self.buffers = [to_ortvalue(initial[b], self.engine.device)
                         for b in self.buffer_names]
         self._new_buffers = None
         self.device = self.engine.device
         self.loss_models = loss_models
         self._loss_runners = {}
-        self.update = SessionRunner(update_model, self.device)
+        self.update_model = update_model
+        self._update = None
         self.learning_rate = learning_rate
         self.weight_input = weight_input
         self.step_count = 0
@@ -201,6 +180,13 @@ class Trainer:
                                              self.device)
         return self._scalars[key]
 
+    @property
+    def update(self):
+        """The update graph's runner (split path), made at its first step."""
+        if self._update is None:
+            self._update = SessionRunner(self.update_model, self.device)
+        return self._update
+
     def _loss_runner(self, weighted):
         if weighted not in self._loss_runners:
             self._loss_runners[weighted] = SessionRunner(
@@ -266,45 +252,20 @@ class Trainer:
         return self._forward(X, False)[0].numpy()
 
     # ----------------------------------------------------------- fused paths
+    def prepare(self, path, weighted):
+        """Build the graphs training ``path`` ('split', 'fused' or 'loop')
+        runs, so that a graph that cannot be built raises before any step
+        (the split graphs are otherwise built at the first step)."""
+        if path == "split":
+            self.engine.models  # noqa: B018 - builds them
+        else:
+            self.fused_graph("epochs" if path == "loop" else "step", weighted)
+
     def fused_graph(self, kind, weighted):
         """The fused graph ``kind`` ('step', 'loop' or 'epochs') as a
-        TrainingStep, or a str saying why it is unavailable."""
-        key = (kind, weighted)
-        if key not in self._fused:
-            self._fused[key] = self._build_fused(kind, weighted)
-        return self._fused[key]
-
-    def _build_fused(self, kind, weighted):
-        spec = self.fused_spec
-        if spec is None or spec.get("loss") is None:
-            return "the graph computes its own loss"
-        if kind != "step":
-            step = self.fused_graph("step", weighted)
-            if isinstance(step, str):
-                return step
-            loop = build_training_loop(step)
-            return loop if kind == "loop" else build_epochs_loop(loop)
-        opset = opset_of(self.model)
-        if opset is None or opset < 13:
-            return f"opset {opset} < 13"
-        from sklearn.base import clone
-        model, loss = _loss_on_logits(self.model, clone(spec["loss"]))
-        model, buffers, _ = with_running_statistics_updates(model)
-        if buffers != self.buffer_names:
-            return "the running statistics do not all reach the logits"
-        loss = loss.build_onnx(
-            spec["elem_type"], opset, weight_name="weight" if weighted else None,
-            rank=spec["rank"])
-        update = clone(self.learning_rate).build_onnx(
-            [(w, spec["shapes"][w]) for w in self.engine.weights_to_train],
-            spec["elem_type"], opset, spec["penalty"], spec["penalized"])
-        try:
-            return build_training_step(
-                model, self.engine.weights_to_train, loss, update,
-                self.learning_rate.state_names, self.learning_rate.scalar_names,
-                weighted, buffers=buffers)
-        except ValueError as exc:
-            return str(exc)
+        TrainingStep, or a str saying why it is unavailable
+        (:meth:`onnxtrain.training_graphs.TrainingGraphs.get`)."""
+        return self.graphs.get(kind, weighted)
 
     def parameter_bytes(self):
         """Bytes taken by the weights and the optimizer state."""
@@ -393,3 +354,7 @@ class Trainer:
             self._take_parameters(runner)
             self.step_count += n_batches * len(rates)
         return losses.reshape(len(rates), n_batches)
+
+
+#: Former name of :class:`StepRunner`.
+Trainer = StepRunner

@@ -223,9 +223,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
             self._y_ndim = y.ndim
         rank = getattr(self, "_output_rank", None)
         if rank is None:
-            from ..graph import infer_value_types
             model = self._training_model()
-            shape = infer_value_types(model)[model.graph.output[0].name][1]
+            shape = self._training_types()[model.graph.output[0].name][1]
             rank = 2 if shape is None else len(shape)
         if rank == 2 and y.ndim == 1:
             y = y.reshape(-1, 1)

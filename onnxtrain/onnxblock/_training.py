@@ -1,21 +1,23 @@
 """Assemble the training and eval models from a base model and a loss.
 
-The gradient nodes come from :func:`onnxtrain.autodiff.backward`; this
-module seeds the loss gradient with ones inside the graph (so the training
-model has no ``<loss>_grad`` input), adds gradient accumulation and turns
-the parameters into graph inputs.
+The artifacts' path of the assembly (:mod:`onnxtrain.training_graphs`):
+one reverse pass (:func:`onnxtrain.autodiff.backward`, given the types
+inferred here once), the loss gradient seeded with ones inside the graph
+(:func:`onnxtrain.autodiff.gradient_graphs.seed_with_ones`: the training
+model has no ``<loss>_grad`` input), gradient accumulation, and the
+parameters as graph inputs.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from ..autodiff import backward
-from ..graph import (FLOAT_TYPES, default_ir_version, elem_type_to_numpy,
+from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
+from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types)
 from ..models import check_weights_reach_outputs
 from ..training_mode import (batchnorm_buffers, running_statistics,
@@ -123,11 +125,6 @@ def _check_parameters(graph, trainable, frozen):
     return inits
 
 
-def _param_value_info(init):
-    return helper.make_tensor_value_info(init.name, init.data_type,
-                                         list(init.dims))
-
-
 def _model_like(model, graph):
     new = helper.make_model(graph, opset_imports=list(model.opset_import),
                             producer_name="onnxtrain")
@@ -156,17 +153,6 @@ def _inference_mode(nodes):
     return result
 
 
-def _seed_loss_gradient(g, loss, grad_output, elem_type):
-    """Emit grad_output = ones of the loss shape, placed before the
-    gradient nodes already in ``g``."""
-    start = len(g.nodes)
-    one = numpy_helper.from_array(np.ones(1, dtype=elem_type_to_numpy(elem_type)))
-    g.op("ConstantOfShape", g.shape_of(loss), outputs=[grad_output], value=one)
-    seed = g.nodes[start:]
-    del g.nodes[start:]
-    g.nodes[:0] = seed
-
-
 def _accumulate(g, trainable, grad_names, types):
     """Where(lazy_reset_grad, grad, buffer + grad) for each name;
     ``types``: name -> (elem_type, shape) of the buffers."""
@@ -193,9 +179,9 @@ def _gradient_nodes(model, wrt, loss, types, buffer_types):
         lazy_vi = helper.make_tensor_value_info(LAZY_RESET_GRAD,
                                                 onnx.TensorProto.BOOL, [])
         return [], [], [], lazy_vi, []
-    bg = backward(model, wrt, outputs=[loss])
+    bg = backward(model, wrt, outputs=[loss], types=types)
     g = bg.builder
-    _seed_loss_gradient(g, loss, bg.grad_output_names[0], types[loss][0])
+    seed_with_ones(g, loss, bg.grad_output_names[0], types[loss][0])
     buffers, lazy_vi, acc_outputs = _accumulate(g, wrt, bg.grad_names,
                                                 buffer_types)
     return g.nodes, g.initializers, buffers, lazy_vi, acc_outputs
@@ -249,23 +235,23 @@ def build_training_models(state, output_names, trainable, frozen):
     nodes, grad_inits, buffers, lazy_vi, acc_outputs = _gradient_nodes(
         model, trainable + input_grads, loss, types, buffer_types)
 
-    param_set = set(params)
-    user_inputs = [i for i in graph.input
-                   if i.name not in param_set and i.name not in inits]
-    param_inputs = [_param_value_info(inits[p]) for p in params]
-    constants = [i for i in graph.initializer if i.name not in param_set]
+    param_types = {p: (inits[p].data_type, tuple(inits[p].dims)) for p in params}
+    inputs, constants = move_to_inputs(graph, params, param_types,
+                                       keep_initializer_inputs=False)
+    user_inputs = inputs[:len(inputs) - len(params)]
     outputs = list(graph.output)[:len(base.graph.output)]
     update_outputs = list(graph.output)[len(base.graph.output):]
 
     train_graph = helper.make_graph(
         list(graph.node) + nodes, f"{graph.name}_training",
-        user_inputs + param_inputs + buffers + [lazy_vi],
+        inputs + buffers + [lazy_vi],
         outputs + acc_outputs + update_outputs, constants + grad_inits)
     training = _model_like(model, train_graph)
+    eval_inputs, eval_constants = move_to_inputs(
+        base.graph, params, param_types, keep_initializer_inputs=False)
     eval_graph = helper.make_graph(
         _inference_mode(base.graph.node), f"{graph.name}_eval",
-        user_inputs + param_inputs, outputs,
-        [i for i in base.graph.initializer if i.name not in param_set])
+        eval_inputs, outputs, eval_constants)
     evaluation = _model_like(model, eval_graph)
 
     layout = {"user_inputs": [i.name for i in user_inputs],

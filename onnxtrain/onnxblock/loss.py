@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from .. import loss_emitters
 from ._block import Block
 
 __all__ = ["MSELoss", "L1Loss", "BCEWithLogitsLoss", "CrossEntropyLoss"]
@@ -22,8 +23,25 @@ __all__ = ["MSELoss", "L1Loss", "BCEWithLogitsLoss", "CrossEntropyLoss"]
 _REDUCTIONS = ("mean", "sum", "none")
 
 
+class _Emitter:
+    """The base model as a loss emitter
+    (:mod:`onnxtrain.loss_emitters`): every output takes the element type
+    of ``like``."""
+
+    def __init__(self, state, like):
+        self.state, self.like = state, like
+
+    def op(self, op_type, *inputs, **attributes):
+        return self.state.op(op_type, *inputs, like=self.like, **attributes)
+
+    def const(self, value, elem_type):
+        return self.state.const(value, elem_type)
+
+
 class _Loss(Block):
-    """Common parts: reduction, target inputs."""
+    """Common parts: reduction, target inputs; the per-element losses come
+    from :mod:`onnxtrain.loss_emitters`, shared with
+    :mod:`onnxtrain.losses`."""
 
     def __init__(self, reduction="mean"):
         super().__init__()
@@ -94,8 +112,9 @@ class MSELoss(_Loss):
         state = self._state()
         elem, shape = self._float_input(state, loss_input_name)
         target = self._target(state, target_name, elem, shape, loss_input_name)
-        diff = state.op("Sub", loss_input_name, target, like=loss_input_name)
-        return self._reduce(state, state.op("Mul", diff, diff, like=diff))
+        _, square = loss_emitters.squared_error(_Emitter(state, loss_input_name),
+                                                loss_input_name, target)
+        return self._reduce(state, square)
 
 
 class L1Loss(_Loss):
@@ -117,8 +136,9 @@ class L1Loss(_Loss):
         state = self._state()
         elem, shape = self._float_input(state, loss_input_name)
         target = self._target(state, target_name, elem, shape, loss_input_name)
-        diff = state.op("Sub", loss_input_name, target, like=loss_input_name)
-        return self._reduce(state, state.op("Abs", diff, like=diff))
+        _, absolute = loss_emitters.absolute_error(
+            _Emitter(state, loss_input_name), loss_input_name, target)
+        return self._reduce(state, absolute)
 
 
 class BCEWithLogitsLoss(_Loss):
@@ -157,13 +177,11 @@ class BCEWithLogitsLoss(_Loss):
         elem, shape = self._float_input(state, x)
         y = self._target(state, target_name, elem, shape, x)
         op = state.op
-        softplus = op("Add", op("Relu", x, like=x),
-                      op("Log", op("Add", state.const(1.0, elem),
-                                   op("Exp", op("Neg", op("Abs", x, like=x),
-                                                like=x), like=x)), like=x),
-                      like=x)
+        emitter = _Emitter(state, x)
+        softplus = loss_emitters.softplus(emitter, x, elem)
         if self._pos_weight is None:
-            loss = op("Sub", softplus, op("Mul", x, y, like=x), like=x)
+            loss = loss_emitters.logistic_loss_on_logits(emitter, x, y, elem,
+                                                         softplus)
         else:
             negative = op("Mul", op("Sub", state.const(1.0, elem), y), softplus,
                           like=x)
@@ -211,7 +229,7 @@ class CrossEntropyLoss(_Loss):
         label_shape = None if shape is None else tuple(shape[:1]) + tuple(shape[2:])
         labels = self._target(state, labels_name, TensorProto.INT64, label_shape, x)
         op = state.op
-        log_p = op("LogSoftmax", x, axis=1, like=x)
+        log_p = loss_emitters.log_softmax(_Emitter(state, x), x)
         if state.builder.opset < 13 and (shape is None or len(shape) != 2):
             raise ValueError("CrossEntropyLoss on logits of rank other than 2 "
                              "needs opset >= 13 (LogSoftmax along axis 1).")

@@ -1,6 +1,8 @@
 """Optimizer blocks (SGD, AdamW, ClipGradNorm) and the optimizer model.
 
-An optimizer block emits one parameter update with standard ONNX ops.
+An optimizer block emits one parameter update with standard ONNX ops: the
+formula is an update rule of :mod:`onnxtrain.update_rules` (the blocks
+adapt the rules to onnxruntime-training's names and layouts).
 :func:`build_optimizer_model` wraps it into the optimizer model that
 :class:`onnxtrain.api.Optimizer` runs:
 
@@ -20,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..graph import default_ir_version
+from ..update_rules import AdamRule, SGDRule
 from ._base import DEFAULT_OPSET, current_base, empty_base
 from ._block import Block
 
@@ -128,6 +131,21 @@ def _clip_sequence(state, sequence, max_norm):
     return state.op("SequenceMap", sequence, factor, body=scale_body)
 
 
+class _Emitter:
+    """The base model's state seen as an update-rule emitter
+    (:meth:`onnxtrain.update_rules.UpdateRule.update`): it names the
+    outputs itself."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def op(self, op_type, *inputs, outputs=None, **attributes):
+        return self.state.op(op_type, *inputs, **attributes)
+
+    def const(self, value, elem_type):
+        return self.state.const(value, elem_type)
+
+
 class _OptimizerBlock(Block):
     """Apply one update rule to every parameter."""
 
@@ -179,7 +197,20 @@ class _OptimizerBlock(Block):
         return new_params, new_states
 
     def _update(self, state, elem, lr, step, param, grad, states):
+        rule = self.update_rule()
+        scalars = {"learning_rate": lr}
+        if rule.reads_step:
+            scalars["step"] = state.op("Cast", step, to=int(elem))
+        emitter = _Emitter(state)
+        self._adapt_scalars(rule, emitter, elem, scalars)
+        return rule.update(emitter, elem, param, grad, states, scalars)
+
+    def update_rule(self):
+        """The :class:`~onnxtrain.update_rules.UpdateRule` the block applies."""
         raise NotImplementedError
+
+    def _adapt_scalars(self, rule, emitter, elem, scalars):
+        """Complete ``scalars`` before the rule's update (adapters)."""
 
     #: Names of the state sequences of the onnxruntime layout, one per
     #: :attr:`state_names` entry.
@@ -281,8 +312,8 @@ class SGD(_OptimizerBlock):
         Applied to the gradients first.
     """
 
-    def _update(self, state, elem, lr, step, param, grad, states):
-        return state.op("Sub", param, state.op("Mul", lr, grad)), ()
+    def update_rule(self):
+        return SGDRule()
 
 
 class AdamW(_OptimizerBlock):
@@ -297,6 +328,9 @@ class AdamW(_OptimizerBlock):
         s = lr sqrt(1 - beta2^t) / (1 - beta1^t)   (bias_correction, else lr)
         p <- p - s m / (sqrt(v) + eps)
         p <- p - lr weight_decay p                 (on the updated p)
+
+    computed as :class:`onnxtrain.update_rules.AdamRule` (PyTorch's
+    decoupled decay) with the step size ``s (1 - lr weight_decay)``.
 
     Parameters
     ----------
@@ -324,25 +358,19 @@ class AdamW(_OptimizerBlock):
                 "betas": list(self._betas), "eps": self._eps,
                 "weight_decay": self._weight_decay}
 
-    def _update(self, state, elem, lr, step, param, grad, states):
-        op, c = state.op, (lambda v: state.const(v, elem))
-        (b1, b2), (m, v) = self._betas, states
-        m = op("Add", op("Mul", c(b1), m), op("Mul", c(1 - b1), grad))
-        v = op("Add", op("Mul", c(b2), v),
-               op("Mul", c(1 - b2), op("Mul", grad, grad)))
-        step_size = lr
-        if self._bias_correction:
-            t = op("Cast", step, to=int(elem))
-            correction1 = op("Sub", c(1.0), op("Pow", c(b1), t))
-            correction2 = op("Sub", c(1.0), op("Pow", c(b2), t))
-            step_size = op("Div", op("Mul", lr, op("Sqrt", correction2)),
-                           correction1)
-        denom = op("Add", op("Sqrt", v), c(self._eps))
-        param = op("Sub", param, op("Mul", step_size, op("Div", m, denom)))
-        if self._weight_decay > 0:
-            decay = op("Mul", lr, c(self._weight_decay))
-            param = op("Sub", param, op("Mul", decay, param))
-        return param, (m, v)
+    def update_rule(self):
+        return AdamRule(self._betas[0], self._betas[1], self._eps,
+                        self._weight_decay, self._bias_correction)
+
+    def _adapt_scalars(self, rule, emitter, elem, scalars):
+        """HuggingFace's AdamW decays the updated parameter: with d = lr *
+        weight_decay, (p - s u)(1 - d) = p - d p - s (1 - d) u, the rule's
+        formula with the step size s (1 - d)."""
+        decay = rule.decay(emitter, elem, scalars)
+        if decay is not None:
+            size = rule.step_size(emitter, elem, scalars)
+            scalars["step_size"] = emitter.op(
+                "Mul", size, emitter.op("Sub", emitter.const(1.0, elem), decay))
 
 
 def _param_spec(param):

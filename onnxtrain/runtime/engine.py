@@ -8,7 +8,8 @@ import numpy as np
 from onnx import numpy_helper
 from onnxruntime import OrtValue
 
-from ..autodiff import build_gradient_models
+from ..autodiff import build_gradient_models, weights_as_inputs
+from ..graph import elem_type_to_numpy
 from ..models import load_model, select_weights
 from ..training_mode import inference_mode
 from .devices import parse_device
@@ -52,6 +53,14 @@ class OrtGradientForwardBackward:
     outputs : list of str, default=None
         Outputs whose gradients ``backward`` receives (default: the float
         outputs that depend on the weights).
+    types : dict, default=None
+        The model's :func:`~onnxtrain.graph.infer_value_types` when the
+        caller has it (shape inference then does not run again).
+    gradient_models : callable, default=None
+        Returns the :class:`~onnxtrain.autodiff.GradientModels` to run
+        (:meth:`onnxtrain.training_graphs.TrainingGraphs.split` for a
+        trainer), called at the first training step; None: the engine
+        builds them with :func:`onnxtrain.autodiff.build_gradient_models`.
 
     Attributes
     ----------
@@ -80,26 +89,63 @@ class OrtGradientForwardBackward:
     """
 
     def __init__(self, model_onnx, weights_to_train=None, device="cpu",
-                 outputs=None):
+                 outputs=None, types=None, gradient_models=None):
         self.device = parse_device(device)
         model = load_model(model_onnx)
         check_weight_names(weights_to_train)
-        self.weights_to_train = select_weights(model, weights_to_train)
-        self.models = build_gradient_models(model, self.weights_to_train, outputs)
-        # forward(training=False) runs the inference graph (BatchNorm on its
-        # running statistics, no Dropout)
-        self.models.inference_model = inference_mode(self.models.inference_model)
+        self.weights_to_train = select_weights(model, weights_to_train, types)
+        self._model, self._outputs, self._types = model, outputs, types
+        self._build_models = gradient_models
+        # built on first use: a trainer running fused graphs, or predicting
+        # only, never builds the split graphs nor their sessions
+        self._models = self._inference_model = None
+        self._forward_runner = self._gradient_runner = None
         self.input_names = [i.name for i in model.graph.input
                             if i.name not in set(self.weights_to_train)]
         self.output_names = [o.name for o in model.graph.output]
-        self._forward = SessionRunner(self.forward_model, self.device)
-        self._gradient = SessionRunner(self.gradient_model, self.device)
+        self._input_dtypes = {
+            i.name: elem_type_to_numpy(i.type.tensor_type.elem_type)
+            for i in model.graph.input if i.type.HasField("tensor_type")}
         self._inference = None
-        self._lock = threading.Lock()  # builds the inference session once
+        self._lock = threading.RLock()  # builds models and sessions once
         inits = {i.name: i for i in model.graph.initializer}
         self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device)
                         for w in self.weights_to_train]
         self._saved = None
+
+    @property
+    def models(self):
+        """The :class:`~onnxtrain.autodiff.GradientModels` (split form),
+        built at the first access (one reverse pass)."""
+        if self._models is None:
+            with self._lock:
+                if self._models is None:
+                    if self._build_models is not None:
+                        models = self._build_models()
+                    else:
+                        models = build_gradient_models(
+                            self._model, self.weights_to_train, self._outputs,
+                            self._types)
+                    models.inference_model = self.inference_model
+                    self._models = models
+        return self._models
+
+    @models.setter
+    def models(self, value):
+        self._models = value
+        self._forward_runner = self._gradient_runner = None
+
+    @property
+    def _forward(self):
+        if self._forward_runner is None:
+            self._forward_runner = SessionRunner(self.forward_model, self.device)
+        return self._forward_runner
+
+    @property
+    def _gradient(self):
+        if self._gradient_runner is None:
+            self._gradient_runner = SessionRunner(self.gradient_model, self.device)
+        return self._gradient_runner
 
     # the models -------------------------------------------------------------
     @property
@@ -114,8 +160,15 @@ class OrtGradientForwardBackward:
 
     @property
     def inference_model(self):
-        """The prediction graph with the weights as inputs (no saved values)."""
-        return self.models.inference_model
+        """The prediction graph with the weights as inputs (no saved values),
+        in inference mode (:func:`onnxtrain.training_mode.inference_mode`);
+        needs no reverse pass."""
+        if self._inference_model is None:
+            inits = {i.name: (i.data_type, tuple(i.dims))
+                     for i in self._model.graph.initializer}
+            self._inference_model = inference_mode(weights_as_inputs(
+                self._model, self.weights_to_train, inits))
+        return self._inference_model
 
     # compatibility with onnxcustom's TrainingAgent wrapper (seed 004)
     @property
@@ -184,7 +237,7 @@ class OrtGradientForwardBackward:
         if len(values) != len(self.input_names):
             raise ValueError(f"forward: the model takes {len(self.input_names)} "
                              f"inputs {self.input_names}, got {len(values)}.")
-        feeds = {n: to_ortvalue(v, self.device, self._forward.input_dtypes.get(n))
+        feeds = {n: to_ortvalue(v, self.device, self._input_dtypes.get(n))
                  for n, v in zip(self.input_names, values)}
         feeds.update(zip(self.weights_to_train, self.weights))
         return feeds
