@@ -4,13 +4,16 @@ epochs run in :class:`~onnxtrain.training.loop.EpochLoop`."""
 from __future__ import annotations
 
 import numbers
+import os
 import threading
 
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import train_test_split
+from onnx import ModelProto
 from sklearn.utils import check_random_state, gen_batches
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
 from .._small import full_repr
@@ -21,6 +24,8 @@ from ..models import load_model, replace_initializers, select_weights
 from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
 from ..runtime.engine import check_weight_names
+from ..runtime.threads import with_session_threads
+from ..training.callbacks import check_callbacks
 from ..training.loop import EpochLoop
 from ..training_mode import inference_mode
 from ._trainer import Trainer
@@ -60,6 +65,39 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     _default_loss = "square_error"
 
+    #: scikit-learn's parameter constraints (``_validate_params``), checked
+    #: by ``fit`` after the checks whose messages onnxcustom users know.
+    #: The learning rate, loss and penalty accept several kinds of objects
+    #: and are validated by their ``resolve_*`` functions.
+    _parameter_constraints: dict = {
+        "model_onnx": [ModelProto, bytes, str, os.PathLike],
+        "weights_to_train": [list, tuple, None],
+        "loss_output_name": [str],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "training_optimizer_name": [StrOptions({"SGDOptimizer"})],
+        "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
+        "learning_rate": "no_validation",
+        "device": [str],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "validation_every": [Interval(numbers.Integral, 1, None, closed="left"),
+                             Interval(numbers.Real, 0, 1, closed="neither")],
+        "learning_loss": "no_validation",
+        "enable_logging": ["boolean"],
+        "weight_name": [str, None],
+        "learning_penalty": "no_validation",
+        "exc": ["boolean"],
+        "random_state": ["random_state"],
+        "shuffle": ["boolean"],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
+        "tol": [Interval(numbers.Real, 0, None, closed="left"), None],
+        "training_path": [StrOptions({"auto", "split", "fused", "loop"})],
+        "callbacks": [list, tuple, None],
+        "n_threads": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    }
+
     # ---------------------------------------------------------------- repr
     def __repr__(self, N_CHAR_MAX=700):
         params = self.get_params(deep=False)
@@ -87,6 +125,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
                                          and self.tol >= 0):
             raise ValueError(f"tol must be None or a float >= 0, got {self.tol!r}.")
         self._check_run_params()
+        self._validate_params()
+        check_callbacks(getattr(self, "callbacks", None))
 
     def _check_run_params(self):
         """What ``fit`` would otherwise find only after drawing the weights:
@@ -227,6 +267,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return self._trainer
 
     # --------------------------------------------------------------- fit
+    @with_session_threads
     def _fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
              classes=None, incremental=False):
         """The one code path of fit and partial_fit. An error raised before
@@ -444,6 +485,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """The :class:`~onnxtrain.OrtGradientForwardBackward` engine."""
         return self._ensure_trainer().engine
 
+    @with_session_threads
     def _raw_predict(self, X):
         trainer = self._ensure_trainer()
         _check_feature_names(self, X, reset=False)  # other names: an error
@@ -452,19 +494,89 @@ class BaseOrtGradientEstimator(BaseEstimator):
                            self._feature_inputs(model))
         return trainer.predict(X)
 
-    def get_state(self):
-        """The trained weights: list of ndarray in ``weights_to_train_`` order."""
-        return self._ensure_trainer().engine.get_weights()
+    def get_state(self, include_optimizer=False):
+        """The trained weights, and optionally what continues training.
+
+        Parameters
+        ----------
+        include_optimizer : bool, default=False
+            Also return the optimizer state (velocities, moments), its step
+            count, the learning rate and its schedule's time, the epoch and
+            sample counters, the running statistics and the shuffling
+            generator: what :meth:`set_state` needs for a later
+            ``partial_fit`` to continue exactly as if uninterrupted.
+
+        Returns
+        -------
+        list of ndarray
+            Without the optimizer: the weights in ``weights_to_train_``
+            order (copies).
+        dict
+            With it: ``weights`` (that list), ``optimizer`` (one list of
+            arrays per weight, in ``learning_rate_.state_names`` order),
+            ``step`` (int), ``learning_rate`` (float), ``n_iter``, ``t``
+            (int), ``buffers`` (dict), ``rng`` (the generator's state) and
+            ``order`` (the last epoch's row order or None).
+        """
+        trainer = self._ensure_trainer()
+        weights = trainer.engine.get_weights()
+        if not include_optimizer:
+            return weights
+        order = getattr(self, "_order", None)
+        return {"weights": weights, "optimizer": trainer.get_state(),
+                "step": int(trainer.step_count),
+                "learning_rate": float(self.learning_rate_.value),
+                "n_iter": int(self.n_iter_), "t": int(self.t_),
+                "buffers": trainer.get_buffers(),
+                "rng": self._rng.get_state() if hasattr(self, "_rng") else None,
+                "order": None if order is None else order.copy()}
 
     def set_state(self, state):
-        """Replace the trained weights (list, or dict name -> array).
+        """Replace the trained weights, or restore a :meth:`get_state`
+        ``include_optimizer=True`` dict (weights, optimizer state and step,
+        learning rate, counters, running statistics, generator).
+
+        Parameters
+        ----------
+        state : list of ndarray, dict name -> ndarray, or dict
+            Weights (list in ``weights_to_train_`` order, or by name), or
+            the dict of ``get_state(include_optimizer=True)``.
+
+        Returns
+        -------
+        self
 
         Raises
         ------
+        sklearn.exceptions.NotFittedError
+            Before the first fit (the graphs do not exist yet).
         ValueError
-            Wrong number of tensors, unknown names or shapes.
+            Wrong number of tensors, unknown names or shapes, an optimizer
+            state of another update rule; nothing is changed then.
         """
-        self._ensure_trainer().engine.set_weights(state)
+        trainer = self._ensure_trainer()
+        if not (isinstance(state, dict) and "optimizer" in state):
+            trainer.engine.set_weights(state)
+            return self
+        optimizer = state["optimizer"]
+        expected = [[tuple(w.shape()) for _ in self.learning_rate_.state_names]
+                    for w in trainer.engine.weights]
+        given = [[np.shape(s) for s in states] for states in optimizer]
+        if given != expected:
+            raise ValueError(
+                f"The optimizer state has shapes {given}; this estimator's update "
+                f"rule {type(self.learning_rate_).__name__} keeps "
+                f"{list(self.learning_rate_.state_names)} per weight: {expected}.")
+        trainer.engine.set_weights(state["weights"])  # checks (first)
+        trainer.set_state(optimizer, int(state["step"]))
+        trainer.set_buffers(state.get("buffers"))
+        self.learning_rate_.value = float(state["learning_rate"])
+        self.n_iter_, self.t_ = int(state["n_iter"]), int(state["t"])
+        if state.get("rng") is not None:
+            self._rng = np.random.RandomState()
+            self._rng.set_state(state["rng"])
+        order = state.get("order")
+        self._order = None if order is None else np.array(order, copy=True)
         return self
 
     def get_trained_onnx(self, model=None):

@@ -35,6 +35,7 @@ from sklearn.model_selection import train_test_split
 
 from ..estimators._base import BaseOrtGradientEstimator
 from ..estimators._validation import check_targets
+from ..runtime.threads import with_session_threads
 from ..training.loop import EpochLoop
 from ._graph import OUTPUT_FUNCTIONS
 
@@ -71,6 +72,8 @@ class MLPEpochLoop(EpochLoop):
     def notify(self, hook, *args):
         stop = False
         for callback in self.callbacks:
+            if hasattr(self.owner, "_forget_layer_lists"):
+                self.owner._forget_layer_lists()
             stop = bool(getattr(callback, hook)(self.owner, *args)) or stop
         return stop
 
@@ -175,6 +178,8 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         Print scikit-learn's verbose lines ("Iteration %d, loss = %.8f").
     callbacks : list of Callback, default=None
         Called with ``callback_owner`` (the MLP estimator) or this loop.
+    n_threads : int, default=None
+        Threads of each session (:mod:`onnxtrain.runtime.threads`).
     """
 
     # What the base reads and the MLP fixes: the weights are the graph's
@@ -195,7 +200,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
                  device="cpu", random_state=None, shuffle=True,
                  early_stopping=False, validation_fraction=0.1,
                  n_iter_no_change=10, tol=1e-4, print_progress=False,
-                 callbacks=None):
+                 callbacks=None, n_threads=None):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.learning_rate = learning_rate
@@ -214,6 +219,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         self.tol = tol
         self.print_progress = print_progress
         self.callbacks = callbacks
+        self.n_threads = n_threads
 
     # ------------------------------------------------------ base's hooks
     def _check_params(self):
@@ -305,6 +311,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         """One epoch on validated X and encoded y."""
         return self._fit(X, y, sample_weight, incremental=True)
 
+    @with_session_threads
     def restart(self, random_state, **params):
         """Prepare a later fit or partial_fit of the same network.
 
@@ -339,6 +346,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
             self._trainer.engine.set_weights(weights)
         self.learning_rate_.init_learning_rate()
 
+    @with_session_threads
     def prepare(self):
         """Compile the graphs without training, for a full-batch solver
         (:meth:`loss_and_gradients`); nothing happens once compiled."""
@@ -346,6 +354,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
             self._start(self._training_model())
         return self
 
+    @with_session_threads
     def loss_and_gradients(self, X, y, sample_weight=None):
         """Loss and weight gradients on every row of (X, y), in one forward
         and one backward pass (no penalty).
@@ -371,6 +380,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         gradients = trainer.engine.backward([grad])
         return float(loss.numpy()), [g.numpy().copy() for g in gradients]
 
+    @with_session_threads
     def output(self, X):
         """The training graph's output for validated ``X``: ndarray of shape
         (n_samples, n_outputs)."""

@@ -30,7 +30,7 @@ from sklearn.base import BaseEstimator
 from sklearn.metrics import check_scoring
 
 __all__ = ["Callback", "EpochScoring", "Checkpoint", "LRScheduler",
-           "EarlyStopping"]
+           "EarlyStopping", "check_callbacks"]
 
 
 class Callback(BaseEstimator):
@@ -53,6 +53,34 @@ class Callback(BaseEstimator):
 
     def on_batch_end(self, estimator, batch, loss):
         pass
+
+
+def check_callbacks(callbacks):
+    """Validate a ``callbacks`` parameter.
+
+    Raises
+    ------
+    TypeError
+        Not None, a list or a tuple of :class:`Callback` objects (the
+        message names the first wrong item).
+    """
+    if callbacks is None:
+        return []
+    if not isinstance(callbacks, (list, tuple)):
+        raise TypeError(f"callbacks must be None or a list of Callback objects, "
+                        f"got {type(callbacks).__name__}.")
+    for i, callback in enumerate(callbacks):
+        if not isinstance(callback, Callback):
+            raise TypeError(f"callbacks[{i}] is {callback!r}, not a Callback "
+                            "(onnxtrain.training.Callback).")
+    return list(callbacks)
+
+
+def _update_rule(estimator):
+    """The learning-rate object an estimator trains with (an MLP's is its
+    training loop's)."""
+    loop = getattr(estimator, "_loop", None)
+    return (loop if loop is not None else estimator).learning_rate_
 
 
 def _check_bool(value, name):
@@ -166,7 +194,8 @@ class Checkpoint(Callback):
         path = os.fspath(self.path)
         if path.endswith(".onnx"):
             import onnx
-            onnx.save(estimator.get_trained_onnx(), path)
+            export = getattr(estimator, "get_trained_onnx", None) or estimator.to_onnx
+            onnx.save(export(), path)
             return
         with open(path, "wb") as f:  # np.savez would append '.npz'
             np.savez(f, **{f"weight_{i}": w
@@ -206,7 +235,7 @@ class LRScheduler(Callback):
                              f"{self.warmup_steps!r}.")
         if self.policy is not None and not callable(self.policy):
             raise TypeError(f"policy must be callable, got {self.policy!r}.")
-        self.base_ = float(estimator.learning_rate_.schedule(0))
+        self.base_ = float(_update_rule(estimator).schedule(0))
         self.rates_ = []
 
     def rate(self, step):
@@ -219,7 +248,7 @@ class LRScheduler(Callback):
 
     def on_batch_begin(self, estimator, batch):
         value = self.rate(len(self.rates_) + 1)
-        estimator.learning_rate_.value = value
+        _update_rule(estimator).value = value
         self.rates_.append(value)
 
 
