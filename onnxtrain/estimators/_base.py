@@ -286,6 +286,21 @@ class BaseOrtGradientEstimator(BaseEstimator):
                      1 if incremental else self.max_iter, incremental)
         return self
 
+    @with_session_threads
+    def _initialize(self, X, y, classes=None):
+        """Prepare training on (X, y) as a first partial_fit does (validate,
+        build the graphs and sessions, draw or read the initial weights)
+        without any step; used by :mod:`onnxtrain.distributed` to give
+        every worker the same starting state. Returns self."""
+        before = self.__dict__.copy()
+        try:
+            self._prepare_fit(X, y, None, None, None, classes, incremental=True)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+        return self
+
     def _prepare_fit(self, X, y, sample_weight, X_val, y_val, classes,
                      incremental):
         """Everything before the first step: validation, resolution, the
