@@ -81,3 +81,15 @@ def test_module_n_threads(tmp_path):
     assert _threads(module._runners["train"]) == 2
     with pytest.raises(ValueError, match="n_threads"):
         Module(str(tmp_path / "training_model.onnx"), state, n_threads=-1)
+
+
+def test_unpickled_estimator_rebuilds_its_sessions_with_n_threads(mlp_onnx,
+                                                                  regression_data):
+    import pickle
+    X, y = regression_data
+    est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), max_iter=1, n_threads=2,
+                                              training_path="split").fit(X, y)
+    copy = pickle.loads(pickle.dumps(est))
+    weights = copy.get_state()  # rebuilds the trainer
+    assert _threads(copy._trainer.engine._forward) == 2
+    np.testing.assert_array_equal(weights[0], est.get_state()[0])

@@ -24,7 +24,7 @@ from ..models import load_model, replace_initializers, select_weights
 from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
 from ..runtime.engine import check_weight_names
-from ..runtime.threads import with_session_threads
+from ..runtime.threads import session_threads, with_session_threads
 from ..training.callbacks import check_callbacks
 from ..training.loop import EpochLoop
 from ..training_mode import inference_mode
@@ -256,7 +256,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 "fitted (set_params): its weights belong to the previous model. "
                 "Call 'fit' again before using this estimator.")
         if getattr(self, "_trainer", None) is None:
-            with _TRAINER_LOCK:
+            with _TRAINER_LOCK, session_threads(getattr(self, "n_threads", None)):
                 if getattr(self, "_trainer", None) is None:
                     trainer = self._new_trainer(self._training_model())
                     trainer.engine.set_weights(self._pickled["weights"])

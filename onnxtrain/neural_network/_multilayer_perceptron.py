@@ -355,7 +355,7 @@ class _BaseMLP(BaseEstimator):
         self.loss_ = self.loss_curve_[-1] if self.loss_curve_ else None
         self.n_iter_ = min(loop.n_iter_, 1) if incremental else loop.n_iter_
         self.t_ = loop.t_
-        self.history_ = [dict(record) for record in loop.history_]
+        self.history_ = [dict(record) for record in getattr(loop, "history_", ())]
         self.best_loss_ = None if self.early_stopping else loop.best_loss_
         self.validation_scores_ = (None if loop.validation_scores_ is None
                                    else list(loop.validation_scores_))

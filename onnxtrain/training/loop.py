@@ -105,8 +105,10 @@ class EpochLoop:
         batch_size = int(np.clip(est.batch_size, 1, n_samples))
         period = 1 if est.early_stopping else validation_period(
             est.validation_every, est.max_iter)
+        if not self.incremental or getattr(est, "history_", None) is None:
+            est.history_ = []  # (estimators pickled before history_ had none)
         if not self.incremental:
-            est.train_losses_, est.n_iter_, est.history_ = [], 0, []
+            est.train_losses_, est.n_iter_ = [], 0
             est.learning_rate_.update_learning_rate(self.schedule_time())
         if X_val is not None and est.validation_losses_ is None:
             est.validation_losses_ = []
