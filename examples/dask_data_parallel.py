@@ -25,7 +25,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 
-from onnxtrain import LearningRateSGDNesterov, OrtGradientForwardBackwardOptimizer, to_onnx
+from onnxtrain import (LearningRateSGDNesterov, OrtGradientForwardBackwardOptimizer,
+                       to_onnx)
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

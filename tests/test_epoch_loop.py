@@ -1,6 +1,5 @@
 """The epoch loop out of the estimators (onnxtrain.training.loop), the
 estimators' parameter constraints, ``history_`` and the callbacks."""
-import os
 import warnings
 
 import numpy as np

@@ -1,5 +1,4 @@
 """Logging estimators to MLflow (a local file store)."""
-import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 

@@ -8,10 +8,10 @@ import os
 import threading
 
 import numpy as np
+from onnx import ModelProto
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import train_test_split
-from onnx import ModelProto
 from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
@@ -274,14 +274,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         the first step (parameters, data, a loss that does not fit the
         graph) leaves the estimator as it was: its parameters, its fitted
         state or the absence of one."""
-        before = self.__dict__.copy()
-        try:
-            X, y, sample_weight, X_val, y_val = self._prepare_fit(
-                X, y, sample_weight, X_val, y_val, classes, incremental)
-        except BaseException:
-            self.__dict__.clear()
-            self.__dict__.update(before)
-            raise
+        X, y, sample_weight, X_val, y_val = self._prepare_or_restore(
+            X, y, sample_weight, X_val, y_val, classes, incremental)
         self._epochs(X, y, sample_weight, X_val, y_val,
                      1 if incremental else self.max_iter, incremental)
         return self
@@ -292,14 +286,19 @@ class BaseOrtGradientEstimator(BaseEstimator):
         build the graphs and sessions, draw or read the initial weights)
         without any step; used by :mod:`onnxtrain.distributed` to give
         every worker the same starting state. Returns self."""
+        self._prepare_or_restore(X, y, None, None, None, classes, True)
+        return self
+
+    def _prepare_or_restore(self, *args):
+        """:meth:`_prepare_fit`, or on any error the estimator put back as
+        it was."""
         before = self.__dict__.copy()
         try:
-            self._prepare_fit(X, y, None, None, None, classes, incremental=True)
+            return self._prepare_fit(*args)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(before)
             raise
-        return self
 
     def _prepare_fit(self, X, y, sample_weight, X_val, y_val, classes,
                      incremental):
