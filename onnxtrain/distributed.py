@@ -5,7 +5,8 @@ dataset held by Dask workers, synchronously:
 
 1. the client prepares the estimator (graphs, initial weights) and sends a
    copy and one shard of the rows to each worker (a Dask actor keeps them,
-   so each worker builds its onnxruntime sessions once);
+   so each worker builds its onnxruntime sessions once, with as many
+   threads as the worker has unless the estimator sets ``n_threads``);
 2. every round, each worker starts from the same state, runs
    ``sync_every`` steps on its next batches (``partial_fit`` on one batch
    is one step), and returns its weights, its optimizer state (velocities,
@@ -29,7 +30,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["fit_data_parallel", "ShardWorker"]
+__all__ = ["fit_data_parallel", "ShardWorker", "dask_worker_threads"]
 
 
 class ShardWorker:
@@ -44,8 +45,17 @@ class ShardWorker:
     """
 
     def __init__(self, estimator, X, y):
+        if getattr(estimator, "n_threads", None) is None:
+            # the worker's thread budget, not every core for each worker
+            estimator.set_params(n_threads=dask_worker_threads())
         self.estimator = estimator
         self.X, self.y = X, y
+
+    def session_threads(self):
+        """Intra-op threads of the worker's sessions (0: onnxruntime's
+        default)."""
+        runner = self.estimator._ensure_trainer().engine._forward
+        return runner.session.get_session_options().intra_op_num_threads
 
     def run(self, state, batches, classes=None):
         """Start from ``state`` (``get_state(include_optimizer=True)``), run
@@ -61,6 +71,18 @@ class ShardWorker:
             losses.append(est.train_losses_[-1])
             rows.append(stop - start)
         return est.get_state(include_optimizer=True), losses, rows
+
+
+def dask_worker_threads():
+    """Threads of the Dask worker running the caller (``nthreads``), or
+    None outside a worker."""
+    try:
+        from distributed import get_worker
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    state = getattr(worker, "state", worker)
+    return getattr(state, "nthreads", None) or getattr(worker, "nthreads", None)
 
 
 def _average(states, weights):

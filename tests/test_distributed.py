@@ -7,7 +7,7 @@ pytest.importorskip("dask.distributed")
 from dask.distributed import Client, LocalCluster  # noqa: E402
 
 from onnxtrain import OrtGradientForwardBackwardOptimizer  # noqa: E402
-from onnxtrain.distributed import fit_data_parallel  # noqa: E402
+from onnxtrain.distributed import ShardWorker, fit_data_parallel  # noqa: E402
 from onnxtrain.optim import LearningRateSGD, LearningRateSGDNesterov  # noqa: E402
 
 
@@ -45,6 +45,9 @@ def test_averaged_shards_follow_the_full_batch_curve(client, mlp_onnx,
     for a, b in zip(parallel.get_state(), single.get_state()):
         assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert parallel.n_iter_ == 3 and parallel.t_ == 300
+    # a worker's sessions take the worker's threads (threads_per_worker=1)
+    worker = client.submit(ShardWorker, parallel, X[:50], y[:50], actor=True).result()
+    assert worker.session_threads().result() == 1
     assert parallel._trainer.step_count == single._trainer.step_count == 15
 
 

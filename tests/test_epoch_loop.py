@@ -182,6 +182,14 @@ def test_lr_scheduler_sets_the_rate_of_every_batch(mlp_onnx, regression_data):
     expected = [0.02 * s / 4 for s in (1, 2, 3, 4)] + [0.02 * 0.9 ** k for k in range(18)]
     assert_allclose(warm.rates_, expected, rtol=1e-12)
     assert est.train_losses_ != plain.train_losses_
+    # partial_fit continues the step count: no second warmup
+    inc = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=_constant(0.02), batch_size=10,
+        callbacks=[warm], random_state=0)
+    inc.partial_fit(X[:50], y[:50])
+    assert_allclose(warm.rates_, expected[:5], rtol=1e-12)
+    inc.partial_fit(X[50:], y[50:])
+    assert_allclose(warm.rates_, expected[5:11], rtol=1e-12)
     with pytest.raises(ValueError, match="training_path='loop' is not available: "
                                          "a callback acts between batches"):
         OrtGradientForwardBackwardOptimizer(

@@ -76,11 +76,15 @@ def check_callbacks(callbacks):
     return list(callbacks)
 
 
-def _update_rule(estimator):
-    """The learning-rate object an estimator trains with (an MLP's is its
-    training loop's)."""
+def _training(estimator):
+    """The estimator holding the trainer (an MLP's training loop)."""
     loop = getattr(estimator, "_loop", None)
-    return (loop if loop is not None else estimator).learning_rate_
+    return loop if loop is not None else estimator
+
+
+def _update_rule(estimator):
+    """The learning-rate object an estimator trains with."""
+    return _training(estimator).learning_rate_
 
 
 def _check_bool(value, name):
@@ -206,7 +210,8 @@ class LRScheduler(Callback):
     """Set the learning rate before every batch: a linear warmup, then a
     schedule of the step number.
 
-    At step ``s`` (1-based, counted over the fit), the rate is
+    At step ``s`` (1-based: the update rule's step count, which a fit
+    starts at 1 and partial_fit calls continue), the rate is
     ``base * s / warmup_steps`` while ``s <= warmup_steps``, then
     ``base * policy(s - warmup_steps)`` (``base`` without a policy), where
     ``base`` is the update rule's initial rate (``eta0``).
@@ -221,7 +226,7 @@ class LRScheduler(Callback):
     Attributes
     ----------
     rates_ : list of float
-        The rate of every step of the last fit.
+        The rate of every step of the last fit or partial_fit.
     """
 
     def __init__(self, policy=None, warmup_steps=0):
@@ -247,7 +252,7 @@ class LRScheduler(Callback):
         return self.base_ * factor
 
     def on_batch_begin(self, estimator, batch):
-        value = self.rate(len(self.rates_) + 1)
+        value = self.rate(_training(estimator)._trainer.step_count + 1)
         _update_rule(estimator).value = value
         self.rates_.append(value)
 
