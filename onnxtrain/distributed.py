@@ -27,6 +27,7 @@ exactness for less communication (local SGD).
 from __future__ import annotations
 
 import numbers
+import pickle
 
 import numpy as np
 
@@ -38,13 +39,15 @@ class ShardWorker:
 
     Parameters
     ----------
-    estimator : BaseOrtGradientEstimator
-        Prepared (see :func:`fit_data_parallel`); pickled to the worker.
+    estimator : BaseOrtGradientEstimator or bytes
+        Prepared (see :func:`fit_data_parallel`), or its pickle.
     X, y : ndarray
         The worker's rows.
     """
 
     def __init__(self, estimator, X, y):
+        if isinstance(estimator, bytes):  # a copy of its own, on any transport
+            estimator = pickle.loads(estimator)
         if getattr(estimator, "n_threads", None) is None:
             # the worker's thread budget, not every core for each worker
             estimator.set_params(n_threads=dask_worker_threads())
@@ -173,7 +176,8 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
         estimator._initialize(X, y, classes)
     workers = list(client.scheduler_info()["workers"])
     parts = np.array_split(np.arange(X.shape[0]), n_shards)
-    actors = [client.submit(ShardWorker, estimator, X[p], y[p], actor=True,
+    pickled = pickle.dumps(estimator)
+    actors = [client.submit(ShardWorker, pickled, X[p], y[p], actor=True,
                             workers=[workers[i % len(workers)]]).result()
               for i, p in enumerate(parts)]
     size = int(np.clip(estimator.batch_size, 1, max(len(p) for p in parts)))
