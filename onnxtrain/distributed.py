@@ -110,13 +110,31 @@ def _average(states, weights):
     return average
 
 
-def _check(estimator, sync_every, n_shards, n_samples):
+def _sync_round(estimator, actors, chunks, state, classes):
+    """Every worker runs its batches of ``chunks`` from ``state``; returns
+    the averaged state (its schedule advanced to the samples seen), the sum
+    of the batch losses times their rows, and the rows."""
+    running = [(actor, chunk) for actor, chunk in zip(actors, chunks) if chunk]
+    results = [f.result() for f in [actor.run(state, chunk, classes)
+                                    for actor, chunk in running]]
+    rows = [sum(r[2]) for r in results]
+    t = state["t"] + int(sum(rows))
+    averaged = _average([r[0] for r in results], rows)
+    estimator.set_state(averaged)
+    estimator.learning_rate_.update_learning_rate(t)
+    averaged = dict(averaged, t=t, learning_rate=estimator.learning_rate_.value)
+    loss_sum = sum(float(np.dot(losses, batch_rows)) for _, losses, batch_rows in results)
+    return averaged, loss_sum, float(sum(rows))
+
+
+def _check(estimator, sync_every, n_shards, n_samples, max_iter):
     from .estimators._base import BaseOrtGradientEstimator
     if not isinstance(estimator, BaseOrtGradientEstimator):
         raise TypeError("fit_data_parallel trains the forward/backward estimators "
                         "(OrtGradientForwardBackwardOptimizer, ...Classifier, "
                         f"OrtGradientOptimizer), not {type(estimator).__name__}.")
-    for name, value in (("sync_every", sync_every), ("n_shards", n_shards)):
+    for name, value in (("sync_every", sync_every), ("n_shards", n_shards),
+                        ("max_iter", max_iter)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
                 or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
@@ -163,15 +181,15 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
     TypeError
         Not a forward/backward estimator.
     ValueError
-        ``sync_every`` or ``n_shards`` not an int >= 1, more shards than
+        ``sync_every``, ``n_shards`` or ``max_iter`` not an int >= 1, more shards than
         rows, ``shuffle=True`` or ``early_stopping=True``; raised before
         any work.
     """
     X, y = np.asarray(X), np.asarray(y)
     n_shards = len(client.scheduler_info()["workers"]) if n_shards is None \
         else n_shards
-    _check(estimator, sync_every, n_shards, X.shape[0])
     epochs = estimator.max_iter if max_iter is None else max_iter
+    _check(estimator, sync_every, n_shards, X.shape[0], epochs)
     if not hasattr(estimator, "weights_to_train_"):
         estimator._initialize(X, y, classes)
     workers = list(client.scheduler_info()["workers"])
@@ -190,18 +208,9 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
         total = rows_total = 0.0
         for first in range(0, n_steps, sync_every):
             chunks = [b[first:first + sync_every] for b in batches]
-            running = [(actor, chunk) for actor, chunk in zip(actors, chunks) if chunk]
-            futures = [actor.run(state, chunk, classes) for actor, chunk in running]
-            results = [f.result() for f in futures]
-            rows = [sum(r[2]) for r in results]
-            t = state["t"] + int(sum(rows))
-            state = _average([r[0] for r in results], rows)
-            estimator.set_state(state)
-            estimator.learning_rate_.update_learning_rate(t)
-            state = dict(state, t=t, learning_rate=estimator.learning_rate_.value)
-            for _, losses, batch_rows in results:
-                total += float(np.dot(losses, batch_rows))
-                rows_total += float(np.sum(batch_rows))
+            state, loss_sum, rows = _sync_round(estimator, actors, chunks, state,
+                                                classes)
+            total, rows_total = total + loss_sum, rows_total + rows
         history.append({"epoch": len(history) + 1,
                         "train_loss": total / rows_total,
                         "learning_rate": float(state["learning_rate"])})
