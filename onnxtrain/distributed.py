@@ -188,7 +188,7 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
     X, y = np.asarray(X), np.asarray(y)
     n_shards = len(client.scheduler_info()["workers"]) if n_shards is None \
         else n_shards
-    epochs = estimator.max_iter if max_iter is None else max_iter
+    epochs = getattr(estimator, "max_iter", None) if max_iter is None else max_iter
     _check(estimator, sync_every, n_shards, X.shape[0], epochs)
     if not hasattr(estimator, "weights_to_train_"):
         estimator._initialize(X, y, classes)
