@@ -123,10 +123,10 @@ def log_model(estimator, name="model", *, params=True, history=True,
         keyword = "name" if "name" in inspect.signature(
             mlflow.onnx.log_model).parameters else "artifact_path"
         if pip_requirements is None:
+            from importlib.metadata import version
             import onnx
-            import onnxruntime
             pip_requirements = [f"onnx=={onnx.__version__}",
-                                f"onnxruntime=={onnxruntime.__version__}"]
+                                f"onnxruntime=={version('onnxruntime')}"]
         return mlflow.onnx.log_model(model, registered_model_name=registered_model_name,
                                      pip_requirements=pip_requirements,
                                      **{keyword: name})

@@ -71,7 +71,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
     #: and are validated by their ``resolve_*`` functions.
     _parameter_constraints: dict = {
         "model_onnx": [ModelProto, bytes, str, os.PathLike],
-        "weights_to_train": [list, tuple, None],
+        "weights_to_train": "no_validation",  # check_weight_names: str, list...
         "loss_output_name": [str],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "training_optimizer_name": [StrOptions({"SGDOptimizer"})],
