@@ -40,6 +40,19 @@ def _trained_onnx(estimator):
     return export()
 
 
+def _requirements():
+    """The installed onnx and onnxruntime (or onnxruntime-gpu) versions."""
+    from importlib.metadata import PackageNotFoundError, version
+    import onnx
+    found = [f"onnx=={onnx.__version__}"]
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            return found + [f"{name}=={version(name)}"]
+        except PackageNotFoundError:
+            continue
+    return found + ["onnxruntime"]
+
+
 def _param_value(value):
     """A parameter as MLflow stores it (a str): graphs summarized."""
     if hasattr(value, "graph"):
@@ -123,10 +136,7 @@ def log_model(estimator, name="model", *, params=True, history=True,
         keyword = "name" if "name" in inspect.signature(
             mlflow.onnx.log_model).parameters else "artifact_path"
         if pip_requirements is None:
-            from importlib.metadata import version
-            import onnx
-            pip_requirements = [f"onnx=={onnx.__version__}",
-                                f"onnxruntime=={version('onnxruntime')}"]
+            pip_requirements = _requirements()
         return mlflow.onnx.log_model(model, registered_model_name=registered_model_name,
                                      pip_requirements=pip_requirements,
                                      **{keyword: name})
