@@ -466,12 +466,12 @@ def test_final_activation_is_the_one_the_loss_applies(name, n_classes, graph,
 
 
 def _refuses_before_any_work(monkeypatch):
-    """Building a Trainer (sessions, gradient graphs) fails the test."""
+    """Building a StepRunner (sessions, gradient graphs) fails the test."""
     import onnxtrain.estimators._base as base
 
     def no_trainer(*args, **kwargs):
         raise AssertionError("a Trainer was built before the error")
-    monkeypatch.setattr(base, "Trainer", no_trainer)
+    monkeypatch.setattr(base, "StepRunner", no_trainer)
 
 
 DISAGREEING = [

@@ -146,6 +146,15 @@ def check_plot_graphs(result, output_dir):
     assert_pictures(result, output_dir, ["regression_graph.png", "gradient_graph.png"])
 
 
+def check_dask_data_parallel(result, output_dir):
+    if "skipped" in result:
+        pytest.skip(result["skipped"])
+    assert_allclose(result["losses"], result["single_losses"], rtol=1e-5)
+    assert result["max_rel_diff"] < 1e-5
+    assert_decreasing(result["losses"], 2)
+    assert_pictures(result, output_dir, ["loss_curves.png"])
+
+
 CHECKS = {
     "seed_004_linear_regression": check_seed_004_linear_regression,
     "seed_000_custom_loss": check_seed_000_custom_loss,
@@ -153,6 +162,7 @@ CHECKS = {
     "digits_classifier": check_digits_classifier,
     "train_on_gpu": check_train_on_gpu,
     "plot_graphs": check_plot_graphs,
+    "dask_data_parallel": check_dask_data_parallel,
 }
 FILES = sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_"))
 

@@ -109,12 +109,13 @@ def _assert_same_training(theirs, ours, rtol=1e-9):
 def test_constructor_is_scikit_learns_plus_device_and_dtype(kind):
     ours = inspect.signature(OURS[kind]).parameters
     theirs = inspect.signature(THEIRS[kind]).parameters
-    assert list(ours)[:-2] == list(theirs)
-    assert list(ours)[-2:] == ["device", "dtype"]
+    assert list(ours)[:-4] == list(theirs)
+    assert list(ours)[-4:] == ["device", "dtype", "callbacks", "n_threads"]
     for name, parameter in theirs.items():
         assert ours[name].default == parameter.default, name
         assert ours[name].kind == parameter.kind, name
     assert ours["device"].default == "cpu" and ours["dtype"].default is None
+    assert ours["callbacks"].default is None and ours["n_threads"].default is None
 
 
 @pytest.mark.parametrize("activation,hidden", [("logistic", (7, 4)),

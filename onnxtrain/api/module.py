@@ -13,6 +13,8 @@ from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
 from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
                        ortvalue_dtype, parse_device, to_numpy, to_ortvalue)
+from ..runtime.sessions import default_session_options
+from ..runtime.threads import check_n_threads
 from ..runtime.ort_format import OrtFormatModel, is_ort_format
 
 __all__ = ["Module"]
@@ -213,6 +215,10 @@ class Module:
     device : str, default="cpu"
         "cpu", "cuda" or "cuda:N" (needs onnxruntime-gpu). Parameters,
         gradients and optimizer states stay on the device between calls.
+    n_threads : int, default=None
+        Intra-op threads of the module's sessions (and its Optimizer's).
+        None: joblib's thread budget inside a joblib worker process,
+        onnxruntime's default elsewhere (:mod:`onnxtrain.runtime.threads`).
 
     Raises
     ------
@@ -223,8 +229,10 @@ class Module:
         For an unknown or unavailable device.
     """
 
-    def __init__(self, train_model_uri, state, eval_model_uri=None, device="cpu"):
+    def __init__(self, train_model_uri, state, eval_model_uri=None, device="cpu",
+                 *, n_threads=None):
         self._device = parse_device(device)
+        self._n_threads = check_n_threads(n_threads)
         self._models = {"train": load_model(train_model_uri)}
         self._layouts = {"train": read_layout(self._models["train"],
                                               TRAINING_METADATA, "training model")}
@@ -286,10 +294,15 @@ class Module:
                                "eval_model_uri to Module.")
         return "eval"
 
+    def _session_options(self):
+        """Session options with the module's ``n_threads``."""
+        return default_session_options(self._n_threads)
+
     def _runner(self, mode):
         with self._lock:
             if mode not in self._runners:
-                runner = SessionRunner(self._models[mode], self._device)
+                runner = SessionRunner(self._models[mode], self._device,
+                                       self._session_options())
                 if _has_string_inputs(self._models[mode]):
                     runner = _HostRunner(runner)
                 self._runners[mode] = runner

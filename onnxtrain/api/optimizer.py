@@ -77,7 +77,8 @@ class Optimizer:
         if state.optimizer_state is None:
             state.optimizer_state = OptimizerState()
         self._init_states(state)
-        self._runner = SessionRunner(model, module._device)
+        self._runner = SessionRunner(model, module._device,
+                                     module._session_options())
 
     def _init_states(self, state):
         states = state.optimizer_state.states

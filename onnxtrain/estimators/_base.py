@@ -1,22 +1,22 @@
-"""What the forward/backward estimators share: parameters, the training loop
-(epochs, batches, validation, stopping), state and pickling."""
+"""What the forward/backward estimators share: parameters, the preparation
+of a fit (validation, resolution, the trainer), state and pickling. The
+epochs run in :class:`~onnxtrain.training.loop.EpochLoop`."""
 from __future__ import annotations
 
-import logging
 import numbers
+import os
 import threading
-import warnings
 
 import numpy as np
+from onnx import ModelProto
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state, gen_batches
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
-from tqdm.auto import tqdm
 
 from .._small import full_repr
-from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..initializers import bias_weights, glorot_uniform_weights
 from ..losses import resolve_learning_loss
@@ -24,16 +24,18 @@ from ..models import load_model, replace_initializers, select_weights
 from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
 from ..runtime.engine import check_weight_names
+from ..runtime.threads import session_threads, with_session_threads
+from ..training.callbacks import check_callbacks
+from ..training.loop import EpochLoop
 from ..training_mode import inference_mode
 from ..training_graphs import LossGraphs, small_graph_opset
-from ._trainer import Trainer
+from ._trainer import StepRunner
 from ._inputs import (GraphInputs, check_batch_dimension, check_features,
                       data_inputs)
 from ._validation import check_sample_weight, validation_period
 
 __all__ = ["BaseOrtGradientEstimator"]
 
-logger = logging.getLogger("onnxtrain")
 _OPSET = 17
 #: 'auto' trains with the fused step rather than the in-graph loop when the
 #: weights and optimizer state take more than this many bytes: the Loop holds
@@ -64,6 +66,39 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     _default_loss = "square_error"
 
+    #: scikit-learn's parameter constraints (``_validate_params``), checked
+    #: by ``fit`` after the checks whose messages onnxcustom users know.
+    #: The learning rate, loss and penalty accept several kinds of objects
+    #: and are validated by their ``resolve_*`` functions.
+    _parameter_constraints: dict = {
+        "model_onnx": [ModelProto, bytes, str, os.PathLike],
+        "weights_to_train": "no_validation",  # check_weight_names: str, list...
+        "loss_output_name": [str],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "training_optimizer_name": [StrOptions({"SGDOptimizer"})],
+        "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
+        "learning_rate": "no_validation",
+        "device": [str],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "validation_every": [Interval(numbers.Integral, 1, None, closed="left"),
+                             Interval(numbers.Real, 0, 1, closed="neither")],
+        "learning_loss": "no_validation",
+        "enable_logging": ["boolean"],
+        "weight_name": [str, None],
+        "learning_penalty": "no_validation",
+        "exc": ["boolean"],
+        "random_state": ["random_state"],
+        "shuffle": ["boolean"],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
+        "tol": [Interval(numbers.Real, 0, None, closed="left"), None],
+        "training_path": [StrOptions({"auto", "split", "fused", "loop"})],
+        "callbacks": [list, tuple, None],
+        "n_threads": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    }
+
     # ---------------------------------------------------------------- repr
     def __repr__(self, N_CHAR_MAX=700):
         params = self.get_params(deep=False)
@@ -91,6 +126,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
                                          and self.tol >= 0):
             raise ValueError(f"tol must be None or a float >= 0, got {self.tol!r}.")
         self._check_run_params()
+        self._validate_params()
+        check_callbacks(getattr(self, "callbacks", None))
 
     def _check_run_params(self):
         """What ``fit`` would otherwise find only after drawing the weights:
@@ -193,10 +230,10 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return graphs
 
     def _new_trainer(self, model):
-        return Trainer(model, self.weights_to_train_, self.device,
-                       self._loss_models, self.learning_rate_.axpy_onnx_,
-                       self.learning_rate_, self._weight_input(),
-                       self._fused_spec, types=self._training_types())
+        return StepRunner(model, self.weights_to_train_, self.device,
+                          self._loss_models, self.learning_rate_.axpy_onnx_,
+                          self.learning_rate_, self._weight_input(),
+                          self._fused_spec, types=self._training_types())
 
     def _model_changed(self):
         """True when ``model_onnx`` is no longer the model of the last fit
@@ -224,7 +261,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 "fitted (set_params): its weights belong to the previous model. "
                 "Call 'fit' again before using this estimator.")
         if getattr(self, "_trainer", None) is None:
-            with _TRAINER_LOCK:
+            with _TRAINER_LOCK, session_threads(getattr(self, "n_threads", None)):
                 if getattr(self, "_trainer", None) is None:
                     trainer = self._new_trainer(self._training_model())
                     trainer.engine.set_weights(self._pickled["weights"])
@@ -235,23 +272,38 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return self._trainer
 
     # --------------------------------------------------------------- fit
+    @with_session_threads
     def _fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
              classes=None, incremental=False):
         """The one code path of fit and partial_fit. An error raised before
         the first step (parameters, data, a loss that does not fit the
         graph) leaves the estimator as it was: its parameters, its fitted
         state or the absence of one."""
+        X, y, sample_weight, X_val, y_val = self._prepare_or_restore(
+            X, y, sample_weight, X_val, y_val, classes, incremental)
+        self._epochs(X, y, sample_weight, X_val, y_val,
+                     1 if incremental else self.max_iter, incremental)
+        return self
+
+    @with_session_threads
+    def _initialize(self, X, y, classes=None):
+        """Prepare training on (X, y) as a first partial_fit does (validate,
+        build the graphs and sessions, draw or read the initial weights)
+        without any step; used by :mod:`onnxtrain.distributed` to give
+        every worker the same starting state. Returns self."""
+        self._prepare_or_restore(X, y, None, None, None, classes, True)
+        return self
+
+    def _prepare_or_restore(self, *args):
+        """:meth:`_prepare_fit`, or on any error the estimator put back as
+        it was."""
         before = self.__dict__.copy()
         try:
-            X, y, sample_weight, X_val, y_val = self._prepare_fit(
-                X, y, sample_weight, X_val, y_val, classes, incremental)
+            return self._prepare_fit(*args)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(before)
             raise
-        self._epochs(X, y, sample_weight, X_val, y_val,
-                     1 if incremental else self.max_iter, incremental)
-        return self
 
     def _prepare_fit(self, X, y, sample_weight, X_val, y_val, classes,
                      incremental):
@@ -281,7 +333,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         # a path that cannot run raises here, not after the weights changed;
         # its graphs are built now (and only its graphs)
         path = self._choose_path(sample_weight,
-                                 int(np.clip(self.batch_size, 1, len(X))))
+                                 int(np.clip(self.batch_size, 1, len(X))),
+                                 self._epoch_loop(incremental))
         self._trainer.prepare(path, sample_weight is not None)
         if not (first or restart or incremental):
             # a new fit starts a new optimizer, as scikit-learn's warm start
@@ -313,6 +366,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 model, self.weights_to_train_, self._rng))
         self.t_ = 0
         self.train_losses_ = []
+        self.history_ = []
         self.n_iter_ = 0
         self.validation_losses_ = None
         self.validation_scores_ = [] if self.early_stopping else None
@@ -397,67 +451,30 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return None
 
     # ------------------------------------------------------------ the loop
+    #: The epoch loop's class (:class:`~onnxtrain.training.loop.EpochLoop`).
+    _loop_class = EpochLoop
+
+    def _epoch_loop(self, incremental=False):
+        """The :class:`~onnxtrain.training.loop.EpochLoop` running this fit's
+        epochs, with the ``callbacks`` parameter."""
+        return self._loop_class(self, getattr(self, "callbacks", None) or (),
+                                incremental)
+
     def _epochs(self, X, y, sample_weight, X_val, y_val, n_epochs, incremental):
-        n_samples = X.shape[0]
-        batch_size = int(np.clip(self.batch_size, 1, n_samples))
-        period = 1 if self.early_stopping else validation_period(
-            self.validation_every, self.max_iter)
-        if not incremental:
-            self.train_losses_, self.n_iter_ = [], 0
-            self.learning_rate_.update_learning_rate(self._schedule_time())
-        if X_val is not None and self.validation_losses_ is None:
-            self.validation_losses_ = []
-        path = self._choose_path(sample_weight, batch_size)
-        self.training_path_ = path
-        chunk = n_epochs if path == "loop" and self._one_run_allowed(
-            X_val, incremental) else 1
-        bar = tqdm(total=n_epochs, disable=not self.verbose,
-                   desc=type(self).__name__)
-        done = 0
-        while done < n_epochs:
-            losses = self._run_epochs(path, X, y, sample_weight, batch_size,
-                                      min(chunk, n_epochs - done))
-            stop = losses is None or len(losses) < min(chunk, n_epochs - done)
-            for loss in losses or ():
-                stop = self._end_of_epoch(loss, X_val, y_val, period, n_samples,
-                                          bar) or stop
-            done += chunk
-            if stop:
-                break
-        bar.close()
-        self._finite_weights = None  # a copy kept only during the epochs
-        if self.early_stopping and self._best_weights is not None:
-            self._trainer.engine.set_weights(self._best_weights)
-            self._trainer.set_buffers(getattr(self, "_best_buffers", None))
-
-    def _end_of_epoch(self, loss, X_val, y_val, period, n_samples, bar):
-        """Record an epoch; returns True to stop."""
-        self.train_losses_.append(loss)
-        self.n_iter_ += 1
-        self.t_ += n_samples
-        if X_val is not None and self.n_iter_ % period == 0:
-            self.validation_losses_.append(self._trainer.dataset_loss(X_val, y_val))
-        bar.update(1)
-        self._report(bar, loss)
-        stop = self._update_no_improvement(loss, X_val, y_val)
-        self.learning_rate_.update_learning_rate(self._schedule_time())
-        return stop
-
-    def _schedule_time(self, epochs_ahead=0, n_samples=0):
-        """Time step of the learning-rate schedule ``epochs_ahead`` epochs
-        from now: epochs completed (onnxcustom's convention)."""
-        return self.n_iter_ + epochs_ahead
+        self._epoch_loop(incremental).fit_loop(X, y, sample_weight, X_val, y_val,
+                                              n_epochs)
 
     # ----------------------------------------------------- execution paths
     _PATHS = ("auto", "split", "fused", "loop")
 
-    def _choose_path(self, sample_weight, batch_size):
+    def _choose_path(self, sample_weight, batch_size, loop=None):
         """'split' (the seed's: four graphs per step), 'fused' (one graph
         per step) or 'loop' (an ONNX Loop over the batches): the requested
         one, or with 'auto' the fastest available: the loop, unless the
         parameters exceed :data:`LOOP_MAX_PARAMETER_BYTES` (its extra copies
-        of them) or a batch has zero weight; the split path when the model
-        cannot be fused."""
+        of them), a batch has zero weight or the host acts between batches
+        (``loop``'s :meth:`~onnxtrain.training.loop.EpochLoop.per_batch_host_work`);
+        the split path when the model cannot be fused."""
         path = getattr(self, "training_path", "auto")
         if path not in self._PATHS:
             raise ValueError(f"training_path must be one of {self._PATHS}, got "
@@ -468,170 +485,21 @@ class BaseOrtGradientEstimator(BaseEstimator):
         zero_batch = weighted and any(
             not sample_weight[b].sum() > 0
             for b in gen_batches(sample_weight.shape[0], batch_size))
+        host = None if loop is None else loop.per_batch_host_work()
         reason = self._trainer.fused_graph("step", weighted)
-        if isinstance(reason, str) or (path == "loop" and zero_batch):
+        if isinstance(reason, str) or (path == "loop" and (zero_batch or host)):
             if path == "auto":
                 return "split"
-            why = reason if isinstance(reason, str) else "a batch has zero weight"
+            why = reason if isinstance(reason, str) else (
+                "a batch has zero weight" if zero_batch else host)
             raise ValueError(f"training_path={path!r} is not available: {why}.")
         if path == "auto":
             heavy = self._trainer.parameter_bytes() > LOOP_MAX_PARAMETER_BYTES
-            return "fused" if (zero_batch or heavy) else "loop"
+            return "fused" if (zero_batch or heavy or host) else "loop"
         return path
-
-    def _one_run_allowed(self, X_val, incremental):
-        """Whether every epoch can run in one session run: nothing the host
-        must do between epochs (validation, stopping rules, adaptive rate,
-        shuffling, progress, logging)."""
-        adaptive = getattr(self.learning_rate_, "learning_rate", None) == "adaptive"
-        return not (X_val is not None or self.early_stopping or adaptive
-                    or self._stopping_tol() is not None or self.shuffle
-                    or self.verbose or self.enable_logging or incremental)
-
-    def _run_epochs(self, path, X, y, sample_weight, batch_size, count):
-        """``count`` epochs; returns their losses, shorter (or None) when a
-        non-finite loss stopped training (``exc=False``)."""
-        if path != "loop":
-            loss = self._epoch(X, y, sample_weight, batch_size, path)
-            return None if loss is None else [loss]
-        if self.shuffle:
-            order = self._shuffled_order(X.shape[0])
-            X, y = X[order], y[order]
-            sample_weight = None if sample_weight is None else sample_weight[order]
-        rates = [self._scalars_ahead(j, X.shape[0]) for j in range(count)]
-        losses = self._trainer.loop_epochs(X, y, sample_weight, batch_size, rates)
-        if not np.isfinite(losses).all():  # replay step by step to stop exactly
-            results = []
-            for _ in range(count):
-                loss = self._epoch(X, y, sample_weight, batch_size, "fused",
-                                   reshuffle=False, ahead=len(results))
-                if loss is None:
-                    return results
-                results.append(loss)
-            return results
-        sizes = np.array([
-            self._batch_rows(b, None if sample_weight is None else sample_weight[b])
-            for b in gen_batches(X.shape[0], batch_size)], dtype=np.float64)
-        return (losses.astype(np.float64) @ sizes / sizes.sum()).tolist()
-
-    def _scalars_ahead(self, epochs_ahead, n_samples):
-        """The update rule's per-epoch scalars ``epochs_ahead`` epochs ahead."""
-        rate = self.learning_rate_
-        if epochs_ahead == 0:
-            return rate.step_scalars(1)
-        saved = rate.value
-        rate.value = rate.schedule(self._schedule_time(epochs_ahead, n_samples))
-        try:
-            return rate.step_scalars(1)
-        finally:
-            rate.value = saved
-
-    def _epoch(self, X, y, sample_weight, batch_size, path="split", reshuffle=True,
-               ahead=0):
-        """One pass over the data, one session run (fused) or four (split) per
-        batch; returns the epoch loss, or None when a non-finite loss stopped
-        training (``exc=False``). ``ahead``: epochs run but not yet recorded
-        in ``n_iter_`` (a replay of the in-graph loop)."""
-        self._keep_finite_weights(self.n_iter_ + ahead)
-        order = self._shuffled_order(X.shape[0]) if self.shuffle and reshuffle \
-            else None
-        step = self._trainer.fused_step if path == "fused" else self._trainer.step
-        dtype = self._float_dtype()
-        total = weight_total = 0.0
-        for batch in gen_batches(X.shape[0], batch_size):
-            index = batch if order is None else order[batch]
-            wb = None if sample_weight is None else sample_weight[index]
-            if wb is not None and not wb.sum() > 0:
-                continue  # a batch of zero weights carries no gradient
-            loss = step(X[index], y[index], wb, dtype)
-            if not np.isfinite(loss):
-                self._non_finite(loss, self.n_iter_ + ahead + 1)
-                return None
-            rows = self._batch_rows(batch, wb)
-            total += loss * rows
-            weight_total += rows
-        return total / weight_total
-
-    def _batch_rows(self, batch, sample_weight):
-        """Weight of a batch's loss in the epoch loss: the sum of its sample
-        weights, or its number of rows without weights."""
-        if sample_weight is None:
-            return float(batch.stop - batch.start)
-        return float(sample_weight.sum())
-
-    def _shuffled_order(self, n_samples):
-        """Row order of the next epoch: the previous order shuffled again,
-        as scikit-learn's MLP does (``sample_idx = shuffle(sample_idx)``)."""
-        order = getattr(self, "_order", None)
-        if order is None or order.shape[0] != n_samples:
-            order = np.arange(n_samples)
-        self._order = order[self._rng.permutation(n_samples)]
-        return self._order
-
-    def _update_no_improvement(self, loss, X_val, y_val):
-        """scikit-learn's ``_update_no_improvement_count``; True means stop."""
-        tol = self._stopping_tol()
-        if self.early_stopping:
-            score = self._validation_score(X_val, y_val)
-            self.validation_scores_.append(score)
-            improved = score >= self.best_validation_score_ + tol
-            if score > self.best_validation_score_:
-                self.best_validation_score_ = score
-                self._best_weights = self._trainer.engine.get_weights()
-                self._best_buffers = self._trainer.get_buffers()
-        else:
-            improved = tol is None or loss <= self.best_loss_ - tol
-            self.best_loss_ = min(self.best_loss_, loss)
-        self._no_improvement = 0 if improved else self._no_improvement + 1
-        if self._no_improvement > self.n_iter_no_change:
-            if self.learning_rate_.trigger_stopping():
-                return True
-            self._no_improvement = 0
-        return False
 
     def _validation_score(self, X_val, y_val):
         raise NotImplementedError
-
-    def _report(self, bar, loss):
-        if self.verbose > 1:
-            bar.set_postfix(loss=f"{loss:.6g}",
-                            lr=f"{self.learning_rate_.value:.3g}")
-        if self.enable_logging:
-            logger.info("epoch %d loss=%r lr=%r", self.n_iter_, loss,
-                        self.learning_rate_.value)
-
-    def _keep_finite_weights(self, epochs):
-        """Copy the weights an epoch starts from, the weights after
-        ``epochs`` epochs, when every value is finite: a divergence goes back
-        to them (see :meth:`_non_finite`)."""
-        weights = self._trainer.engine.get_weights()
-        if all(np.isfinite(w).all() for w in weights):
-            self._finite_weights = (weights, epochs)
-
-    def _non_finite(self, loss, epoch):
-        """A non-finite loss at ``epoch``: put back the best validation
-        weights (early stopping) or the weights at the end of the last epoch
-        whose loss was finite (the epoch before ``epoch``; the weights this
-        fit started from when it is the first), never the exploding ones
-        the last finite steps left, then raise or warn saying which."""
-        kept = getattr(self, "_finite_weights", None)
-        if self.early_stopping and self._best_weights is not None:
-            self._trainer.engine.set_weights(self._best_weights)
-            which = ("the weights of the best validation score "
-                     f"({self.best_validation_score_:.6g}) are kept")
-        elif kept is not None:
-            self._trainer.engine.set_weights(kept[0])
-            which = ("the last finite weights are kept: " + (
-                f"those at the end of epoch {kept[1]}, the last whose loss "
-                "was finite" if kept[1] else "those this fit started from"))
-        else:
-            which = "the last finite weights are kept"
-        self._finite_weights = None
-        message = (f"The loss became {loss} at epoch {epoch}; {which}. Lower "
-                   "the learning rate.")
-        if self.exc:
-            raise ConvergenceError(message)
-        warnings.warn(message, ConvergenceWarning)
 
     # ------------------------------------------------------------ results
     @property
@@ -639,6 +507,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """The :class:`~onnxtrain.OrtGradientForwardBackward` engine."""
         return self._ensure_trainer().engine
 
+    @with_session_threads
     def _raw_predict(self, X):
         trainer = self._ensure_trainer()
         _check_feature_names(self, X, reset=False)  # other names: an error
@@ -647,19 +516,89 @@ class BaseOrtGradientEstimator(BaseEstimator):
                            self._feature_inputs(model))
         return trainer.predict(X)
 
-    def get_state(self):
-        """The trained weights: list of ndarray in ``weights_to_train_`` order."""
-        return self._ensure_trainer().engine.get_weights()
+    def get_state(self, include_optimizer=False):
+        """The trained weights, and optionally what continues training.
+
+        Parameters
+        ----------
+        include_optimizer : bool, default=False
+            Also return the optimizer state (velocities, moments), its step
+            count, the learning rate and its schedule's time, the epoch and
+            sample counters, the running statistics and the shuffling
+            generator: what :meth:`set_state` needs for a later
+            ``partial_fit`` to continue exactly as if uninterrupted.
+
+        Returns
+        -------
+        list of ndarray
+            Without the optimizer: the weights in ``weights_to_train_``
+            order (copies).
+        dict
+            With it: ``weights`` (that list), ``optimizer`` (one list of
+            arrays per weight, in ``learning_rate_.state_names`` order),
+            ``step`` (int), ``learning_rate`` (float), ``n_iter``, ``t``
+            (int), ``buffers`` (dict), ``rng`` (the generator's state) and
+            ``order`` (the last epoch's row order or None).
+        """
+        trainer = self._ensure_trainer()
+        weights = trainer.engine.get_weights()
+        if not include_optimizer:
+            return weights
+        order = getattr(self, "_order", None)
+        return {"weights": weights, "optimizer": trainer.get_state(),
+                "step": int(trainer.step_count),
+                "learning_rate": float(self.learning_rate_.value),
+                "n_iter": int(self.n_iter_), "t": int(self.t_),
+                "buffers": trainer.get_buffers(),
+                "rng": self._rng.get_state() if hasattr(self, "_rng") else None,
+                "order": None if order is None else order.copy()}
 
     def set_state(self, state):
-        """Replace the trained weights (list, or dict name -> array).
+        """Replace the trained weights, or restore a :meth:`get_state`
+        ``include_optimizer=True`` dict (weights, optimizer state and step,
+        learning rate, counters, running statistics, generator).
+
+        Parameters
+        ----------
+        state : list of ndarray, dict name -> ndarray, or dict
+            Weights (list in ``weights_to_train_`` order, or by name), or
+            the dict of ``get_state(include_optimizer=True)``.
+
+        Returns
+        -------
+        self
 
         Raises
         ------
+        sklearn.exceptions.NotFittedError
+            Before the first fit (the graphs do not exist yet).
         ValueError
-            Wrong number of tensors, unknown names or shapes.
+            Wrong number of tensors, unknown names or shapes, an optimizer
+            state of another update rule; nothing is changed then.
         """
-        self._ensure_trainer().engine.set_weights(state)
+        trainer = self._ensure_trainer()
+        if not (isinstance(state, dict) and "optimizer" in state):
+            trainer.engine.set_weights(state)
+            return self
+        optimizer = state["optimizer"]
+        expected = [[tuple(w.shape()) for _ in self.learning_rate_.state_names]
+                    for w in trainer.engine.weights]
+        given = [[np.shape(s) for s in states] for states in optimizer]
+        if given != expected:
+            raise ValueError(
+                f"The optimizer state has shapes {given}; this estimator's update "
+                f"rule {type(self.learning_rate_).__name__} keeps "
+                f"{list(self.learning_rate_.state_names)} per weight: {expected}.")
+        trainer.engine.set_weights(state["weights"])  # checks (first)
+        trainer.set_state(optimizer, int(state["step"]))
+        trainer.set_buffers(state.get("buffers"))
+        self.learning_rate_.value = float(state["learning_rate"])
+        self.n_iter_, self.t_ = int(state["n_iter"]), int(state["t"])
+        if state.get("rng") is not None:
+            self._rng = np.random.RandomState()
+            self._rng.set_state(state["rng"])
+        order = state.get("order")
+        self._order = None if order is None else np.array(order, copy=True)
         return self
 
     def get_trained_onnx(self, model=None):

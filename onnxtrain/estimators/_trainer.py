@@ -11,6 +11,7 @@ from ..graph import elem_type_to_numpy
 from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
                        to_ortvalue)
 from ..training_graphs import TrainingGraphs, final_activation
+from ..runtime.threads import session_threads
 from ..training_mode import with_running_statistics_updates
 from ._inputs import feature_arrays
 
@@ -184,13 +185,15 @@ class StepRunner:
     def update(self):
         """The update graph's runner (split path), made at its first step."""
         if self._update is None:
-            self._update = SessionRunner(self.update_model, self.device)
+            with session_threads(self.engine._threads):
+                self._update = SessionRunner(self.update_model, self.device)
         return self._update
 
     def _loss_runner(self, weighted):
         if weighted not in self._loss_runners:
-            self._loss_runners[weighted] = SessionRunner(
-                self.loss_models[int(weighted)], self.device)
+            with session_threads(self.engine._threads):
+                self._loss_runners[weighted] = SessionRunner(
+                    self.loss_models[int(weighted)], self.device)
         return self._loss_runners[weighted]
 
     # --------------------------------------------------------------- steps
@@ -282,9 +285,11 @@ class StepRunner:
     def _runner(self, kind, weighted, rows):
         key = ("runner", kind, weighted)
         if key not in self._fused:
-            self._fused[key] = FusedRunner(self.fused_graph(kind, weighted),
-                                           self.device, self.flops_per_step(rows),
-                                           kind != "step")
+            graph = self.fused_graph(kind, weighted)
+            with session_threads(self.engine._threads):
+                self._fused[key] = FusedRunner(graph, self.device,
+                                               self.flops_per_step(rows),
+                                               kind != "step")
         runner = self._fused[key]
         flat = self._flat_parameters()
         if runner.parameters is None or any(

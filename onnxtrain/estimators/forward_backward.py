@@ -99,6 +99,17 @@ _COMMON_PARAMETERS = """
         model allows it (opset >= 13, a loss graph), else
         'split'. All paths compute the same steps (same losses and weights
         up to float rounding).
+    callbacks : list of Callback, default=None
+        Objects of :mod:`onnxtrain.training.callbacks` whose hooks run at
+        the start and end of training, of each epoch and of each batch
+        (scoring, checkpoints, per-batch learning rate with warmup, early
+        stopping on any metric); they are cloned with the estimator.
+    n_threads : int, default=None
+        Threads of each onnxruntime session (intra-op), read when the
+        sessions are built (first fit, unpickling). None: joblib's thread
+        budget inside a joblib worker process (``cpu_count() // n_jobs``,
+        e.g. ``GridSearchCV(n_jobs=2)``), onnxruntime's default elsewhere
+        (see :mod:`onnxtrain.runtime.threads`).
 """
 
 _COMMON_ATTRIBUTES = """
@@ -118,6 +129,11 @@ _COMMON_ATTRIBUTES = """
     t_ : int
         Samples seen since the weights were initialized.
     n_features_in_ : int
+    history_ : list of dict
+        One record per epoch of the last fit (partial_fit calls add up), as
+        skorch's History: ``epoch``, ``train_loss``, ``learning_rate`` (the
+        rate of the epoch's last step), ``dur`` (seconds), ``valid_loss`` (when
+        computed), ``valid_score`` (early stopping) and what callbacks add.
     learning_rate_, learning_loss_, learning_penalty_
         The resolved objects. After fit the parameters ``learning_rate``,
         ``learning_loss`` and ``learning_penalty`` refer to them too, since
@@ -145,7 +161,7 @@ class _ForwardBackwardParams:
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto"):
+                 training_path="auto", callbacks=None, n_threads=None):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -169,6 +185,8 @@ class _ForwardBackwardParams:
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
         self.training_path = training_path
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
 
 class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams,
@@ -201,14 +219,14 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto"):
+                 training_path="auto", callbacks=None, n_threads=None):
         super().__init__(
             model_onnx, weights_to_train, loss_output_name, max_iter,
             training_optimizer_name, batch_size, learning_rate, device,
             warm_start, verbose, validation_every, learning_loss,
             enable_logging, weight_name, learning_penalty, exc, random_state,
             shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
-            training_path)
+            training_path, callbacks, n_threads)
 
     # ------------------------------------------------------------ graph
     def _make_training_model(self, model):
@@ -481,14 +499,14 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto"):
+                 training_path="auto", callbacks=None, n_threads=None):
         super().__init__(
             model_onnx, weights_to_train, loss_output_name, max_iter,
             training_optimizer_name, batch_size, learning_rate, device,
             warm_start, verbose, validation_every, learning_loss,
             enable_logging, weight_name, learning_penalty, exc, random_state,
             shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
-            training_path)
+            training_path, callbacks, n_threads)
 
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model)

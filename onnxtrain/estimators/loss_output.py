@@ -1,6 +1,8 @@
 """``OrtGradientOptimizer``: train a graph whose loss is already an output."""
 from __future__ import annotations
 
+import os
+
 from ..rewrite import prediction_graph
 from ._base import BaseOrtGradientEstimator
 from ._inputs import check_features
@@ -42,10 +44,14 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         Name of the graph's sample-weight input, if it has one.
     random_state : int, RandomState instance or None, default=None
     shuffle : bool, default=False
+    callbacks : list of Callback, default=None
+        As in :class:`OrtGradientForwardBackwardOptimizer`.
+    n_threads : int, default=None
+        As in :class:`OrtGradientForwardBackwardOptimizer`.
 
     Attributes
     ----------
-    weights_to_train_, train_losses_, validation_losses_, n_iter_, t_
+    weights_to_train_, train_losses_, validation_losses_, n_iter_, t_, history_
         As in :class:`OrtGradientForwardBackwardOptimizer`.
     """
 
@@ -59,12 +65,18 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
     enable_logging = False
     exc = True
 
+    _parameter_constraints: dict = {
+        **BaseOrtGradientEstimator._parameter_constraints,
+        "saved_gradient": [str, os.PathLike, None],
+        "sample_weight_name": [str],
+    }
+
     def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
                  max_iter=100, training_optimizer_name="SGDOptimizer",
                  batch_size=10, learning_rate="SGD", device="cpu",
                  warm_start=False, verbose=0, validation_every=0.1,
                  saved_gradient=None, sample_weight_name="weight",
-                 random_state=None, shuffle=False):
+                 random_state=None, shuffle=False, callbacks=None, n_threads=None):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -80,6 +92,8 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         self.sample_weight_name = sample_weight_name
         self.random_state = random_state
         self.shuffle = shuffle
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
     def _make_training_model(self, model):
         names = [o.name for o in model.graph.output]

@@ -35,9 +35,11 @@ from sklearn.model_selection import train_test_split
 
 from ..estimators._base import BaseOrtGradientEstimator
 from ..estimators._validation import check_targets
+from ..runtime.threads import with_session_threads
+from ..training.loop import EpochLoop
 from ._graph import OUTPUT_FUNCTIONS
 
-__all__ = ["MLPTrainingLoop", "decode_outputs"]
+__all__ = ["MLPTrainingLoop", "MLPEpochLoop", "decode_outputs"]
 
 
 def decode_outputs(values, out_activation):
@@ -56,6 +58,94 @@ def _same(objects, others):
     the same types and parameters."""
     return all(type(a) is type(b) and (a is None or a.get_params() == b.get_params())
                for a, b in zip(objects, others))
+
+
+class MLPEpochLoop(EpochLoop):
+    """:class:`~onnxtrain.training.loop.EpochLoop` under scikit-learn MLP's
+    conventions (see the module's notes); the callbacks receive
+    ``callback_owner``, the MLP estimator, when the loop has one."""
+
+    def __init__(self, estimator, callbacks=(), incremental=False):
+        super().__init__(estimator, callbacks, incremental)
+        self.owner = getattr(estimator, "callback_owner", None) or estimator
+
+    def notify(self, hook, *args):
+        stop = False
+        for callback in self.callbacks:
+            if hasattr(self.owner, "_forget_layer_lists"):
+                self.owner._forget_layer_lists()
+            stop = bool(getattr(callback, hook)(self.owner, *args)) or stop
+        return stop
+
+    def per_batch_host_work(self):
+        """scikit-learn's partial_fit changes the rate only at the end of a
+        call (``iteration_ends(t_)``): only batch callbacks act between
+        batches."""
+        return "a callback acts between batches" if self.has_batch_hooks() else None
+
+    def schedule_varies(self):
+        return False  # the rate changes between epochs only, as scikit-learn's
+
+    def schedule_time(self, epochs_ahead=0, n_samples=0):
+        """Samples seen, ``t_`` (scikit-learn's ``iteration_ends(t_)``); 0 at
+        the start of a fit, which scikit-learn begins at
+        ``learning_rate_init`` with a new optimizer."""
+        if self.estimator.n_iter_ == 0 and epochs_ahead == 0:
+            return 0
+        return self.estimator.t_ + epochs_ahead * n_samples
+
+    def batch_rows(self, batch, sample_weight):
+        """scikit-learn weighs a batch loss by its rows, even with weights
+        (``accumulated_loss += batch_loss * (batch_slice.stop -
+        batch_slice.start)``)."""
+        return float(batch.stop - batch.start)
+
+    def update_no_improvement(self, loss, X_val, y_val):
+        est = self.estimator
+        est._stopped = self.count_no_improvement(loss, X_val, y_val)
+        if est.print_progress and est.early_stopping:
+            print(f"Validation score: {est.validation_scores_[-1]:f}")
+        return est._stopped
+
+    def count_no_improvement(self, loss, X_val, y_val):
+        """scikit-learn's ``_update_no_improvement_count`` with its
+        comparisons, so that a NaN score or loss resets the count; True
+        means stop."""
+        est = self.estimator
+        if est.early_stopping:
+            score = est._validation_score(X_val, y_val)
+            est.validation_scores_.append(score)
+            worse = score < est.best_validation_score_ + est.tol
+            if score > est.best_validation_score_:
+                est.best_validation_score_ = score
+                est._best_weights = est._trainer.engine.get_weights()
+        else:
+            worse = loss > est.best_loss_ - est.tol
+            if loss < est.best_loss_:
+                est.best_loss_ = loss
+        est._no_improvement = est._no_improvement + 1 if worse else 0
+        if est._no_improvement > est.n_iter_no_change:
+            if est.learning_rate_.trigger_stopping():
+                return True
+            est._no_improvement = 0
+        return False
+
+    def non_finite(self, loss, epoch):
+        """Record the loss that ended training at ``epoch`` (see the
+        module's notes) and put back the weights at the start of that epoch
+        when they were finite (the last steps may have left exploding ones);
+        the estimator raises scikit-learn's error after training, or early
+        stopping restores its best weights."""
+        est = self.estimator
+        kept = getattr(est, "_finite_weights", None)
+        if kept is not None:
+            est._trainer.engine.set_weights(kept[0])
+        est._finite_weights = None
+        est._diverged = float(loss)
+
+    def report(self, bar, loss):
+        if self.estimator.print_progress:
+            print(f"Iteration {self.estimator.n_iter_}, loss = {loss:.8f}")
 
 
 class MLPTrainingLoop(BaseOrtGradientEstimator):
@@ -86,10 +176,16 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         drew the initial weights, ``tol`` a float.
     print_progress : bool, default=False
         Print scikit-learn's verbose lines ("Iteration %d, loss = %.8f").
+    callbacks : list of Callback, default=None
+        Called with ``callback_owner`` (the MLP estimator) or this loop.
+    n_threads : int, default=None
+        Threads of each session (:mod:`onnxtrain.runtime.threads`).
     """
 
     # What the base reads and the MLP fixes: the weights are the graph's
     # initializers (drawn by the estimator), every epoch is checked.
+    _loop_class = MLPEpochLoop
+    callback_owner = None  # the MLP estimator, given to the callbacks
     warm_start = True
     training_optimizer_name = "SGDOptimizer"
     validation_every = 1
@@ -103,7 +199,8 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
                  out_activation="identity", max_iter=200, batch_size=200,
                  device="cpu", random_state=None, shuffle=True,
                  early_stopping=False, validation_fraction=0.1,
-                 n_iter_no_change=10, tol=1e-4, print_progress=False):
+                 n_iter_no_change=10, tol=1e-4, print_progress=False,
+                 callbacks=None, n_threads=None):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.learning_rate = learning_rate
@@ -121,6 +218,8 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
         self.print_progress = print_progress
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
     # ------------------------------------------------------ base's hooks
     def _check_params(self):
@@ -142,20 +241,6 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         """The graph's float type (that of its first weight)."""
         init = self.model_onnx.graph.initializer[0]
         return helper.tensor_dtype_to_np_dtype(init.data_type)
-
-    def _schedule_time(self, epochs_ahead=0, n_samples=0):
-        """Samples seen, ``t_`` (scikit-learn's ``iteration_ends(t_)``); 0 at
-        the start of a fit, which scikit-learn begins at
-        ``learning_rate_init`` with a new optimizer."""
-        if self.n_iter_ == 0 and epochs_ahead == 0:
-            return 0
-        return self.t_ + epochs_ahead * n_samples
-
-    def _batch_rows(self, batch, sample_weight):
-        """scikit-learn weighs a batch loss by its rows, even with weights
-        (``accumulated_loss += batch_loss * (batch_slice.stop -
-        batch_slice.start)``)."""
-        return float(batch.stop - batch.start)
 
     def _stratify(self, y):
         """scikit-learn stratifies binary targets on its binarized y, a bool
@@ -199,46 +284,6 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
                               decode_outputs(proba, self.out_activation),
                               sample_weight=weight)
 
-    def _update_no_improvement(self, loss, X_val, y_val):
-        self._stopped = self._count_no_improvement(loss, X_val, y_val)
-        if self.print_progress and self.early_stopping:
-            print(f"Validation score: {self.validation_scores_[-1]:f}")
-        return self._stopped
-
-    def _count_no_improvement(self, loss, X_val, y_val):
-        """scikit-learn's ``_update_no_improvement_count`` with its
-        comparisons, so that a NaN score or loss resets the count; True
-        means stop."""
-        if self.early_stopping:
-            score = self._validation_score(X_val, y_val)
-            self.validation_scores_.append(score)
-            worse = score < self.best_validation_score_ + self.tol
-            if score > self.best_validation_score_:
-                self.best_validation_score_ = score
-                self._best_weights = self._trainer.engine.get_weights()
-        else:
-            worse = loss > self.best_loss_ - self.tol
-            if loss < self.best_loss_:
-                self.best_loss_ = loss
-        self._no_improvement = self._no_improvement + 1 if worse else 0
-        if self._no_improvement > self.n_iter_no_change:
-            if self.learning_rate_.trigger_stopping():
-                return True
-            self._no_improvement = 0
-        return False
-
-    def _non_finite(self, loss, epoch):
-        """Record the loss that ended training at ``epoch`` (see the
-        module's notes) and put back the weights at the start of that epoch
-        when they were finite (the last steps may have left exploding ones);
-        the estimator raises scikit-learn's error after training, or early
-        stopping restores its best weights."""
-        kept = getattr(self, "_finite_weights", None)
-        if kept is not None:
-            self._trainer.engine.set_weights(kept[0])
-        self._finite_weights = None
-        self._diverged = float(loss)
-
     def _epochs(self, X, y, sample_weight, X_val, y_val, n_epochs, incremental):
         self._diverged = None
         if self.early_stopping and self._best_weights is None:
@@ -257,10 +302,6 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         """Whether the last fit or partial_fit met a non-finite loss."""
         return getattr(self, "_diverged", None) is not None
 
-    def _report(self, bar, loss):
-        if self.print_progress:
-            print(f"Iteration {self.n_iter_}, loss = {loss:.8f}")
-
     # ------------------------------------------------ for the estimators
     def fit(self, X, y, sample_weight=None):
         """Train on validated X and encoded y (n_samples, n_outputs)."""
@@ -270,6 +311,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         """One epoch on validated X and encoded y."""
         return self._fit(X, y, sample_weight, incremental=True)
 
+    @with_session_threads
     def restart(self, random_state, **params):
         """Prepare a later fit or partial_fit of the same network.
 
@@ -304,6 +346,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
             self._trainer.engine.set_weights(weights)
         self.learning_rate_.init_learning_rate()
 
+    @with_session_threads
     def prepare(self):
         """Compile the graphs without training, for a full-batch solver
         (:meth:`loss_and_gradients`); nothing happens once compiled."""
@@ -311,6 +354,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
             self._start(self._training_model())
         return self
 
+    @with_session_threads
     def loss_and_gradients(self, X, y, sample_weight=None):
         """Loss and weight gradients on every row of (X, y), in one forward
         and one backward pass (no penalty).
@@ -336,6 +380,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         gradients = trainer.engine.backward([grad])
         return float(loss.numpy()), [g.numpy().copy() for g in gradients]
 
+    @with_session_threads
     def output(self, X):
         """The training graph's output for validated ``X``: ndarray of shape
         (n_samples, n_outputs)."""

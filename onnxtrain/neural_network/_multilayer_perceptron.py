@@ -34,6 +34,7 @@ from ..optim import LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
 from ..penalties import ElasticLearningPenalty, NoLearningPenalty
 from ._graph import (OUTPUT_FUNCTIONS, classifier_graph, init_layers,
                      regressor_graph, training_graph, weight_names)
+from ..training.callbacks import check_callbacks
 from ._loop import MLPTrainingLoop
 
 __all__ = ["MLPRegressor", "MLPClassifier"]
@@ -87,6 +88,8 @@ class _BaseMLP(BaseEstimator):
         "max_fun": [Interval(numbers.Integral, 1, None, closed="left")],
         "device": [str],
         "dtype": "no_validation",  # checked in fit: None, float32 or float64
+        "callbacks": [list, tuple, None],
+        "n_threads": [Interval(numbers.Integral, 1, None, closed="left"), None],
     }
 
     # ------------------------------------------------------------ checks
@@ -100,6 +103,7 @@ class _BaseMLP(BaseEstimator):
 
     def _check_fit_params(self, incremental):
         self._validate_params()
+        check_callbacks(self.callbacks)
         if incremental and self.early_stopping:
             raise ValueError("partial_fit does not support early_stopping=True")
         hidden = self.hidden_layer_sizes
@@ -183,6 +187,7 @@ class _BaseMLP(BaseEstimator):
         loop = self._loop
         seen = len(getattr(loop, "train_losses_", ())) if incremental else 0
         fit = loop.partial_fit if incremental else loop.fit
+        loop.callback_owner = self  # the callbacks see this estimator
         try:
             fit(X, y, sample_weight)
         except ValueError as exc:
@@ -193,6 +198,7 @@ class _BaseMLP(BaseEstimator):
                                  f"'False' for {negative!r})") from exc
             raise
         finally:
+            loop.callback_owner = None
             if hasattr(loop, "train_losses_"):  # also after an error
                 self._collect(seen, incremental)
         if not incremental and loop.n_iter_ == self.max_iter and not loop.stopped:
@@ -305,7 +311,8 @@ class _BaseMLP(BaseEstimator):
             shuffle=self.shuffle, early_stopping=self.early_stopping,
             validation_fraction=self.validation_fraction,
             n_iter_no_change=self.n_iter_no_change, tol=self.tol,
-            print_progress=bool(self.verbose))
+            print_progress=bool(self.verbose), callbacks=self.callbacks,
+            n_threads=self.n_threads)
 
     def _is_classifier(self):
         return False
@@ -348,6 +355,7 @@ class _BaseMLP(BaseEstimator):
         self.loss_ = self.loss_curve_[-1] if self.loss_curve_ else None
         self.n_iter_ = min(loop.n_iter_, 1) if incremental else loop.n_iter_
         self.t_ = loop.t_
+        self.history_ = [dict(record) for record in getattr(loop, "history_", ())]
         self.best_loss_ = None if self.early_stopping else loop.best_loss_
         self.validation_scores_ = (None if loop.validation_scores_ is None
                                    else list(loop.validation_scores_))
@@ -435,6 +443,46 @@ class _BaseMLP(BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True  # CSR / CSC, densified
         return tags
+
+    # ---------------------------------------------------------- state
+    def get_state(self, include_optimizer=False):
+        """The weights (coefficient, intercept of each layer in turn), and
+        with ``include_optimizer=True`` the optimizer state, step, learning
+        rate and counters: see
+        :meth:`onnxtrain.OrtGradientForwardBackwardOptimizer.get_state`.
+        A ``partial_fit`` after :meth:`set_state` continues as if
+        uninterrupted (a ``fit`` starts a new optimizer, as scikit-learn's).
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before the first fit.
+        """
+        check_is_fitted(self)
+        self._push_layers()
+        return self._loop.get_state(include_optimizer)
+
+    def set_state(self, state):
+        """Restore :meth:`get_state`'s weights or dict; returns self.
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before the first fit.
+        ValueError
+            Shapes or an optimizer state that do not fit the network.
+        """
+        check_is_fitted(self)
+        self._loop.set_state(state)
+        self._layers = None
+        if isinstance(state, dict) and "optimizer" in state:
+            self.t_ = self._loop.t_
+        return self
+
+    def _forget_layer_lists(self):
+        """During training the network holds the weights: drop the lists
+        ``coefs_`` / ``intercepts_`` a callback may have read."""
+        self._layers = None
 
     def to_onnx(self):
         """The trained inference graph.
@@ -531,6 +579,15 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
     dtype : None, np.float32 or np.float64, default=None
         Floating type of the graph. None follows X as scikit-learn does
         (float32 stays float32, float64 and integers give float64).
+    callbacks : list of Callback, default=None
+        :mod:`onnxtrain.training.callbacks` objects called with this
+        estimator at each epoch and batch of the stochastic solvers
+        (scoring, checkpoints, per-batch learning rate, early stopping on
+        any metric); ignored by 'lbfgs'.
+    n_threads : int, default=None
+        Threads of each onnxruntime session; None: joblib's budget inside a
+        joblib worker process, onnxruntime's default elsewhere
+        (:mod:`onnxtrain.runtime.threads`).
 
     Attributes
     ----------
@@ -538,6 +595,10 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         Loss of the last epoch (penalty included).
     best_loss_ : float or None
         Smallest epoch loss; None with early stopping.
+    history_ : list of dict
+        Stochastic solvers: one record per epoch (``epoch``, ``train_loss``,
+        ``learning_rate``, ``dur`` in seconds, ``valid_score`` with early
+        stopping, and what callbacks add), as skorch's History.
     loss_curve_ : list of float
         Loss of each epoch (of every fit since the weights were drawn).
     validation_scores_ : list of float or None
@@ -590,7 +651,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
                  warm_start=False, momentum=0.9, nesterovs_momentum=True,
                  early_stopping=False, validation_fraction=0.1, beta_1=0.9,
                  beta_2=0.999, epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
-                 device="cpu", dtype=None):
+                 device="cpu", dtype=None, callbacks=None, n_threads=None):
         self.loss = loss
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
@@ -617,6 +678,8 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         self.max_fun = max_fun
         self.device = device
         self.dtype = dtype
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
     def _output_activation(self):
         return "exp" if self.loss == "poisson" else "identity"
@@ -754,6 +817,15 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         'cpu', 'cuda' or 'cuda:N'.
     dtype : None, np.float32 or np.float64, default=None
         Floating type of the graph; None follows X.
+    callbacks : list of Callback, default=None
+        :mod:`onnxtrain.training.callbacks` objects called with this
+        estimator at each epoch and batch of the stochastic solvers
+        (scoring, checkpoints, per-batch learning rate, early stopping on
+        any metric); ignored by 'lbfgs'.
+    n_threads : int, default=None
+        Threads of each onnxruntime session; None: joblib's budget inside a
+        joblib worker process, onnxruntime's default elsewhere
+        (:mod:`onnxtrain.runtime.threads`).
 
     Attributes
     ----------
@@ -761,6 +833,10 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         The labels (0 .. n_labels - 1 for multilabel targets).
     loss_ : float
     best_loss_ : float or None
+    history_ : list of dict
+        Stochastic solvers: one record per epoch (``epoch``, ``train_loss``,
+        ``learning_rate``, ``dur`` in seconds, ``valid_score`` with early
+        stopping, and what callbacks add), as skorch's History.
     loss_curve_ : list of float
     validation_scores_ : list of float or None
         Accuracy of the validation rows at each epoch (early stopping).
@@ -800,7 +876,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
                  nesterovs_momentum=True, early_stopping=False,
                  validation_fraction=0.1, beta_1=0.9, beta_2=0.999,
                  epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
-                 device="cpu", dtype=None):
+                 device="cpu", dtype=None, callbacks=None, n_threads=None):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
         self.solver = solver
@@ -826,6 +902,8 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         self.max_fun = max_fun
         self.device = device
         self.dtype = dtype
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
     def _is_classifier(self):
         return True

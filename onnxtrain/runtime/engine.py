@@ -14,6 +14,7 @@ from ..models import load_model, select_weights
 from ..training_mode import inference_mode
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
+from .threads import current_session_threads, session_threads
 
 __all__ = ["OrtGradientForwardBackward", "check_weight_names"]
 
@@ -108,6 +109,8 @@ class OrtGradientForwardBackward:
             for i in model.graph.input if i.type.HasField("tensor_type")}
         self._inference = None
         self._lock = threading.RLock()  # builds models and sessions once
+        # sessions built later (at first use) take the threads in force now
+        self._threads = current_session_threads()
         inits = {i.name: i for i in model.graph.initializer}
         self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device)
                         for w in self.weights_to_train]
@@ -135,16 +138,22 @@ class OrtGradientForwardBackward:
         self._models = value
         self._forward_runner = self._gradient_runner = None
 
+    def _new_runner(self, model):
+        """A runner of ``model`` whose session uses the intra-op threads in
+        force when this engine was made."""
+        with session_threads(self._threads):
+            return SessionRunner(model, self.device)
+
     @property
     def _forward(self):
         if self._forward_runner is None:
-            self._forward_runner = SessionRunner(self.forward_model, self.device)
+            self._forward_runner = self._new_runner(self.forward_model)
         return self._forward_runner
 
     @property
     def _gradient(self):
         if self._gradient_runner is None:
-            self._gradient_runner = SessionRunner(self.gradient_model, self.device)
+            self._gradient_runner = self._new_runner(self.gradient_model)
         return self._gradient_runner
 
     # the models -------------------------------------------------------------
@@ -262,8 +271,7 @@ class OrtGradientForwardBackward:
         if not training:  # thread-safe (concurrent predictions)
             with self._lock:
                 if self._inference is None:
-                    self._inference = SessionRunner(self.inference_model,
-                                                    self.device)
+                    self._inference = self._new_runner(self.inference_model)
             self._saved = None
             return self._inference(feeds)
         outputs = self._forward(feeds)

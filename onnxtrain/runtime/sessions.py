@@ -12,6 +12,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import OrtValue as C_OrtValue
 
 from ..graph import elem_type_to_numpy
 from .devices import parse_device
+from .threads import current_session_threads
 
 __all__ = ["make_session", "to_ortvalue", "to_numpy", "SessionRunner",
            "SessionRunError", "default_session_options"]
@@ -27,7 +28,13 @@ class SessionRunError(RuntimeError):
 def default_session_options(intra_op_num_threads=None, spinning=False):
     """Session options suited to training: full graph optimization, and no
     busy spinning between the many short runs of a training loop unless
-    ``spinning`` (for one long run holding many steps)."""
+    ``spinning`` (for one long run holding many steps). The intra-op
+    threads: ``intra_op_num_threads``, else the count set by
+    :func:`~onnxtrain.runtime.threads.session_threads` or joblib's budget in
+    a joblib worker (:func:`~onnxtrain.runtime.threads.current_session_threads`),
+    else onnxruntime's default."""
+    if intra_op_num_threads is None:
+        intra_op_num_threads = current_session_threads()
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = (
         onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL)

@@ -1,0 +1,70 @@
+"""Logging estimators to MLflow (a local file store)."""
+import pytest
+from numpy.testing import assert_allclose
+
+mlflow = pytest.importorskip("mlflow")
+pytest.importorskip("mlflow.onnx")
+
+from onnxtrain import OrtGradientForwardBackwardOptimizer  # noqa: E402
+from onnxtrain.mlflow import MLflowLogger, log_model  # noqa: E402
+from onnxtrain.optim import LearningRateSGD  # noqa: E402
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    yield mlflow.tracking.MlflowClient()
+    mlflow.set_tracking_uri(None)
+
+
+def _run(X, y, model, **kwargs):
+    return OrtGradientForwardBackwardOptimizer(
+        model, learning_rate=LearningRateSGD(0.01, learning_rate="constant"),
+        max_iter=3, random_state=0, **kwargs).fit(X, y)
+
+
+def test_log_model_logs_the_graph_parameters_and_history(store, mlp_onnx,
+                                                         regression_data):
+    import onnxruntime
+    X, y = regression_data
+    est = _run(X, y, mlp_onnx())
+    info = log_model(est)
+    run = store.get_run(info.run_id)
+    assert run.data.params["max_iter"] == "3"
+    assert run.data.params["model_onnx"].startswith("<ModelProto")
+    history = store.get_metric_history(info.run_id, "train_loss")
+    assert [m.step for m in history] == [1, 2, 3]
+    assert_allclose([m.value for m in history], est.train_losses_, rtol=1e-12)
+    loaded = mlflow.onnx.load_model(info.model_uri)
+    session = onnxruntime.InferenceSession(loaded.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    assert_allclose(session.run(None, {"X": X})[0].ravel(), est.predict(X),
+                    rtol=1e-6, atol=1e-6)
+    assert mlflow.active_run() is None  # the run it started is ended
+
+
+def test_mlflow_logger_callback_logs_during_fit(store, mlp_onnx, regression_data):
+    X, y = regression_data
+    logger = MLflowLogger()
+    est = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=LearningRateSGD(0.01, learning_rate="constant"),
+        max_iter=3, random_state=0, callbacks=[logger], validation_every=1)
+    est.fit(X[:80], y[:80], X_val=X[80:], y_val=y[80:])
+    valid = store.get_metric_history(logger.run_id_, "valid_loss")
+    assert_allclose([m.value for m in valid], est.validation_losses_, rtol=1e-12)
+    assert [m.step for m in valid] == [1, 2, 3]
+    assert mlflow.active_run() is None
+    assert logger.model_info_.run_id == logger.run_id_
+    model = mlflow.onnx.load_model(logger.model_info_.model_uri)
+    assert len(model.graph.node) == len(est.get_trained_onnx().graph.node)
+    assert store.get_run(logger.run_id_).data.params["callbacks"] == "['MLflowLogger']"
+
+
+def test_log_model_refuses_an_unfitted_estimator(store, mlp_onnx):
+    from sklearn.exceptions import NotFittedError
+    with pytest.raises(NotFittedError):
+        log_model(OrtGradientForwardBackwardOptimizer(mlp_onnx()))
+    assert mlflow.active_run() is None
+    experiment = store.get_experiment_by_name("Default")
+    assert experiment is None or store.search_runs([experiment.experiment_id]) == []
