@@ -11,7 +11,7 @@ forward/backward engine :class:`OrtGradientForwardBackward`; the autodiff
 """
 __version__ = "0.1.0"
 
-from .estimators import (OrtGradientForwardBackwardClassifier,
+from .estimators import (GraphInputs, OrtGradientForwardBackwardClassifier,
                          OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer)
 from .exceptions import (ConvergenceError, ConvergenceWarning, DeviceError,
                          MissingVJPRuleError)
@@ -28,7 +28,7 @@ from .runtime import OrtGradientForwardBackward
 __all__ = [
     "AbsoluteLearningLoss", "ConvergenceError", "ConvergenceWarning",
     "CrossEntropyLearningLoss", "DeviceError", "ElasticLearningLoss",
-    "ElasticLearningPenalty", "LearningRateAdam", "LearningRateAdamW",
+    "ElasticLearningPenalty", "GraphInputs", "LearningRateAdam", "LearningRateAdamW",
     "LearningRateSGD", "LearningRateSGDNesterov", "MissingVJPRuleError",
     "NegLogLearningLoss", "NoLearningPenalty", "OrtGradientForwardBackward",
     "OrtGradientForwardBackwardClassifier", "OrtGradientForwardBackwardOptimizer",

@@ -55,3 +55,24 @@ def resolve_named(value, registry, base, what):
         return registry[value]()
     raise TypeError(f"{what} must be a str or a {base.__name__}, not "
                     f"{type(value).__name__}.")
+
+
+def full_repr(obj, params=None):
+    """``Class(p1=v1, p2=v2, ...)`` with every parameter (``params``, default
+    ``obj.get_params(deep=False)``) in the constructor's order, defaults
+    included, and so for the parameters that are scikit-learn objects
+    (learning rates, losses...): onnxcustom's estimator repr, which its
+    users' logs and tests read (scikit-learn's shows only the parameters
+    changed from their default)."""
+    import inspect
+
+    from sklearn.base import BaseEstimator
+
+    params = obj.get_params(deep=False) if params is None else params
+    order = [p for p in inspect.signature(type(obj).__init__).parameters
+             if p in params]
+    def show(value):
+        return full_repr(value) if isinstance(value, BaseEstimator) else repr(value)
+
+    shown = ", ".join(f"{k}={show(params[k])}" for k in order)
+    return f"{type(obj).__name__}({shown})"

@@ -17,8 +17,10 @@ from onnx import numpy_helper
 
 from . import onnxblock
 from .api.checkpoint import checkpoint_to_bytes
+from .graph import opset_of
 from .onnxblock._base import load_model
 from .onnxblock.optim import build_optimizer_model
+from .runtime.ort_format import save_ort_format
 
 __all__ = ["LossType", "OptimType", "generate_artifacts"]
 
@@ -115,9 +117,6 @@ def _check_parameters(model, requires_grad, frozen_params):
     if unknown:
         raise ValueError(f"Parameters {unknown} are not initializers of the "
                          f"model; initializers: {inits}.")
-    if not requires_grad:
-        raise ValueError("requires_grad is empty: name the initializers to "
-                         "train (other initializers stay constants).")
 
 
 def _build_arity(block):
@@ -194,9 +193,11 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         The forward model; never modified (a path is read with its external
         data).
     requires_grad : str or list of str, default=None
-        Initializers to train (at least one); a str is one name
-        (``"weight1"``, not its characters). They become inputs of the
-        training and eval models and are stored in the checkpoint.
+        Initializers to train; a str is one name (``"weight1"``, not its
+        characters). They become inputs of the training and eval models and
+        are stored in the checkpoint. None or empty (as in onnxruntime,
+        nothing requires gradient by default): the training model computes
+        the loss without gradients, and no optimizer may be asked for.
     frozen_params : str or list of str, default=None
         Initializers that become inputs and checkpoint entries but are not
         trained (a str is one name). Other initializers stay constants of
@@ -212,7 +213,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         Prefix of the file names; a file name part only (no ``/`` or ``\\``,
         no ``..``, no ``:``), so every file lands in ``artifact_directory``.
     ort_format : bool, default=False
-        ORT-format models are not supported (True raises).
+        Also write each model in ORT format (``{prefix}training_model.ort``
+        ...), converted by stock onnxruntime (basic graph optimizations);
+        :class:`onnxtrain.api.Module` and :class:`onnxtrain.api.Optimizer`
+        load them.
     custom_op_library : str, default=None
         Custom op libraries are not supported (standard ONNX ops only).
     additional_output_names : list of str, default=None
@@ -237,12 +241,13 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     dict
         Paths written: keys "training_model", "eval_model",
         "optimizer_model" (if an optimizer), "checkpoint",
-        "nominal_checkpoint" (if asked).
+        "nominal_checkpoint" (if asked), and with ``ort_format`` the keys
+        "training_model_ort", "eval_model_ort", "optimizer_model_ort".
 
     Raises
     ------
     NotImplementedError
-        For ``ort_format=True`` or a ``custom_op_library``.
+        For a ``custom_op_library``.
     TypeError
         For an unknown loss or optimizer.
     FileExistsError
@@ -253,7 +258,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         ``artifact_directory`` that is a file, or holding a directory of an
         artifact's name; a name in both
         ``requires_grad`` and ``frozen_params``; parameter
-        names that are not initializers; no trainable parameter; a loss
+        names that are not initializers; an optimizer without trainable
+        parameters; a loss
         whose ``build`` takes another number of inputs than it receives
         (the message gives both numbers and the names); a model with several
         outputs, a built-in loss (or none) and no ``loss_input_names``; a
@@ -269,10 +275,6 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     :mod:`onnxtrain.onnxblock.optim` (optimizer model) and
     :mod:`onnxtrain.api.checkpoint` (checkpoint).
     """
-    if ort_format:
-        raise NotImplementedError(
-            "ort_format=True is not supported: onnxtrain writes .onnx models "
-            "(onnxruntime loads them directly).")
     if custom_op_library is not None:
         raise NotImplementedError(
             "custom_op_library is not supported: onnxtrain's artifacts use "
@@ -284,6 +286,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     _check_parameters(base_model, requires_grad, frozen_params)
     loss_block = _resolve_loss(loss)
     optimizer_block = _resolve_optimizer(optimizer)
+    if optimizer_block is not None and not requires_grad:
+        raise ValueError("An optimizer model needs trainable parameters: "
+                         "requires_grad is empty (pass optimizer=None to "
+                         "write the training and eval models only).")
     inputs = _loss_inputs(base_model, loss_block, loss_input_names)
     _check_targets(base_model, loss_block)
     additional = list(additional_output_names or [])
@@ -306,18 +312,25 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     trainable_names = {t.name for t in trainable}
     files = {"training_model": training_model, "eval_model": eval_model}
     if optimizer_block is not None:
-        files["optimizer_model"] = build_optimizer_model(optimizer_block, trainable)
+        opset = opset_of(base_model) or 0  # the base model's, as onnxruntime
+        files["optimizer_model"] = build_optimizer_model(
+            optimizer_block, trainable, opset if opset >= 9 else None)
     entries = [(t.name, numpy_helper.to_array(t), t.name in trainable_names)
                for t in params]
     files["checkpoint"] = checkpoint_to_bytes(entries)
     if nominal_checkpoint:
         files["nominal_checkpoint"] = checkpoint_to_bytes(entries, nominal=True)
-    return _write(files, directory, prefix)
+    paths = _write(files, directory, prefix)
+    if ort_format:
+        paths.update(_write_ort_format(paths))
+    return paths
 
 
 # every file generate_artifacts may write, without the prefix
 _ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx",
-                   "optimizer_model.onnx", "checkpoint", "nominal_checkpoint")
+                   "optimizer_model.onnx", "checkpoint", "nominal_checkpoint",
+                   "training_model.ort", "eval_model.ort",
+                   "optimizer_model.ort")
 # models larger than this are saved with external data (protobuf's 2 GiB limit)
 _EXTERNAL_DATA_BYTES = 1_800_000_000
 
@@ -354,6 +367,18 @@ def _artifact_directory(artifact_directory, prefix, overwrite):
         raise FileExistsError(f"overwrite=False and artifact files exist: "
                               f"{existing}.")
     return directory
+
+
+def _write_ort_format(paths):
+    """Convert the written .onnx models to ORT format (``<name>.ort`` beside
+    them, :func:`~onnxtrain.runtime.ort_format.save_ort_format`). Returns
+    ``{"<key>_ort": path}``."""
+    written = {}
+    for key, path in list(paths.items()):
+        if path.endswith(".onnx"):
+            written[f"{key}_ort"] = path[:-len(".onnx")] + ".ort"
+            save_ort_format(path, written[f"{key}_ort"])
+    return written
 
 
 def _write(files, directory, prefix):

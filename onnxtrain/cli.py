@@ -197,7 +197,9 @@ def build_parser():
                        "lr / (epoch + 1) ** 0.25 (default: %(default)s)")
     train.add_argument("--warm-start", action=argparse.BooleanOptionalAction,
                        default=True, help="start from the model's own weights "
-                       "(default) or from Glorot-uniform draws (--no-warm-start)")
+                       "(default) or, for a graph converted by skl2onnx, from "
+                       "Glorot-uniform draws as scikit-learn's MLP "
+                       "(--no-warm-start; other graphs keep their weights)")
     train.add_argument("--random-state", type=int, default=None,
                        help="seed of the initial weights with --no-warm-start "
                        "(default: a new seed each run)")

@@ -97,6 +97,41 @@ class BaseLearningLoss(BaseEstimator):
         """Raise ValueError on invalid hyperparameters (checked at build time,
         as scikit-learn checks them at fit time)."""
 
+    @staticmethod
+    def select(class_name, **kwargs):
+        """A loss object from a name or a loss (onnxcustom's ``select``).
+
+        Parameters
+        ----------
+        class_name : str or BaseLearningLoss
+            A loss object (returned as is, as onnxcustom did) or a name of
+            :func:`resolve_learning_loss` (aliases and class names).
+        **kwargs
+            The new loss's parameters (``l1_weight``, ``eps``...).
+
+        Returns
+        -------
+        BaseLearningLoss
+
+        Raises
+        ------
+        ValueError
+            Unknown name or parameter.
+        TypeError
+            Parameters given with a loss object.
+        """
+        if isinstance(class_name, BaseLearningLoss):
+            if kwargs:
+                raise TypeError(f"select: {sorted(kwargs)} cannot be given with "
+                                "a loss object.")
+            return class_name
+        return resolve_learning_loss(class_name).set_params(**kwargs)
+
+    def save_onnx_graph(self, folder, prefix=None, suffix=None):
+        """Save the loss graph: see :func:`onnxtrain._saving.save_onnx_graph`."""
+        from ._saving import save_onnx_graph
+        return save_onnx_graph(self, folder, prefix, suffix)
+
     def _build(self, g, expected, predicted, weight, elem_type, rank):
         raise NotImplementedError
 

@@ -2,6 +2,7 @@
 replacing initializers, converting scikit-learn models."""
 from __future__ import annotations
 
+import numbers
 import os
 from collections import OrderedDict
 
@@ -13,10 +14,11 @@ from ._files import load_onnx_file
 from .autodiff import is_nondifferentiable, trainable_initializers
 from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
+from .training_mode import batchnorm_buffers, running_statistics
 
 __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
            "get_train_initializer", "replace_initializers", "to_onnx",
-           "add_loss_output"]
+           "add_loss_output", "onnx_rename_weights"]
 
 
 def load_model(model):
@@ -47,7 +49,10 @@ def select_weights(model, weights_to_train=None):
     ----------
     model : onnx.ModelProto
     weights_to_train : list of str, default=None
-        None selects :func:`onnxtrain.autodiff.trainable_initializers`.
+        None selects :func:`onnxtrain.autodiff.trainable_initializers`
+        except the running statistics of BatchNormalization nodes
+        (:func:`onnxtrain.training_mode.running_statistics`), which are
+        never trained by gradient.
 
     Returns
     -------
@@ -57,12 +62,15 @@ def select_weights(model, weights_to_train=None):
     ------
     ValueError
         A name that is not a float initializer of the model (the message
-        lists the candidates), a duplicate, nothing to train, or weights
+        lists the candidates), a duplicate, nothing to train, the running
+        statistic of a BatchNormalization in training mode (updated by each
+        step, not trained), or weights
         none of which reaches a float output through differentiable ops
         (the message names the non-differentiable ops that stop their
         gradient).
     """
-    candidates = trainable_initializers(model)
+    statistics = set(running_statistics(model))
+    candidates = [n for n in trainable_initializers(model) if n not in statistics]
     if weights_to_train is None:
         if not candidates:
             raise ValueError(
@@ -79,6 +87,13 @@ def select_weights(model, weights_to_train=None):
                          f"of the model; candidates: {candidates}.")
     if len(set(names)) != len(names):
         raise ValueError(f"weights_to_train has duplicates: {names}.")
+    buffers = [n for n in batchnorm_buffers(model) if n in set(names)]
+    if buffers:
+        raise ValueError(
+            f"weights_to_train {buffers} are running statistics of "
+            "BatchNormalization nodes in training mode: each training step "
+            "updates them with the momentum rule, they are not trained by "
+            f"gradient. Leave them out; candidates: {candidates}.")
     if not names:
         raise ValueError("weights_to_train is empty: nothing to train.")
     if not set(names) & set(candidates):  # else one reaches: nothing to check
@@ -198,23 +213,41 @@ def replace_initializers(model, values):
     return new
 
 
-def to_onnx(model, X=None, target_opset=None, black_op=None, options=None):
+def to_onnx(model, X=None, name=None, initial_types=None, target_opset=None,
+            options=None, rewrite_ops=False, white_op=None, black_op=None,
+            final_types=None, verbose=0):
     """Convert a fitted scikit-learn model with skl2onnx.
 
-    A thin wrapper kept so that code written for mlprodict's ``to_onnx``
-    runs with its import changed.
+    Takes mlprodict's ``to_onnx`` parameters, in its order, so that code
+    written for it runs with its import changed; every one but
+    ``rewrite_ops`` goes to :func:`skl2onnx.to_onnx`.
 
     Parameters
     ----------
     model : fitted scikit-learn estimator
     X : numpy.ndarray, default=None
-        A sample of the input (gives the input type and number of features).
-    target_opset : int, default=None
-        Default-domain opset (skl2onnx's latest tested one when None).
-    black_op : set of str, default=None
-        Op types the result must not contain.
+        A sample of the input (gives the input type and number of
+        features); needed when ``initial_types`` is None.
+    name : str, default=None
+        Name of the graph.
+    initial_types : list of (str, skl2onnx type), default=None
+        The inputs, instead of ``X``.
+    target_opset : int or dict, default=None
+        Default-domain opset, or domain -> opset (skl2onnx's latest tested
+        one when None).
     options : dict, default=None
-        skl2onnx converter options.
+        skl2onnx converter options (``{'zipmap': False}``...).
+    rewrite_ops : bool, default=False
+        mlprodict replaced some of skl2onnx's converters by its own with
+        True; onnxtrain has no other converters, so skl2onnx's are used
+        either way.
+    white_op, black_op : set of str, default=None
+        Op types the converters may use / must avoid: with
+        ``black_op={'LinearRegressor'}`` a linear model becomes MatMul and
+        Add over trainable initializers.
+    final_types : list of (str, skl2onnx type), default=None
+        The outputs' names and types.
+    verbose : int, default=0
 
     Returns
     -------
@@ -222,12 +255,17 @@ def to_onnx(model, X=None, target_opset=None, black_op=None, options=None):
 
     Raises
     ------
+    RuntimeError
+        skl2onnx's error when no converter avoids the ops of ``black_op``.
     ValueError
-        If the converted graph contains an op in ``black_op``.
+        If the converted graph still contains an op of ``black_op``.
     """
     from skl2onnx import to_onnx as skl2onnx_to_onnx
 
-    onx = skl2onnx_to_onnx(model, X, target_opset=target_opset, options=options)
+    onx = skl2onnx_to_onnx(model, X, name=name, initial_types=initial_types,
+                           target_opset=target_opset, options=options,
+                           white_op=white_op, black_op=black_op,
+                           final_types=final_types, verbose=verbose)
     banned = sorted({n.op_type for n in onx.graph.node} & set(black_op or ()))
     if banned:
         raise ValueError(f"The converted graph contains the forbidden ops "
@@ -235,74 +273,289 @@ def to_onnx(model, X=None, target_opset=None, black_op=None, options=None):
     return onx
 
 
-def add_loss_output(model, loss="square_error", output_index=0,
-                    label_name="label", weight_name=None, loss_output_name="loss"):
-    """A training graph computing the loss of a prediction graph.
+def onnx_rename_weights(model):
+    """A copy of ``model`` whose initializers are renamed ``I{i}_{name}`` in
+    graph order (``i`` zero-padded to the number of digits of their count),
+    so that alphabetical order is graph order: onnxcustom's function of the
+    same name (the names its tests and examples use, e.g. 'I0_coef').
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or str
+        Not modified.
+
+    Returns
+    -------
+    onnx.ModelProto
+        Node inputs of the main graph and of its subgraphs are renamed with
+        the initializers.
+    """
+    new = onnx.ModelProto()
+    new.CopyFrom(load_model(model))
+    names = [i.name for i in new.graph.initializer]
+    width = len(str(max(len(names) - 1, 0)))
+    rename = {n: f"I{i:0{width}d}_{n}" for i, n in enumerate(names)}
+    for init in new.graph.initializer:
+        init.name = rename[init.name]
+    _rename_tensors(new.graph, rename)
+    return new
+
+
+def _rename_tensors(graph, rename):
+    """Rename node inputs / outputs and graph inputs / outputs of ``graph``
+    (and the node inputs of its subgraphs) in place."""
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:
+            value.name = rename.get(value.name, value.name)
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = rename.get(name, name)
+        for i, name in enumerate(node.output):
+            node.output[i] = rename.get(name, name)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else
+                        attr.graphs):
+                inner = {i.name for i in sub.input} | {
+                    i.name for i in sub.initializer} | {
+                    o for n in sub.node for o in n.output}
+                _rename_tensors(sub, {k: v for k, v in rename.items()
+                                      if k not in inner})
+
+
+#: add_loss_output's score names (onnxcustom's) -> onnxtrain loss names.
+_SCORE_NAMES = {"squared_error": "square_error", "l2": "square_error",
+                "absolute_error": "absolute_error", "l1": "absolute_error",
+                "elastic": "elastic_error"}
+
+
+def add_loss_output(model, score_name="squared_error", loss_name="loss",
+                    label_name="label", weight_name=None, penalty=None,
+                    output_index=None, **kwargs):
+    """A training graph computing the loss of a prediction graph
+    (onnxcustom's ``add_loss_output``, same parameters).
 
     Parameters
     ----------
     model : onnx.ModelProto, bytes or str
         Prediction graph; not modified.
-    loss : str or loss object, default="square_error"
-        See :func:`onnxtrain.losses.resolve_learning_loss`.
-    output_index : int, default=0
-        The output holding the prediction.
-    label_name : str, default="label"
-        New input receiving the expected values (shape of the prediction).
+    score_name : str or loss object, default='squared_error'
+        'squared_error' / 'l2', 'absolute_error' / 'l1', 'elastic'
+        (``kwargs`` ``l1_weight``, ``l2_weight``, default 0.5 each), 'log'
+        (binary log loss of a probability output of shape (N, 2) or (N, 1)
+        against int64 labels of shape (N, 1); ``kwargs`` ``eps``, default
+        1e-6), any name of :func:`onnxtrain.losses.resolve_learning_loss`
+        or a loss object. Every loss is a (weighted) mean over the rows.
+    loss_name : str, default='loss'
+        The new output: the rank-0 batch loss.
+    label_name : str, default='label'
+        New input receiving the expected values (the prediction's shape;
+        int64 (N, 1) for 'log'). A tensor of the model computed under that
+        name (skl2onnx's classifiers output 'label') is renamed first.
     weight_name : str, default=None
-        New input receiving sample weights (shape (N,)), if given.
-    loss_output_name : str, default="loss"
-        The only output: the rank-0 batch loss.
+        New input receiving sample weights of shape (N,), if given.
+    penalty : dict, default=None
+        ``{name: {'l1': a, 'l2': b}}`` or ``{name: b}`` (l2 only): adds
+        ``a * sum(|w|) + b * sum(w ** 2)`` of the initializer or input
+        ``name`` to the loss.
+    output_index : int or str, default=None
+        The output holding the prediction (position or name); None when the
+        model has a single output.
+    **kwargs
+        Parameters of the loss named by ``score_name``.
 
     Returns
     -------
     onnx.ModelProto
-        Inputs: the model's inputs, ``label_name`` (and ``weight_name``).
+        Inputs: the model's inputs, ``label_name`` (and ``weight_name``);
+        outputs: ``loss_name``, then the prediction.
 
     Raises
     ------
     ValueError
-        Names colliding with names of the model.
+        ``output_index`` missing with several outputs or naming no output,
+        an unknown score name, 'log' on more than two columns, names
+        colliding with inputs or initializers of the model, penalties on
+        unknown names.
+    TypeError
+        ``kwargs`` with a loss object, or ``output_index`` of another type.
     """
     from .graph import infer_value_types, opset_of
-    from .losses import resolve_learning_loss
 
     base = load_model(model)
-    prediction = base.graph.output[output_index].name
+    index = _prediction_index(base, output_index)
+    learning_loss, binary = _score_loss(score_name, kwargs)
+    names = [n for n in (label_name, weight_name, loss_name) if n]
+    if len(set(names)) != len(names):
+        raise ValueError(f"add_loss_output: label_name, weight_name and "
+                         f"loss_name must differ, got {names}.")
+    base = _free_names(base, names)
+    prediction = base.graph.output[index].name
     elem_type, shape = infer_value_types(base)[prediction]
-    taken = {i.name for i in base.graph.input} | {o.name for o in base.graph.output}
-    taken |= {o for n in base.graph.node for o in n.output}
-    taken |= {i.name for i in base.graph.initializer}
-    clash = [n for n in (label_name, weight_name, loss_output_name) if n in taken]
-    if clash:
-        raise ValueError(f"add_loss_output: names {clash} already exist in the model.")
-    loss_model = resolve_learning_loss(loss).build_onnx(
-        elem_type, max(opset_of(base) or 9, 9), weight_name=weight_name,
-        rank=2 if shape is None else len(shape))
-    prefix = "loss__"
-    loss_model = onnx.compose.add_prefix(loss_model, prefix)
-    rename = {f"{prefix}X1": label_name, f"{prefix}X2": prediction,
-              f"{prefix}Y": loss_output_name}
+    rank = 2 if shape is None else len(shape)
+    opset = max(opset_of(base) or 9, 9)
+    nodes, inits, inputs = [], [], []
+    if binary:
+        prediction, label_type = _binary_column(base, prediction, shape, nodes,
+                                                inits, label_name, elem_type)
+        rank = 2
+    loss_model = onnx.compose.add_prefix(
+        learning_loss.build_onnx(elem_type, opset, weight_name=weight_name,
+                                 rank=rank), "loss__")
+    unpenalized = "loss__Y" if penalty else loss_name
+    rename = {"loss__X1": f"{label_name}__cast" if binary else label_name,
+              "loss__X2": prediction, "loss__Y": unpenalized}
     if weight_name:
-        rename[f"{prefix}{weight_name}"] = weight_name
-    nodes = []
+        rename[f"loss__{weight_name}"] = weight_name
     for node in loss_model.graph.node:
-        node = onnx.helper.make_node(
+        nodes.append(onnx.helper.make_node(
             node.op_type, [rename.get(i, i) for i in node.input],
             [rename.get(o, o) for o in node.output], name=node.name,
             domain=node.domain, **{a.name: onnx.helper.get_attribute_value(a)
-                                   for a in node.attribute})
-        nodes.append(node)
-    inputs = list(base.graph.input) + [
-        onnx.helper.make_value_info(rename[i.name], i.type)
-        for i in loss_model.graph.input if rename.get(i.name) != prediction]
-    output = [o for o in loss_model.graph.output
-              if rename.get(o.name) == loss_output_name][0]
+                                   for a in node.attribute}))
+    for vi in loss_model.graph.input:
+        if vi.name == "loss__X1" and binary:
+            inputs.append(onnx.helper.make_tensor_value_info(
+                label_name, onnx.TensorProto.INT64, label_type))
+        elif rename.get(vi.name) != prediction:
+            inputs.append(onnx.helper.make_value_info(rename[vi.name], vi.type))
+    if penalty:
+        _add_penalty(base, penalty, unpenalized, loss_name, elem_type, nodes, inits)
     graph = onnx.helper.make_graph(
-        list(base.graph.node) + nodes,
-        base.graph.name, inputs,
-        [onnx.helper.make_value_info(loss_output_name, output.type)],
-        list(base.graph.initializer) + list(loss_model.graph.initializer))
+        list(base.graph.node) + nodes, base.graph.name,
+        list(base.graph.input) + inputs,
+        [onnx.helper.make_tensor_value_info(loss_name, elem_type, []),
+         base.graph.output[index]],
+        list(base.graph.initializer) + list(loss_model.graph.initializer) + inits)
     new = onnx.helper.make_model(graph, opset_imports=list(base.opset_import))
     new.ir_version = base.ir_version
+    for key in ("producer_name", "producer_version", "domain", "model_version",
+                "doc_string"):
+        setattr(new, key, getattr(base, key))
+    new.metadata_props.extend(base.metadata_props)
     return new
+
+
+def _prediction_index(model, output_index):
+    outputs = [o.name for o in model.graph.output]
+    if output_index is None:
+        if len(outputs) != 1:
+            raise ValueError(f"add_loss_output: the model has outputs {outputs}; "
+                             "output_index must say which one is the prediction.")
+        return 0
+    if isinstance(output_index, str):
+        if output_index not in outputs:
+            raise ValueError(f"add_loss_output: output_index={output_index!r} is "
+                             f"not an output of the model: {outputs}.")
+        return outputs.index(output_index)
+    if isinstance(output_index, numbers.Integral) and not isinstance(output_index, bool):
+        if not -len(outputs) <= output_index < len(outputs):
+            raise ValueError(f"add_loss_output: output_index={output_index} but "
+                             f"the model has {len(outputs)} outputs {outputs}.")
+        return int(output_index) % len(outputs)
+    raise TypeError(f"output_index must be None, an int or a str, got "
+                    f"{type(output_index).__name__}.")
+
+
+def _score_loss(score_name, kwargs):
+    """(loss object, whether it is the binary log loss on probabilities)."""
+    from .losses import BaseLearningLoss, NegLogLearningLoss, resolve_learning_loss
+
+    if isinstance(score_name, BaseLearningLoss):
+        if kwargs:
+            raise TypeError(f"add_loss_output: {sorted(kwargs)} cannot be given "
+                            "with a loss object.")
+        return resolve_learning_loss(score_name), False
+    if score_name == "log":
+        return NegLogLearningLoss(probability_function=None,
+                                  **{"eps": 1e-6, **kwargs}), True
+    loss = resolve_learning_loss(_SCORE_NAMES.get(score_name, score_name))
+    return loss.set_params(**kwargs), False
+
+
+def _free_names(model, names):
+    """A copy of ``model`` where tensors computed by nodes under one of
+    ``names`` are renamed (``{name}__model``), so the new inputs and output
+    can take those names.
+
+    Raises
+    ------
+    ValueError
+        A name that is an input or an initializer of the model.
+    """
+    fixed = {i.name for i in model.graph.input} | {
+        i.name for i in model.graph.initializer}
+    clash = [n for n in names if n in fixed]
+    if clash:
+        raise ValueError(f"add_loss_output: names {clash} are inputs or "
+                         "initializers of the model.")
+    produced = {o for n in model.graph.node for o in n.output}
+    taken = produced | fixed | {o.name for o in model.graph.output}
+    rename = {}
+    for name in names:
+        if name in produced:
+            new = f"{name}__model"
+            while new in taken:
+                new += "_"
+            taken.add(new)
+            rename[name] = new
+    if not rename:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    _rename_tensors(copy.graph, rename)
+    return copy
+
+
+def _binary_column(model, prediction, shape, nodes, inits, label_name, elem_type):
+    """Nodes taking the positive-class probability (N, 1) of a probability
+    output (N, 2) or (N, 1) and casting the int64 label; returns its name and
+    the label's shape."""
+    width = None if shape is None or len(shape) != 2 else shape[1]
+    if shape is not None and (len(shape) != 2 or width not in (1, 2, None)):
+        raise ValueError(f"add_loss_output: score_name='log' needs binary "
+                         f"probabilities of shape (N, 2) or (N, 1), the output "
+                         f"{prediction!r} has shape {shape}.")
+    column = f"{prediction}__positive"
+    starts, ends, axes = (f"{column}__{k}" for k in ("starts", "ends", "axes"))
+    inits.extend([numpy_helper.from_array(np.array([-1], dtype=np.int64), starts),
+                  numpy_helper.from_array(np.array([2 ** 62], dtype=np.int64), ends),
+                  numpy_helper.from_array(np.array([1], dtype=np.int64), axes)])
+    nodes.append(onnx.helper.make_node("Slice", [prediction, starts, ends, axes],
+                                       [column]))
+    nodes.append(onnx.helper.make_node("Cast", [label_name], [f"{label_name}__cast"],
+                                       to=elem_type))
+    return column, [None if shape is None else shape[0], 1]
+
+
+def _add_penalty(model, penalty, loss, output, elem_type, nodes, inits):
+    """Nodes adding ``l1 * sum|w| + l2 * sum(w^2)`` per weight of ``penalty``
+    to ``loss`` under the name ``output``."""
+    known = {i.name for i in model.graph.initializer} | {
+        i.name for i in model.graph.input}
+    unknown = sorted(set(penalty) - known)
+    if unknown:
+        raise ValueError(f"add_loss_output: penalty on {unknown}, which are not "
+                         "initializers or inputs of the model.")
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+    total = loss
+    for i, (name, value) in enumerate(penalty.items()):
+        coefs = {"l2": value} if isinstance(value, numbers.Real) else dict(value)
+        for kind, coef in coefs.items():
+            if kind not in ("l1", "l2"):
+                raise ValueError(f"add_loss_output: penalty[{name!r}] keys must "
+                                 f"be 'l1' or 'l2', got {kind!r}.")
+            prefix = f"penalty__{i}_{kind}"
+            inits.append(numpy_helper.from_array(np.array(coef, dtype=dtype),
+                                                 f"{prefix}__coef"))
+            op = "Abs" if kind == "l1" else "Mul"
+            nodes.extend([
+                onnx.helper.make_node(op, [name] * (1 if kind == "l1" else 2),
+                                      [f"{prefix}__term"]),
+                onnx.helper.make_node("ReduceSum", [f"{prefix}__term"],
+                                      [f"{prefix}__sum"], keepdims=0),
+                onnx.helper.make_node("Mul", [f"{prefix}__sum", f"{prefix}__coef"],
+                                      [f"{prefix}__value"]),
+                onnx.helper.make_node("Add", [total, f"{prefix}__value"],
+                                      [f"{prefix}__total"])])
+            total = f"{prefix}__total"
+    nodes.append(onnx.helper.make_node("Identity", [total], [output]))

@@ -61,6 +61,51 @@ class BaseLearningRate(BaseEstimator):
         self.value = self.schedule(0)
         return self
 
+    def loop(self, n=1000):
+        """The first ``n`` values of the schedule, from a reset
+        (:meth:`init_learning_rate`), then :meth:`update_learning_rate` with
+        t = 1, 2, ... (onnxcustom's ``loop``). Once exhausted, ``value`` is
+        the rate at t = n.
+
+        Parameters
+        ----------
+        n : int, default=1000
+
+        Yields
+        ------
+        float
+        """
+        self.init_learning_rate()
+        for t in range(n):
+            yield self.value
+            self.update_learning_rate(t + 1)
+
+    @staticmethod
+    def select(class_name, **kwargs):
+        """A learning-rate object from a float, a name or an object
+        (onnxcustom's ``select``): an object is returned as is, a float x is
+        ``LearningRateSGD(eta0=x)``, a name (see
+        :func:`resolve_learning_rate`) gets ``kwargs`` as parameters.
+
+        Raises
+        ------
+        ValueError
+            Unknown name or parameter.
+        TypeError
+            Parameters given with an object.
+        """
+        if isinstance(class_name, BaseLearningRate):
+            if kwargs:
+                raise TypeError(f"select: {sorted(kwargs)} cannot be given with "
+                                "a learning-rate object.")
+            return class_name
+        return resolve_learning_rate(class_name).set_params(**kwargs)
+
+    def save_onnx_graph(self, folder, prefix=None, suffix=None):
+        """Save the update graph: see :func:`onnxtrain._saving.save_onnx_graph`."""
+        from ._saving import save_onnx_graph
+        return save_onnx_graph(self, folder, prefix, suffix)
+
     def update_learning_rate(self, t):
         """Set ``value`` for time step ``t`` (called at each epoch's end; the
         caller defines ``t``, see the schedule's documentation)."""

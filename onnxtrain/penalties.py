@@ -25,6 +25,26 @@ class BaseLearningPenalty(BaseEstimator):
     #: Whether biases (weights not multiplied by an input) are penalized.
     exclude_bias = True
 
+    @staticmethod
+    def select(class_name, **kwargs):
+        """A penalty object from None, a name or an object (onnxcustom's
+        ``select``): an object is returned as is, a name (see
+        :func:`resolve_learning_penalty`) gets ``kwargs`` as parameters.
+
+        Raises
+        ------
+        ValueError
+            Unknown name or parameter.
+        TypeError
+            Parameters given with an object.
+        """
+        if isinstance(class_name, BaseLearningPenalty):
+            if kwargs:
+                raise TypeError(f"select: {sorted(kwargs)} cannot be given with "
+                                "a penalty object.")
+            return class_name
+        return resolve_learning_penalty(class_name).set_params(**kwargs)
+
     def penalize(self, g, weight, grad, scale):
         """Emit nodes; return (new gradient name, penalty value name or None)."""
         return grad, None

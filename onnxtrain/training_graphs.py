@@ -10,7 +10,7 @@ graph but the new weights, the new optimizer state and the loss.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 from onnx import TensorProto, helper
@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from .autodiff import build_fused_model
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
+from .training_mode import updated_name
 
 __all__ = ["TrainingStep", "build_training_step", "build_training_loop"]
 
@@ -30,15 +31,21 @@ class TrainingStep:
     ----------
     model : onnx.ModelProto
     data_inputs : list of str
-        Features, targets (and sample weights): one batch for the step
-        graph, every row for the loop graph.
+        Features (``n_features`` inputs), targets (and sample weights): one
+        batch for the step graph, every row for the loop graph.
     scalar_inputs : list of str
         Rank-0 inputs of the update rule (``learning_rate``, ``step``...),
         then ``penalty_scale`` (step graph only).
     weights : list of str
         Weight inputs; ``states[i]`` are the optimizer-state inputs of
         weight i. Outputs: ``loss`` (the loop: one loss per batch), then for
-        each weight its new value and new states, in input order.
+        each weight its new value and new states, in input order, then the
+        new value of each buffer.
+    buffers : list of str
+        Running statistics (inputs after the states) that every step
+        updates without gradient (:mod:`onnxtrain.training_mode`).
+    n_features : int
+        Number of feature inputs at the head of ``data_inputs``.
     """
 
     model: object
@@ -46,6 +53,8 @@ class TrainingStep:
     scalar_inputs: list
     weights: list
     states: list
+    buffers: list = field(default_factory=list)
+    n_features: int = 1
 
 
 def _inline(model, prefix, rename):
@@ -79,13 +88,14 @@ def _check_free(names, taken):
 
 def build_training_step(model, wrt, loss_model, update_model, state_names,
                         scalar_names, weighted=False, target_name="target__",
-                        weight_name="sample_weight__"):
+                        weight_name="sample_weight__", buffers=()):
     """One graph: forward, loss and dE/dY, backward, update.
 
     Parameters
     ----------
     model : onnx.ModelProto
-        Prediction graph (first output = prediction), one input.
+        Prediction graph (first output = prediction); its inputs that are
+        neither weights nor buffers are the features.
     wrt : list of str
         Weights to train.
     loss_model, update_model : onnx.ModelProto
@@ -97,6 +107,10 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         Whether the step takes sample weights.
     target_name, weight_name : str
         Names of the target and sample-weight inputs.
+    buffers : list of str, default=()
+        Inputs of ``model`` updated by each step without gradient: the
+        model outputs their new values as ``updated_name(buffer)``
+        (:func:`onnxtrain.training_mode.with_running_statistics_updates`).
 
     Returns
     -------
@@ -105,10 +119,12 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     Raises
     ------
     ValueError
-        Name collisions, or a model with several inputs.
+        Name collisions, or a model without feature input.
     """
-    if len(model.graph.input) - sum(i.name in set(wrt) for i in model.graph.input) != 1:
-        raise ValueError("The fused training step needs a model with one input.")
+    not_features = set(wrt) | set(buffers) | {i.name for i in model.graph.initializer}
+    features = [i for i in model.graph.input if i.name not in not_features]
+    if not features:
+        raise ValueError("The fused training step needs a model with an input.")
     prediction = model.graph.output[0].name
     fused, bg = build_fused_model(model, wrt, [prediction])
     taken = {n for node in fused.graph.node for n in list(node.input) + list(node.output)}
@@ -131,9 +147,8 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
             update_rename.update({s: s, f"{s}_new": f"{s}__new"})
     update_nodes, update_inits = _inline(update_model, "update__", update_rename)
 
-    x = [i for i in model.graph.input if i.name not in set(wrt)][0]
-    inputs = [x, helper.make_tensor_value_info(target_name, elem_type,
-                                               _free_shape(out_shape))]
+    inputs = features + [helper.make_tensor_value_info(target_name, elem_type,
+                                                       _free_shape(out_shape))]
     if weighted:
         inputs.append(helper.make_tensor_value_info(weight_name, elem_type, [None]))
     inputs += [helper.make_tensor_value_info(s, elem_type, []) for s in scalars]
@@ -145,6 +160,10 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         outputs.append(helper.make_tensor_value_info(f"{w}__new", elem_type, shape))
         outputs += [helper.make_tensor_value_info(f"{s}__new", elem_type, shape)
                     for s in group]
+    by_name = {i.name: i for i in model.graph.input}
+    for b in buffers:
+        inputs.append(by_name[b])
+        outputs.append(helper.make_value_info(updated_name(b), by_name[b].type))
     n_forward = len(model.graph.node)  # fused nodes: forward, then backward
     backward_nodes = list(fused.graph.node[n_forward:])
     if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes,
@@ -160,8 +179,10 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         inputs, outputs,
         list(fused.graph.initializer) + loss_inits + update_inits)
     step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
-    data = [x.name, target_name] + ([weight_name] if weighted else [])
-    return TrainingStep(step, data, scalars, list(wrt), states)
+    data = [x.name for x in features] + [target_name] + (
+        [weight_name] if weighted else [])
+    return TrainingStep(step, data, scalars, list(wrt), states, list(buffers),
+                        len(features))
 
 
 def _can_fold(nodes, elem_type):
@@ -254,11 +275,12 @@ def build_training_loop(step):
     graph = model.graph
     opset = opset_of(model)
     carried = [name for w, group in zip(step.weights, step.states)
-               for name in [w] + group]
+               for name in [w] + group] + list(step.buffers)
     g = GraphBuilder(opset, {n.name for n in graph.input} | {"losses", "batch_size"},
                      prefix="epochloop__")
     by_name = {i.name: i for i in graph.input}
-    elem_type = by_name[step.data_inputs[1]].type.tensor_type.elem_type
+    target = step.data_inputs[step.n_features]
+    elem_type = by_name[target].type.tensor_type.elem_type
     # everything the steps need that does not depend on the weights is
     # computed once, before the Loop: a step reads its batch bounds, its
     # step number and its penalty scale with one Gather each (fewer, and
@@ -276,7 +298,7 @@ def build_training_loop(step):
         per_step["step"] = g.op("Add", "step", g.cast(
             g.op("Range", g.const(0, int64), n_batches, g.const(1, int64)),
             elem_type))
-    if "penalty_scale" in read and len(step.data_inputs) <= 2:
+    if "penalty_scale" in read and len(step.data_inputs) <= step.n_features + 1:
         per_step["penalty_scale"] = g.op("Reciprocal", g.cast(
             g.op("Sub", ends, starts), elem_type))
     body = _loop_body(step, opset, carried, per_step, g.used_names)
@@ -294,7 +316,8 @@ def build_training_loop(step):
     loop = make_model(loop_graph, list(model.opset_import), ir_version=model.ir_version)
     states = [[f"{s}" for s in group] for group in step.states]
     return TrainingStep(loop, list(step.data_inputs), scalars + ["batch_size"],
-                        list(step.weights), states)
+                        list(step.weights), states, list(step.buffers),
+                        step.n_features)
 
 
 def _loop_body(step, opset, carried, per_step, outer_names):
@@ -315,13 +338,13 @@ def _loop_body(step, opset, carried, per_step, outer_names):
     rename = {}
     for name in step.data_inputs:
         rename[name] = g.op("Slice", name, starts, ends, g.int64s([0]))
-    elem_type = by_name[step.data_inputs[1]].type.tensor_type.elem_type
+    elem_type = by_name[step.data_inputs[step.n_features]].type.tensor_type.elem_type
     read = {name for node in graph.node for name in node.input}
     if "penalty_scale" in per_step:
         rename["penalty_scale"] = g.op("Gather", per_step["penalty_scale"], "iter__")
     elif "penalty_scale" in read:  # 1 / the sum of the batch's sample weights
         rename["penalty_scale"] = g.op("Reciprocal", g.reduce_sum(
-            rename[step.data_inputs[2]], None, keepdims=0))
+            rename[step.data_inputs[step.n_features + 1]], None, keepdims=0))
     if "step" in per_step:
         rename["step"] = g.op("Gather", per_step["step"], "iter__")
     rename.update({c: f"{c}__in" for c in carried})  # no outer-name shadowing
@@ -378,7 +401,7 @@ def build_epochs_loop(loop):
     opset = opset_of(model)
     by_name = {i.name: i for i in graph.input}
     carried = [name for w, group in zip(loop.weights, loop.states)
-               for name in [w] + group]
+               for name in [w] + group] + list(loop.buffers)
     varying = [s for s in loop.scalar_inputs if s not in ("step", "batch_size")]
     taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
     taken |= set(by_name) | {"epoch__", "econd__", "n_epochs", "step__first"}
@@ -386,7 +409,7 @@ def build_epochs_loop(loop):
     taken -= {"step"} | set(varying)  # inputs of the epoch loop, not of this graph
     g = GraphBuilder(opset, taken, prefix="epoch__")
     int64 = TensorProto.INT64
-    elem_type = by_name[loop.data_inputs[1]].type.tensor_type.elem_type
+    elem_type = by_name[loop.data_inputs[loop.n_features]].type.tensor_type.elem_type
     rows = g.op("Gather", g.shape_of(loop.data_inputs[0]), g.const(0, int64))
     n_batches = g.op("Div", g.op("Add", rows, g.op("Sub", "batch_size",
                                                    g.const(1, int64))), "batch_size")
@@ -431,4 +454,4 @@ def build_epochs_loop(loop):
     return TrainingStep(epochs, list(loop.data_inputs),
                         ["n_epochs"] + [f"{s}__per_epoch" for s in varying]
                         + ["step__first", "batch_size"], list(loop.weights),
-                        loop.states)
+                        loop.states, list(loop.buffers), loop.n_features)

@@ -165,7 +165,6 @@ def _single_output_model():
      r"2 outputs \['output1', 'output2'\].*loss_input_names"),
     (dict(requires_grad=[]), ValueError, "requires_grad is empty"),
     (dict(additional_output_names=["missing"]), ValueError, "missing"),
-    (dict(ort_format=True), NotImplementedError, "ort_format"),
     (dict(custom_op_library="lib.so"), NotImplementedError, "custom_op_library"),
     (dict(loss="MSELoss"), TypeError, "LossType"),
 ])
@@ -228,7 +227,7 @@ def test_two_loss_blocks_on_the_same_output_do_not_clash(tmp_path):
     assert module.input_names() == ["input", "target1", "target2"]
     x, t1, _ = batch()
     t2 = t1 + 1
-    assert list(state.parameters) == TRAINABLE[:2]  # other initializers stay constants
+    assert list(state.parameters.keys()) == TRAINABLE[:2]  # other initializers stay constants
     p = {i.name: onnx.numpy_helper.to_array(i)
          for i in two_head_model().graph.initializer}
     out1 = np.maximum(x @ p["weight3"] + p["bias3"], 0) @ p["weight1"] + p["bias1"]

@@ -143,7 +143,7 @@ def test_ort_gradient_optimizer_on_a_loss_graph():
                            max_iter=1).fit(X, y)
     training = add_loss_output(to_onnx(skl, X[:1]))
     assert [i.name for i in training.graph.input] == ["X", "label"]
-    assert [o.name for o in training.graph.output] == ["loss"]
+    assert [o.name for o in training.graph.output] == ["loss", "variable"]
     est = OrtGradientOptimizer(
         training, learning_rate=LearningRateSGD(0.05, learning_rate="constant"),
         max_iter=40, random_state=0).fit(X, y)

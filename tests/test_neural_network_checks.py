@@ -18,7 +18,7 @@ ESTIMATORS = [
     MLPClassifier(hidden_layer_sizes=(10,), solver="lbfgs", max_iter=50)]
 
 #: check name -> reason, per estimator class. Every check passes: sparse
-#: input is refused with scikit-learn's TypeError (the tags say so), and
+#: input is accepted (densified) as the tags say, and
 #: check_sample_weight_equivalence_on_dense_data passes for every solver.
 EXPECTED_FAILED = {"MLPRegressor": {}, "MLPClassifier": {}}
 

@@ -276,12 +276,12 @@ def test_base_is_a_context_variable_and_copies_the_model():
     model = identity_model([2])
     before = model.SerializeToString()
     with onnxblock.base(model) as copy:
-        assert onnxblock.current_base().model is copy
+        assert onnxblock.current_base().model is copy.model
         blocks.Neg()("y")
         with onnxblock.empty_base(opset_version=15) as empty:
-            assert onnxblock.current_base().model is empty
+            assert onnxblock.current_base().model is empty.model
             assert empty.opset_import[0].version == 15
-        assert onnxblock.current_base().model is copy
+        assert onnxblock.current_base().model is copy.model
         # another context (e.g. a thread) has no base
         with pytest.raises(RuntimeError, match="No base model"):
             contextvars.Context().run(onnxblock.current_base)

@@ -13,16 +13,21 @@ from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
 from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
                        ortvalue_dtype, parse_device, to_numpy, to_ortvalue)
+from ..runtime.ort_format import OrtFormatModel, is_ort_format
 
 __all__ = ["Module"]
 
 
 def load_model(uri):
-    """A ModelProto from a path (str, pathlib.Path) or a ModelProto (copied)."""
+    """A ModelProto from a path (str, pathlib.Path) or a ModelProto (copied);
+    an ORT-format file (``ort_format=True`` artifacts) gives an
+    :class:`~onnxtrain.runtime.ort_format.OrtFormatModel`."""
     if isinstance(uri, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(uri)
         return copy
+    if is_ort_format(str(uri)):
+        return OrtFormatModel(str(uri))
     return load_onnx_file(uri)
 
 
@@ -170,6 +175,26 @@ def _shapes(names, values):
                      for n, v in zip(names, values))
 
 
+def _has_string_inputs(model):
+    return any(vi.type.tensor_type.elem_type == onnx.TensorProto.STRING
+               for vi in model.graph.input if vi.type.HasField("tensor_type"))
+
+
+class _HostRunner:
+    """Runs a model with string inputs, which onnxruntime's IOBinding and
+    OrtValues do not take: feeds and outputs are host arrays."""
+
+    def __init__(self, runner):
+        self.session = runner.session
+        self.input_dtypes = runner.input_dtypes
+
+    def __call__(self, feeds, output_names=None):
+        feeds = {name: to_numpy(value).astype(self.input_dtypes[name], copy=False)
+                 if name in self.input_dtypes else to_numpy(value)
+                 for name, value in feeds.items()}
+        return self.session.run(output_names, feeds)
+
+
 class Module:
     """Train and evaluate the model of a set of training artifacts.
 
@@ -177,12 +202,14 @@ class Module:
     ----------
     train_model_uri : str, pathlib.Path or onnx.ModelProto
         ``training_model.onnx`` written by
-        :func:`onnxtrain.artifacts.generate_artifacts`.
+        :func:`onnxtrain.artifacts.generate_artifacts` (or its
+        ``training_model.ort``, written with ``ort_format=True``).
     state : CheckpointState
         Holds the parameters; the module reads and updates them in place.
     eval_model_uri : str, pathlib.Path or onnx.ModelProto, default=None
-        ``eval_model.onnx``; needed by :meth:`eval` mode calls and
-        :meth:`export_model_for_inferencing`.
+        ``eval_model.onnx`` (or ``.ort``); needed by :meth:`eval` mode
+        calls and :meth:`export_model_for_inferencing` (which needs the
+        ``.onnx`` one).
     device : str, default="cpu"
         "cpu", "cuda" or "cuda:N" (needs onnxruntime-gpu). Parameters,
         gradients and optimizer states stay on the device between calls.
@@ -208,6 +235,8 @@ class Module:
         self._state = state
         for mode in self._models:
             self._check_parameters(mode)
+        for name in self._layouts["train"]["trainable"]:
+            self._state.parameters.raw(name)._zero_grad = True
         self._input_specs = {
             mode: input_specs(model, self._layouts[mode]["user_inputs"])
             for mode, model in self._models.items()}
@@ -225,7 +254,7 @@ class Module:
             if name not in self._state.parameters:
                 raise ValueError(f"The checkpoint state has no parameter {name!r} "
                                  f"needed by the {mode} model.")
-            param = self._state.parameters[name]
+            param = self._state.parameters.raw(name)
             dtype = elem_type_to_numpy(types[name].elem_type)
             shape = tuple(d.dim_value for d in types[name].shape.dim)
             if param.dtype != dtype or param.shape != shape:
@@ -260,8 +289,10 @@ class Module:
     def _runner(self, mode):
         with self._lock:
             if mode not in self._runners:
-                self._runners[mode] = SessionRunner(self._models[mode],
-                                                    self._device)
+                runner = SessionRunner(self._models[mode], self._device)
+                if _has_string_inputs(self._models[mode]):
+                    runner = _HostRunner(runner)
+                self._runners[mode] = runner
             return self._runners[mode]
 
     def input_names(self):
@@ -285,7 +316,18 @@ class Module:
     def _parameters(self, trainable_only):
         layout = self._layouts["train"]
         names = layout["trainable"] if trainable_only else layout["parameters"]
-        return [self._state.parameters[n] for n in names]
+        return [self._state.parameters.raw(n) for n in names]
+
+    def _check_loaded(self):
+        """RuntimeError while the state (from a nominal checkpoint) lacks
+        parameter values."""
+        missing = self._state.parameters.not_loaded()
+        if missing:
+            raise RuntimeError(
+                "Please load the model parameters first. The checkpoint state "
+                f"is nominal: parameters {missing[:5]} have no values yet "
+                "(copy_buffer_to_parameters(buffer, trainable_only=False) "
+                "loads them).")
 
     def get_parameters_size(self, trainable_only=True):
         """Number of parameter elements (int)."""
@@ -296,23 +338,38 @@ class Module:
 
         Returns
         -------
-        ndarray of shape (get_parameters_size(trainable_only),)
+        onnxruntime.OrtValue of shape (get_parameters_size(trainable_only),)
+            On the module's device (``.numpy()`` copies it to an array), as
+            onnxruntime-training returns it.
 
         Raises
         ------
         TypeError
             If the parameters have different dtypes.
+        RuntimeError
+            For a state loaded from a nominal checkpoint whose parameters
+            have no values yet.
         """
+        self._check_loaded()
         params = self._parameters(trainable_only)
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
             raise TypeError(f"Parameters have several dtypes {sorted(map(str, dtypes))}; "
                             "they cannot share one buffer.")
-        return np.concatenate([p.data.reshape(-1) for p in params])
+        return to_ortvalue(np.concatenate([p.data.reshape(-1) for p in params]),
+                           self._device)
 
     def copy_buffer_to_parameters(self, buffer, trainable_only=True):
         """Copy a flat buffer (as from :meth:`get_contiguous_parameters`)
         into the parameters, in model order.
+
+        Parameters
+        ----------
+        buffer : onnxruntime.OrtValue or ndarray
+            Of :meth:`get_parameters_size` elements.
+        trainable_only : bool, default=True
+            Copy into the trainable parameters only. With False, this loads
+            the values of a state from a nominal checkpoint.
 
         Raises
         ------
@@ -349,9 +406,11 @@ class Module:
 
         Returns
         -------
-        ndarray or tuple of ndarray
-            The outputs of :meth:`output_names` (the loss first): an array
-            when there is one, a tuple otherwise. In train mode, each
+        ndarray or OrtValue, or a tuple of them
+            The outputs of :meth:`output_names` (the loss first): one value
+            when there is one, a tuple otherwise; OrtValues (on the module's
+            device) when every input is an OrtValue, arrays otherwise (as
+            onnxruntime-training). In train mode, each
             trainable parameter's ``grad`` receives the gradient (added to the
             previous one unless :meth:`lazy_reset_grad` was called).
 
@@ -372,12 +431,15 @@ class Module:
             (float64 to float32 and int to float do; float to int, strings
             and objects do not) or an OrtValue has another dtype.
         RuntimeError
-            In eval mode without an eval model.
+            In eval mode without an eval model, or for a state loaded from a
+            nominal checkpoint whose parameters have no values yet.
 
         Every check runs before the model runs; parameters and gradients
         are left as they were when one fails.
         """
         mode = self._mode()
+        self._check_loaded()
+        as_ortvalues = bool(user_inputs) and all(map(is_ortvalue, user_inputs))
         layout = self._layouts[mode]
         names = layout["user_inputs"]
         if len(user_inputs) != len(names):
@@ -396,7 +458,8 @@ class Module:
                     outputs = self._run_training(feeds, layout, n_user)
             else:
                 for name in layout["parameters"]:
-                    feeds[name] = self._device_value(self._state.parameters[name])
+                    feeds[name] = self._device_value(
+                        self._state.parameters.raw(name))
                 outputs = self._runner(mode)(feeds)
         except SessionRunError as exc:
             message = str(exc).strip().splitlines()[0]
@@ -406,25 +469,32 @@ class Module:
                 "inputs do not go together (e.g. a target whose columns "
                 "differ from the prediction's); parameters and gradients are "
                 "unchanged.") from exc
-        results = tuple(to_numpy(o) for o in outputs[:n_user])
+        results = tuple(outputs[:n_user]) if as_ortvalues else \
+            tuple(to_numpy(o) for o in outputs[:n_user])
         return results[0] if len(results) == 1 else results
 
     def _run_training(self, feeds, layout, n_user):
         """Run the training model and store the gradients; the caller holds
         the lock."""
         for name in layout["parameters"]:
-            feeds[name] = self._device_value(self._state.parameters[name])
+            feeds[name] = self._device_value(self._state.parameters.raw(name))
         self._feed_gradients(feeds, layout)
         outputs = self._runner("train")(feeds)
         for name, grad in zip(layout["trainable"], outputs[n_user:]):
-            self._state.parameters[name]._grad = grad
+            self._state.parameters.raw(name)._grad = grad
         self._reset_grad = False
+        n_grads = len(layout["trainable"]) + len(layout.get("input_gradients", ()))
+        _write_running_statistics(self._state, layout,
+                                  outputs[n_user + n_grads:])
         return outputs
 
     def _feed_gradients(self, feeds, layout):
         reset = self._reset_grad
+        for name, buffer in zip(layout.get("input_gradients", ()),
+                                layout.get("input_gradient_buffers", ())):
+            feeds[buffer] = np.zeros_like(to_numpy(feeds[name]))
         for name, buffer in zip(layout["trainable"], layout["buffers"]):
-            param = self._state.parameters[name]
+            param = self._state.parameters.raw(name)
             if param._grad is None:
                 reset = True
                 feeds[buffer] = to_ortvalue(np.zeros(param.shape, param.dtype),
@@ -459,10 +529,21 @@ class Module:
         if "eval" not in self._models:
             raise RuntimeError("Exporting needs the eval model: pass "
                                "eval_model_uri to Module.")
+        if isinstance(self._models["eval"], OrtFormatModel):
+            raise ValueError("Exporting needs the eval model in ONNX format "
+                             "(eval_model.onnx), not ORT format.")
+        self._check_loaded()
         model = _inference_model(self._models["eval"], self._layouts["eval"],
                                  list(graph_output_names), self._state.parameters)
         onnx.save(model, str(inference_model_uri))
         return model
+
+
+def _write_running_statistics(state, layout, values):
+    """Store the running statistics a training call updated (BatchNorm in
+    training mode: see :mod:`onnxtrain.training_mode`) into the state."""
+    for name, value in zip(layout.get("running_statistics", {}), values):
+        state.parameters.raw(name)._value = value
 
 
 def _node_reads(node):

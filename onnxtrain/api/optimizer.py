@@ -45,7 +45,8 @@ class Optimizer:
     ----------
     optimizer_uri : str, pathlib.Path or onnx.ModelProto
         ``optimizer_model.onnx`` written by
-        :func:`onnxtrain.artifacts.generate_artifacts`.
+        :func:`onnxtrain.artifacts.generate_artifacts` (or its ``.ort``,
+        written with ``ort_format=True``).
     module : Module
 
     Notes
@@ -81,7 +82,7 @@ class Optimizer:
     def _init_states(self, state):
         states = state.optimizer_state.states
         for name in self._layout["parameters"]:
-            param = state.parameters[name]
+            param = state.parameters.raw(name)
             current = states.setdefault(name, {})
             for key in self._layout["states"]:
                 if key not in current:
@@ -104,15 +105,27 @@ class Optimizer:
         ------
         RuntimeError
             If a parameter has no gradient yet (call the module in training
-            mode first).
+            mode first), or the state comes from a nominal checkpoint whose
+            parameters have no values yet.
+
+        Notes
+        -----
+        Thread safe with the module's training calls: both hold the
+        module's lock, so a step never reads gradients that a concurrent
+        call is writing.
         """
+        with self._module._lock:
+            self._step()
+
+    def _step(self):
+        self._module._check_loaded()
         module, opt = self._module, self._state
         params = module._state.parameters
         feeds = {"learning_rate": np.array(opt.learning_rate, dtype=np.float64),
                  "step": np.array(opt.step + 1, dtype=np.int64)}
         outputs = []
         for name in self._layout["parameters"]:
-            param = params[name]
+            param = params.raw(name)
             if param._grad is None:
                 raise RuntimeError(f"Parameter {name!r} has no gradient: run the "
                                    "module in training mode before step().")
@@ -127,7 +140,7 @@ class Optimizer:
                 outputs.append(f"{name}.{key}.updated")
         results = iter(self._runner(feeds, outputs))
         for name in self._layout["parameters"]:
-            params[name]._value = next(results)
+            params.raw(name)._value = next(results)
             for key in self._layout["states"]:
                 opt.states[name][key] = next(results)
         opt.step += 1

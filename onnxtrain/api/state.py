@@ -1,7 +1,7 @@
 """CheckpointState: parameters, optimizer state and properties of a training."""
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 
 import numpy as np
 
@@ -29,8 +29,16 @@ class Parameter:
         A host copy of the current value; assigning an array copies it in
         (cast to the parameter's dtype; the shape must match).
     grad : ndarray or None
-        The accumulated gradient (a host copy), None before the first
-        training call of a :class:`~onnxtrain.api.Module`.
+        The accumulated gradient (a host copy). Zeros once a
+        :class:`~onnxtrain.api.Module` trains the parameter and before its
+        first training call (as onnxruntime-training); None for a
+        parameter no module trains.
+
+    Raises
+    ------
+    RuntimeError
+        Reading ``data`` of a parameter of a nominal checkpoint before its
+        value was loaded.
     """
 
     def __init__(self, name, data, requires_grad=True):
@@ -39,7 +47,23 @@ class Parameter:
         self._dtype, self._shape = array.dtype, array.shape
         self._value = array
         self._grad = None
+        self._zero_grad = False  # set by a Module training this parameter
         self._requires_grad = bool(requires_grad)
+
+    @classmethod
+    def nominal(cls, name, dtype, shape, requires_grad=True):
+        """A parameter without a value (from a nominal checkpoint): name,
+        dtype and shape only, until ``data`` is assigned."""
+        param = cls(name, np.zeros(0, dtype=dtype), requires_grad)
+        param._shape = tuple(int(d) for d in shape)
+        param._value = None
+        return param
+
+    @property
+    def loaded(self):
+        """bool: whether the parameter holds a value (False for a parameter
+        of a nominal checkpoint until one is assigned)."""
+        return self._value is not None
 
     @property
     def name(self):
@@ -61,6 +85,10 @@ class Parameter:
 
     @property
     def data(self):
+        if self._value is None:
+            raise RuntimeError(f"Parameter {self._name!r} comes from a nominal "
+                               "checkpoint: Please load the parameter states "
+                               "first.")
         return np.array(to_numpy(self._value), copy=True)
 
     @data.setter
@@ -73,36 +101,87 @@ class Parameter:
 
     @property
     def grad(self):
-        return None if self._grad is None else np.array(to_numpy(self._grad),
-                                                        copy=True)
+        if self._grad is None:
+            return np.zeros(self._shape, self._dtype) if self._zero_grad else None
+        return np.array(to_numpy(self._grad), copy=True)
 
     def __repr__(self):
         return (f"Parameter(name={self._name!r}, shape={self._shape}, "
                 f"dtype={self._dtype}, requires_grad={self._requires_grad})")
 
 
-class _Parameters(Mapping):
-    """name -> :class:`Parameter`, in checkpoint order; assigning an array
-    to a name copies it into that parameter."""
+class _Parameters:
+    """The parameters of a :class:`CheckpointState`, in checkpoint order.
+
+    As onnxruntime-training's: ``parameters[name]`` is a :class:`Parameter`,
+    assigning an array to ``parameters[name]`` copies it into that
+    parameter, ``name in parameters`` and ``len(parameters)`` work, and
+    iterating yields ``(name, Parameter)`` pairs. ``keys()``, ``values()``
+    and ``items()`` are there too.
+
+    A state loaded from a nominal checkpoint has no values:
+    ``parameters[name]`` raises RuntimeError ("Please load the parameter
+    states first") and so does an assignment ("Please load all the
+    parameter states first") until
+    ``Module.copy_buffer_to_parameters(buffer, trainable_only=False)``
+    loads them.
+    """
 
     def __init__(self, parameters):
         self._items = {p.name: p for p in parameters}
 
-    def __getitem__(self, name):
+    def raw(self, name):
+        """The Parameter ``name``, loaded or not (KeyError naming the known
+        parameters when absent)."""
         try:
             return self._items[name]
         except KeyError:
             raise KeyError(f"No parameter {name!r}; parameters: "
                            f"{list(self._items)}.") from None
 
+    def not_loaded(self):
+        """Names of the parameters without a value (nominal checkpoint)."""
+        return [n for n, p in self._items.items() if not p.loaded]
+
+    def __getitem__(self, name):
+        param = self.raw(name)
+        if not param.loaded:
+            raise RuntimeError(
+                f"Parameter {name!r} comes from a nominal checkpoint. Please "
+                "load the parameter states first (Module.copy_buffer_to_"
+                "parameters(buffer, trainable_only=False)).")
+        return param
+
     def __setitem__(self, name, value):
+        missing = self.not_loaded()
+        if missing:
+            raise RuntimeError(
+                f"Parameters {missing[:5]} come from a nominal checkpoint. "
+                "Please load all the parameter states first "
+                "(Module.copy_buffer_to_parameters(buffer, "
+                "trainable_only=False)).")
         self[name].data = value.data if isinstance(value, Parameter) else value
 
+    def __contains__(self, name):
+        return name in self._items
+
     def __iter__(self):
-        return iter(self._items)
+        return iter(self._items.items())
 
     def __len__(self):
         return len(self._items)
+
+    def keys(self):
+        """Parameter names, in checkpoint order."""
+        return self._items.keys()
+
+    def values(self):
+        """Parameters, in checkpoint order."""
+        return self._items.values()
+
+    def items(self):
+        """``(name, Parameter)`` pairs, in checkpoint order."""
+        return self._items.items()
 
     def __repr__(self):
         items = ", ".join(f"{n!r}: {p!r}" for n, p in self._items.items())
@@ -172,12 +251,16 @@ class CheckpointState:
         str -> int, float or str.
     optimizer_state : OptimizerState, default=None
     nominal : bool, default=False
-        True when loaded from a nominal checkpoint: the parameters hold zeros
-        until values are assigned.
+        True when loaded from a nominal checkpoint: the parameters have no
+        values until ``Module.copy_buffer_to_parameters(buffer,
+        trainable_only=False)`` loads them (reading or assigning one, or
+        running a Module or an Optimizer, raises RuntimeError before).
 
     Attributes
     ----------
-    parameters : Mapping of str to Parameter
+    parameters : name -> Parameter
+        Iterating yields ``(name, Parameter)`` pairs (as onnxruntime);
+        ``keys()``, ``values()``, ``items()`` as a dict.
     properties : MutableMapping of str to int, float or str
     optimizer_state : OptimizerState or None
     """
@@ -201,8 +284,10 @@ class CheckpointState:
         Returns
         -------
         CheckpointState
-            For a nominal checkpoint, parameters are zeros of the recorded
-            shapes and dtypes (assign values before training).
+            For a nominal checkpoint, parameters have the recorded names,
+            shapes and dtypes but no values (load them with
+            ``Module.copy_buffer_to_parameters(buffer, trainable_only=False)``
+            before training).
 
         Raises
         ------
@@ -220,8 +305,10 @@ class CheckpointState:
         params = []
         for name, value, requires_grad in content["parameters"]:
             if content["nominal"]:
-                value = np.zeros(value[1], dtype=value[0])
-            params.append(Parameter(name, value, requires_grad))
+                params.append(Parameter.nominal(name, value[0], value[1],
+                                                requires_grad))
+            else:
+                params.append(Parameter(name, value, requires_grad))
         optimizer = content["optimizer"]
         if optimizer is not None:
             optimizer = OptimizerState(**optimizer)
@@ -244,7 +331,15 @@ class CheckpointState:
         ValueError
             If ``include_optimizer_state`` and the state has no optimizer
             state (no :class:`~onnxtrain.api.Optimizer` was created on it).
+        RuntimeError
+            If the state comes from a nominal checkpoint and its parameters
+            have no values yet.
         """
+        missing = state.parameters.not_loaded()
+        if missing:
+            raise RuntimeError(f"Parameters {missing[:5]} come from a nominal "
+                               "checkpoint: Please load the parameter states "
+                               "first.")
         optimizer = None
         if include_optimizer_state:
             if state.optimizer_state is None:

@@ -15,6 +15,7 @@ from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 from tqdm.auto import tqdm
 
+from .._small import full_repr
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..initializers import bias_weights, glorot_uniform_weights
@@ -23,8 +24,11 @@ from ..models import load_model, replace_initializers, select_weights
 from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
 from ..runtime.engine import check_weight_names
+from ..training_mode import inference_mode
 from ._trainer import Trainer
-from ._validation import check_features, check_targets, validation_period
+from ._inputs import (GraphInputs, check_batch_dimension, check_features,
+                      data_inputs)
+from ._validation import check_sample_weight, validation_period
 
 __all__ = ["BaseOrtGradientEstimator"]
 
@@ -66,8 +70,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if hasattr(model, "graph"):
             params["model_onnx"] = _Short(
                 f"<ModelProto {model.graph.name!r}: {len(model.graph.node)} nodes>")
-        shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
-        return f"{type(self).__name__}({shown})"
+        return full_repr(self, params)
 
     # --------------------------------------------------------- parameters
     def _check_params(self):
@@ -134,6 +137,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if not types:
             types.update(infer_value_types(model))
         return types
+
+    def _feature_inputs(self, model):
+        """The graph inputs ``X`` feeds: every input that is not an
+        initializer (one array, or a dict of arrays for several)."""
+        return data_inputs(model)
 
     def _make_training_model(self, model):
         """(model after rewrites, graph trained): subclasses choose."""
@@ -217,6 +225,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
                     trainer.engine.set_weights(self._pickled["weights"])
                     trainer.set_state(self._pickled["state"],
                                       self._pickled["steps"])
+                    trainer.set_buffers(self._pickled.get("buffers"))
                     self._trainer = trainer
         return self._trainer
 
@@ -251,6 +260,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         X, y, sample_weight = self._validate_data_for_fit(
             model, X, y, sample_weight, classes, first)
         X_val, y_val = self._validate_validation(model, X_val, y_val)
+        self._check_batch_dimension(model, X.shape[0])
         restart = not first and not incremental and self._objects_changed()
         if first:
             self._start(model)
@@ -271,6 +281,14 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self._publish_objects()
         return X, y, sample_weight, X_val, y_val
 
+    def _check_batch_dimension(self, model, n_samples):
+        """Refuse, before any step, a graph whose fixed batch dimension the
+        batches of this fit do not have (an export without dynamic axes)."""
+        size = int(np.clip(self.batch_size, 1, n_samples))
+        sizes = {size} | ({n_samples % size} if n_samples % size else set())
+        check_batch_dimension(model, sizes, self._feature_inputs(model),
+                              self._training_types())
+
     def _check_start(self, X):
         """Called with the first rows of a fit once the loss is (re)resolved
         and the trainer holds the weights training starts from, before any
@@ -282,7 +300,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self._resolve(model)
         self._fitted_model_onnx = self.model_onnx
         self._trainer = self._new_trainer(model)
-        if not self.warm_start:
+        if not self.warm_start and from_scikit_learn(load_model(self.model_onnx)):
             self._trainer.engine.set_weights(glorot_uniform_weights(
                 model, self.weights_to_train_, self._rng))
         self.t_ = 0
@@ -313,9 +331,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """Resolve the new objects and rebuild the trainer on the current
         weights (a warm start after set_params)."""
         weights = self._trainer.engine.get_weights()
+        buffers = self._trainer.get_buffers()
         self._resolve(model)
         self._trainer = self._new_trainer(model)
         self._trainer.engine.set_weights(weights)
+        self._trainer.set_buffers(buffers)
         self.learning_rate_.init_learning_rate()
 
     def _publish_objects(self):
@@ -332,16 +352,18 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     def _validate_data_for_fit(self, model, X, y, sample_weight, classes, first):
         _check_feature_names(self, X, reset=first)  # feature_names_in_
-        X = check_features(model, X, "X", self._training_types())
+        X = check_features(model, X, "X", self._training_types(),
+                           self._feature_inputs(model))
         y = self._encode_targets(y, X.shape[0], classes, first)
         if sample_weight is not None:
-            sample_weight = check_targets(sample_weight, X.shape[0],
-                                          "sample_weight", self._float_dtype(), ndim=1)
+            sample_weight = check_sample_weight(sample_weight, X.shape[0],
+                                                self._float_dtype())
             if (sample_weight < 0).any():
                 raise ValueError("sample_weight has negative values.")
             if not sample_weight.sum() > 0:
                 raise ValueError("sample_weight sums to zero: nothing to train on.")
-        self.n_features_in_ = X.shape[1]
+        if not isinstance(X, GraphInputs):
+            self.n_features_in_ = X.shape[1]
         return X, y, sample_weight
 
     def _validate_validation(self, model, X_val, y_val):
@@ -349,7 +371,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
             raise ValueError("X_val and y_val must be given together.")
         if X_val is None:
             return None, None
-        X_val = check_features(model, X_val, "X_val", self._training_types())
+        X_val = check_features(model, X_val, "X_val", self._training_types(),
+                               self._feature_inputs(model))
         return X_val, self._encode_targets(y_val, X_val.shape[0], None, False,
                                            name="y_val")
 
@@ -397,6 +420,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self._finite_weights = None  # a copy kept only during the epochs
         if self.early_stopping and self._best_weights is not None:
             self._trainer.engine.set_weights(self._best_weights)
+            self._trainer.set_buffers(getattr(self, "_best_buffers", None))
 
     def _end_of_epoch(self, loss, X_val, y_val, period, n_samples, bar):
         """Record an epoch; returns True to stop."""
@@ -546,6 +570,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             if score > self.best_validation_score_:
                 self.best_validation_score_ = score
                 self._best_weights = self._trainer.engine.get_weights()
+                self._best_buffers = self._trainer.get_buffers()
         else:
             improved = tol is None or loss <= self.best_loss_ - tol
             self.best_loss_ = min(self.best_loss_, loss)
@@ -609,7 +634,9 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def _raw_predict(self, X):
         trainer = self._ensure_trainer()
         _check_feature_names(self, X, reset=False)  # other names: an error
-        X = check_features(self._training_model(), X, "X", self._training_types())
+        model = self._training_model()
+        X = check_features(model, X, "X", self._training_types(),
+                           self._feature_inputs(model))
         return trainer.predict(X)
 
     def get_state(self):
@@ -628,7 +655,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return self
 
     def get_trained_onnx(self, model=None):
-        """The graph with the trained weights as initializers.
+        """The inference graph with the trained weights as initializers.
+
+        BatchNormalization nodes run in inference mode on the running
+        statistics training updated, Dropout is the identity (see
+        :func:`onnxtrain.training_mode.inference_mode`).
 
         Parameters
         ----------
@@ -640,10 +671,19 @@ class BaseOrtGradientEstimator(BaseEstimator):
         -------
         onnx.ModelProto
         """
-        engine = self._ensure_trainer().engine
+        trainer = self._ensure_trainer()
+        engine = trainer.engine
         base = self._full_model() if model is None else load_model(model)
-        return replace_initializers(
-            base, dict(zip(engine.weights_to_train, engine.get_weights())))
+        values = dict(zip(engine.weights_to_train, engine.get_weights()))
+        values.update(trainer.get_buffers())
+        return inference_mode(replace_initializers(base, values))
+
+    def save_onnx_graph(self, folder, prefix=None, suffix=None):
+        """Save every ONNX graph of the estimator (the model, the training
+        and gradient graphs, the learning rate's and the loss's graphs):
+        see :func:`onnxtrain._saving.save_onnx_graph`."""
+        from .._saving import save_onnx_graph
+        return save_onnx_graph(self, folder, prefix, suffix)
 
     def _full_model(self):
         self._training_model()
@@ -656,12 +696,21 @@ class BaseOrtGradientEstimator(BaseEstimator):
         if trainer is not None:
             state["_pickled"] = {"weights": trainer.engine.get_weights(),
                                  "state": trainer.get_state(),
-                                 "steps": trainer.step_count}
+                                 "steps": trainer.step_count,
+                                 "buffers": trainer.get_buffers()}
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._trainer = None
+
+
+def from_scikit_learn(model):
+    """Whether ``model`` was converted from scikit-learn by skl2onnx: its
+    weights are then redrawn as scikit-learn's MLP draws them unless
+    ``warm_start``; any other graph (PyTorch exports...) starts from its own
+    initializers."""
+    return model.producer_name == "skl2onnx"
 
 
 def prediction_dtype(model, types=None):

@@ -10,6 +10,8 @@ from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
                        to_ortvalue)
 from ..training_graphs import (build_epochs_loop, build_training_loop,
                                build_training_step)
+from ..training_mode import with_running_statistics_updates
+from ._inputs import feature_arrays
 
 __all__ = ["Trainer", "final_activation"]
 
@@ -57,6 +59,23 @@ def _loss_on_logits(model, loss):
     return model, loss
 
 
+def _without_initializer_inputs(model):
+    """``model`` without the graph inputs that initializers define (an
+    export with ``keep_initializers_as_inputs=True``): the engine feeds
+    only the data, the weights and the running statistics. IR < 4 requires
+    them: such a model is returned as it is."""
+    inits = {i.name for i in model.graph.initializer}
+    if model.ir_version < 4 or not any(i.name in inits for i in model.graph.input):
+        return model
+    import onnx
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    inputs = [i for i in new.graph.input if i.name not in inits]
+    del new.graph.input[:]
+    new.graph.input.extend(inputs)
+    return new
+
+
 class Trainer:
     """Forward, loss and dE/dY, backward, update: one step per batch.
 
@@ -80,12 +99,26 @@ class Trainer:
         opset: ``loss`` (loss object), ``penalty``, ``penalized``,
         ``shapes`` (weight name -> shape), ``elem_type``, ``rank``. None
         disables the fused paths.
+
+    Attributes
+    ----------
+    buffer_names : list of str
+        Running statistics of BatchNormalization nodes in training mode
+        (:mod:`onnxtrain.training_mode`): every training step updates
+        ``buffers`` (OrtValues, in this order); predictions run the
+        inference graph on them.
     """
 
     def __init__(self, model, weights, device, loss_models, update_model,
                  learning_rate, weight_input="weight", fused_spec=None):
-        outputs = None if loss_models else [model.graph.output[0].name]
-        self.engine = OrtGradientForwardBackward(model, weights, device, outputs)
+        model = _without_initializer_inputs(model)
+        running, self.buffer_names, initial = with_running_statistics_updates(model)
+        outputs = None if loss_models and not self.buffer_names else [
+            model.graph.output[0].name]
+        self.engine = OrtGradientForwardBackward(running, weights, device, outputs)
+        self.buffers = [to_ortvalue(initial[b], self.engine.device)
+                        for b in self.buffer_names]
+        self._new_buffers = None
         self.device = self.engine.device
         self.loss_models = loss_models
         self._loss_runners = {}
@@ -104,7 +137,7 @@ class Trainer:
         """numpy dtype of the sample-weight input of a graph computing its
         own loss (its third input), as the graph declares it: a float type,
         whatever the type of the labels; None without such an input."""
-        names = self.engine.input_names
+        names = [n for n in self.engine.input_names if n not in self.buffer_names]
         if self.loss_models or len(names) < 3:
             return None
         declared = {i.name: i for i in self.model.graph.input}[names[2]]
@@ -133,6 +166,32 @@ class Trainer:
                        for s in states] for states in state]
         self.step_count = step_count
 
+    def get_buffers(self):
+        """``buffer name -> numpy copy`` of the running statistics."""
+        return {n: b.numpy().copy() for n, b in zip(self.buffer_names, self.buffers)}
+
+    def set_buffers(self, buffers):
+        """Replace the running statistics (``name -> array``; copied)."""
+        if buffers:
+            self.buffers = [to_ortvalue(np.array(buffers[n], copy=True), self.device)
+                            for n in self.buffer_names]
+
+    def _forward(self, X, training, extra=()):
+        """The engine's outputs for the features ``X`` (one array or
+        GraphInputs), ``extra`` inputs and the running statistics; in
+        training mode the updated statistics wait in ``_new_buffers`` for
+        :meth:`_commit_buffers`."""
+        inputs = feature_arrays(X) + list(extra) + list(self.buffers)
+        outputs = self.engine.forward(inputs, training=training)
+        if training and self.buffer_names:
+            self._new_buffers = outputs[1:1 + len(self.buffer_names)]
+        return outputs
+
+    def _commit_buffers(self):
+        if self._new_buffers is not None:
+            self.buffers = list(self._new_buffers)
+        self._new_buffers = None
+
     def _scalar(self, value, dtype):
         key = (float(value), dtype)
         if key not in self._scalars:
@@ -152,14 +211,14 @@ class Trainer:
     def loss_and_gradient(self, X, y, sample_weight, training=True):
         """Loss value (OrtValue) and dE/dY for a batch."""
         if self.loss_models is None:  # the graph's first output is the loss
-            inputs = [X, y]
+            inputs = [y]
             if self._weight_dtype is not None:  # a sample-weight input
                 inputs.append(np.ones(X.shape[0], dtype=self._weight_dtype)
                               if sample_weight is None else sample_weight)
-            prediction = self.engine.forward(inputs, training=training)[0]
+            prediction = self._forward(X, training, inputs)[0]
             ones = np.ones(tuple(prediction.shape()), dtype=prediction.numpy().dtype)
             return prediction, to_ortvalue(ones, self.device)
-        prediction = self.engine.forward([X], training=training)[0]
+        prediction = self._forward(X, training)[0]
         feeds = {"X1": y, "X2": prediction}
         if sample_weight is not None:
             feeds[self.weight_input] = sample_weight
@@ -193,6 +252,8 @@ class Trainer:
             self.state = [outputs[i * width + 1:(i + 1) * width]
                           for i in range(len(names))]
             self.step_count = step
+            self._commit_buffers()
+        self._new_buffers = None
         return total
 
     def dataset_loss(self, X, y):
@@ -202,7 +263,7 @@ class Trainer:
 
     def predict(self, X):
         """The graph's first output for X, as numpy."""
-        return self.engine.forward([X], training=False)[0].numpy()
+        return self._forward(X, False)[0].numpy()
 
     # ----------------------------------------------------------- fused paths
     def fused_graph(self, kind, weighted):
@@ -228,6 +289,9 @@ class Trainer:
             return f"opset {opset} < 13"
         from sklearn.base import clone
         model, loss = _loss_on_logits(self.model, clone(spec["loss"]))
+        model, buffers, _ = with_running_statistics_updates(model)
+        if buffers != self.buffer_names:
+            return "the running statistics do not all reach the logits"
         loss = loss.build_onnx(
             spec["elem_type"], opset, weight_name="weight" if weighted else None,
             rank=spec["rank"])
@@ -238,7 +302,7 @@ class Trainer:
             return build_training_step(
                 model, self.engine.weights_to_train, loss, update,
                 self.learning_rate.state_names, self.learning_rate.scalar_names,
-                weighted)
+                weighted, buffers=buffers)
         except ValueError as exc:
             return str(exc)
 
@@ -269,20 +333,23 @@ class Trainer:
 
     def _flat_parameters(self):
         return [v for w, state in zip(self.engine.weights, self.state)
-                for v in [w] + list(state)]
+                for v in [w] + list(state)] + list(self.buffers)
 
     def _take_parameters(self, runner):
         width = 1 + len(self.learning_rate.state_names)
         flat = runner.parameters
+        if self.buffer_names:  # the running statistics come last
+            self.buffers = flat[-len(self.buffer_names):]
+            flat = flat[:-len(self.buffer_names)]
         self.engine.weights = flat[::width]
         self.state = [flat[i * width + 1:(i + 1) * width]
                       for i in range(len(self.engine.weights))]
 
     def _data(self, graph, X, y, sample_weight):
-        data = dict(zip(graph.data_inputs[:2], (X, y)))
+        values = feature_arrays(X) + [y]
         if sample_weight is not None:
-            data[graph.data_inputs[2]] = sample_weight
-        return data
+            values.append(sample_weight)
+        return dict(zip(graph.data_inputs, values))
 
     def fused_step(self, X, y, sample_weight, dtype):
         """:meth:`step` as one graph run (forward, loss, backward, update)."""

@@ -6,9 +6,8 @@ import numbers
 import numpy as np
 from sklearn.utils.validation import check_array
 
-from ..graph import elem_type_to_numpy, infer_value_types
 
-__all__ = ["cast_within_range", "check_features", "check_targets",
+__all__ = ["cast_within_range", "check_batch_dim", "check_targets",
            "validation_period"]
 
 
@@ -42,35 +41,7 @@ def cast_within_range(array, dtype, name, target="the graph"):
     return np.ascontiguousarray(array, dtype=dtype)
 
 
-def check_features(model, X, name="X", types=None):
-    """Validate ``X`` for ``model``'s first input and cast it to its type.
-
-    ``types`` is the model's :func:`~onnxtrain.graph.infer_value_types`,
-    computed if None.
-
-    Raises
-    ------
-    TypeError
-        Non-numeric data (object dtype, strings).
-    ValueError
-        Not 2-D, NaN or inf, a number of columns the input does not take, a
-        number of rows other than a fixed batch dimension of the input, or
-        values beyond the range of the input's float type.
-    """
-    X = check_array(X, dtype=None, ensure_2d=True, input_name=name)
-    _check_numeric(X, name)
-    types = infer_value_types(model) if types is None else types
-    elem_type, shape = types[model.graph.input[0].name]
-    if shape is not None and len(shape) == 2 and isinstance(shape[1], int) \
-            and shape[1] != X.shape[1]:
-        raise ValueError(f"{name} has {X.shape[1]} features but the model input "
-                         f"{model.graph.input[0].name!r} takes {shape[1]}.")
-    _check_batch_dim(shape, X, name, model.graph.input[0].name)
-    return cast_within_range(X, elem_type_to_numpy(elem_type), name,
-                             f"the model input {model.graph.input[0].name!r}")
-
-
-def _check_batch_dim(shape, X, name, input_name):
+def check_batch_dim(shape, X, name, input_name):
     """A model exported with a fixed batch size (torch.onnx.export without
     dynamic axes) takes batches of that size only: refuse other row counts
     here, before any weight is drawn, rather than in onnxruntime mid-fit."""
@@ -104,6 +75,38 @@ def check_targets(y, n_samples, name, dtype, ndim=None):
                          f"{'' if ndim == 1 else ' or (n_samples, n_outputs)'}, "
                          f"got {y.shape}.")
     return cast_within_range(y, dtype, name)
+
+
+def check_sample_weight(sample_weight, n_samples, dtype):
+    """Validate sample weights: shape (n_samples,) or (n_samples, 1)
+    (onnxcustom's tests pass columns), numeric, finite, cast to ``dtype``.
+
+    Returns
+    -------
+    ndarray of shape (n_samples,)
+
+    Raises
+    ------
+    TypeError, ValueError
+    """
+    weight = check_array(sample_weight, dtype=None, ensure_2d=False,
+                         input_name="sample_weight")
+    if weight.ndim == 2 and weight.shape[1] == 1:
+        weight = weight[:, 0]
+    return check_targets(weight, n_samples, "sample_weight", dtype, ndim=1)
+
+
+def check_use_numpy(use_numpy):
+    """onnxcustom's ``fit(..., use_numpy=)`` chose between two data paths;
+    onnxtrain has one, so the value only has to be None or a bool.
+
+    Raises
+    ------
+    TypeError
+        Any other value.
+    """
+    if use_numpy is not None and not isinstance(use_numpy, (bool, np.bool_)):
+        raise TypeError(f"use_numpy must be None or a bool, got {use_numpy!r}.")
 
 
 def validation_period(validation_every, max_iter):

@@ -14,7 +14,7 @@ from ..rewrite import (prediction_graph, probability_graph,
                        rewrite_ml_linear_ops)
 from ._base import BaseOrtGradientEstimator, prediction_dtype
 from ._trainer import final_activation
-from ._validation import check_targets
+from ._validation import check_sample_weight, check_targets, check_use_numpy
 
 __all__ = ["OrtGradientForwardBackwardOptimizer",
            "OrtGradientForwardBackwardClassifier"]
@@ -43,8 +43,12 @@ _COMMON_PARAMETERS = """
         or an object from :mod:`onnxtrain.optim`.
     device : {{'cpu', 'cuda', 'cuda:N'}}, default='cpu'
     warm_start : bool, default=False
-        False: every fit starts from weights drawn Glorot-uniform as
-        scikit-learn's MLP draws them (``random_state``). True: from the
+        False: every fit starts from the initial weights: for a graph
+        converted from scikit-learn (skl2onnx), weights drawn
+        Glorot-uniform as scikit-learn's MLP draws them (``random_state``);
+        for any other graph (a PyTorch export...), the graph's own
+        initializers. Only ``weights_to_train`` are drawn, never
+        BatchNormalization running statistics or constants. True: from the
         weights of the previous fit, or the graph's initializers at first.
     verbose : int, default=0
         > 0: a tqdm progress bar over epochs; > 1: with loss and learning rate.
@@ -90,7 +94,7 @@ _COMMON_PARAMETERS = """
         per batch doing all four); 'loop' (an ONNX Loop over the batches of
         device-resident data: one run per epoch, or one run for every epoch
         when nothing happens between epochs). 'auto' takes 'loop' when the
-        model allows it (opset >= 13, one input, a loss graph), else
+        model allows it (opset >= 13, a loss graph), else
         'split'. All paths compute the same steps (same losses and weights
         up to float rounding).
 """
@@ -243,19 +247,28 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
         return r2_score(y_val, self._trainer.predict(X_val))
 
     # ------------------------------------------------------------- API
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
+            use_numpy=None):
         """Train the weights.
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            Numeric; cast to the graph input's element type.
+        X : array-like of shape (n_samples, n_features) or (n_samples, ...), or dict
+            Numeric; cast to the graph input's element type. An array of the
+            input's rank (images (n_samples, channels, height, width),
+            sequences...); for a graph of several inputs, a dict (or
+            :class:`~onnxtrain.GraphInputs`) ``input name -> array``, each
+            sliced along axis 0.
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             Numeric (integers accepted); cast to the prediction's type.
-        sample_weight : array-like of shape (n_samples,), default=None
+        sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
+                default=None
             Non-negative; rows are weighted in the loss and its gradient.
         X_val, y_val : array-like, default=None
             Validation data for ``validation_losses_``.
+        use_numpy : bool, default=None
+            onnxcustom's choice of data path; onnxtrain has one, the value
+            changes nothing (TypeError if not a bool).
 
         Returns
         -------
@@ -270,6 +283,7 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
         ConvergenceError
             A non-finite loss with ``exc=True``.
         """
+        check_use_numpy(use_numpy)
         return self._fit(X, y, sample_weight, X_val, y_val)
 
     def partial_fit(self, X, y, sample_weight=None):
@@ -283,7 +297,9 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, ...), or dict
+            As in :meth:`fit`. The graph runs in inference mode
+            (BatchNormalization on its running statistics, no Dropout).
 
         Returns
         -------
@@ -297,11 +313,25 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
             return prediction.reshape(-1, 1)
         return prediction
 
-    def losses(self, X, y):
-        """Loss of every row of (X, y), in order: ndarray of shape (n_samples,)."""
+    def losses(self, X, y, sample_weight=None):
+        """Loss of every row of (X, y), in order.
+
+        Parameters
+        ----------
+        X, y
+            As :meth:`fit`.
+        sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
+                default=None
+            Multiplies each row's loss (onnxcustom's weighted losses).
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
         prediction = self.predict(X)
         y = check_targets(y, prediction.shape[0], "y", prediction.dtype)
-        return self.learning_loss_.loss_per_row(y, prediction)
+        return _weighted(self.learning_loss_.loss_per_row(y, prediction),
+                         sample_weight)
 
 
 def _not_probabilities(proba):
@@ -580,9 +610,11 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
         return proba
 
     # ------------------------------------------------------------- API
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
+            use_numpy=None):
         """Train the weights. Same arguments as the regressor's ``fit``; y
         holds class labels (ints or strings) of shape (n_samples,)."""
+        check_use_numpy(use_numpy)
         return self._fit(X, y, sample_weight, X_val, y_val)
 
     def partial_fit(self, X, y, classes=None, sample_weight=None):
@@ -617,9 +649,20 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
                              f"known classes: {self.classes_.tolist()}.")
         return accuracy_score(y, self.predict(X), sample_weight=sample_weight)
 
-    def losses(self, X, y):
-        """Loss of every row: ndarray of shape (n_samples,)."""
+    def losses(self, X, y, sample_weight=None):
+        """Loss of every row, multiplied by ``sample_weight`` (shape
+        (n_samples,) or (n_samples, 1)) when given: ndarray of shape
+        (n_samples,)."""
         proba = self._raw_predict(X)
         target = self._encode_targets(y, proba.shape[0], None, False)
-        return self.learning_loss_.loss_per_row(target, proba)
+        return _weighted(self.learning_loss_.loss_per_row(target, proba),
+                         sample_weight)
+
+
+def _weighted(losses, sample_weight):
+    """Per-row losses times the sample weights (validated), if any."""
+    if sample_weight is None:
+        return losses
+    return losses * check_sample_weight(sample_weight, losses.shape[0],
+                                        losses.dtype)
 

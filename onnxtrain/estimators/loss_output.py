@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from ..rewrite import prediction_graph
 from ._base import BaseOrtGradientEstimator
-from ._validation import check_targets
+from ._inputs import check_features
+from ._validation import check_sample_weight, check_targets, check_use_numpy
 
 __all__ = ["OrtGradientOptimizer"]
 
@@ -90,6 +91,9 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
     def _build_loss_models(self, loss, elem_type):
         return None  # the graph computes its own loss
 
+    def _feature_inputs(self, model):
+        return super()._feature_inputs(model)[:1]  # then targets, weights
+
     def _start(self, model):
         super()._start(model)
         if self.saved_gradient:
@@ -144,21 +148,94 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
                     f"the graph compares {label!r} with it elementwise and "
                     "would broadcast one against the other.")
 
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
-        """Train the weights; arguments and errors as
-        :meth:`OrtGradientForwardBackwardOptimizer.fit`."""
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None,
+            use_numpy=None):
+        """Train the weights.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Cast to the type of the graph's second input (int64 labels for
+            a log loss built by :func:`onnxtrain.models.add_loss_output`).
+        sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
+                default=None
+            Fed to the graph's input ``sample_weight_name`` (ones when the
+            graph has one and no weights are given).
+        X_val, y_val : array-like, default=None
+            Validation data for ``validation_losses_``.
+        use_numpy : bool, default=None
+            onnxcustom chose between a numpy and an OrtValue data path with
+            it; onnxtrain has one path, the value changes nothing.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Bad parameter or data, or ``sample_weight`` for a graph without
+            a sample-weight input (onnxcustom raised RuntimeError).
+        TypeError
+            Non-numeric data, or ``use_numpy`` not a bool.
+        ConvergenceError
+            A non-finite loss.
+        """
+        check_use_numpy(use_numpy)
+        self._check_weight_input(sample_weight)
         return self._fit(X, y, sample_weight, X_val, y_val)
 
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch, continuing from the current weights."""
+        self._check_weight_input(sample_weight)
         return self._fit(X, y, sample_weight, incremental=True)
 
-    def losses(self, X, y):
-        """Value of the loss output on all of (X, y), in one pass (float)."""
+    def _check_weight_input(self, sample_weight):
+        """Refuse sample weights the graph cannot take (they would be
+        ignored)."""
+        if sample_weight is None:
+            return
+        inputs = [i.name for i in self._training_model().graph.input]
+        if len(inputs) < 3:
+            raise ValueError(
+                f"sample_weight is given but the graph's inputs {inputs} have no "
+                f"sample-weight input (add_loss_output(..., weight_name="
+                f"{self.sample_weight_name!r}) adds one).")
+
+    def losses(self, X, y, sample_weight=None):
+        """Value of the loss output on all of (X, y), in one pass.
+
+        Parameters
+        ----------
+        X, y
+            As :meth:`fit`.
+        sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
+                default=None
+            Fed to the graph's sample-weight input (ones when None).
+
+        Returns
+        -------
+        float
+            The graph's loss output, as the graph defines it.
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before fit.
+        ValueError
+            Bad data, or weights for a graph without a sample-weight input.
+        """
         trainer = self._ensure_trainer()
-        from ._validation import check_features
-        X = check_features(self._training_model(), X, "X", self._training_types())
+        self._check_weight_input(sample_weight)
+        model = self._training_model()
+        X = check_features(model, X, "X", self._training_types(),
+                           self._feature_inputs(model))
         y = self._encode_targets(y, X.shape[0], None, False)
-        return trainer.dataset_loss(X, y)
+        if sample_weight is not None:
+            sample_weight = check_sample_weight(sample_weight, X.shape[0],
+                                                trainer._weight_dtype)
+        loss, _ = trainer.loss_and_gradient(X, y, sample_weight, training=False)
+        return float(loss.numpy())
 
 

@@ -18,7 +18,13 @@ scikit-learn's MLP differs from the base's defaults
   their sample weights: R² for regression, accuracy for classification;
 - a warm-start fit zeroes the optimizer state and reseeds the generator,
   a partial_fit reseeds it (scikit-learn calls ``check_random_state`` at
-  each call).
+  each call);
+- a non-finite loss raises nothing here: the epoch where it happens ends
+  training and is recorded as scikit-learn records it (its loss in the
+  loss curve, a NaN validation score); the estimator then restores the best
+  validation weights (early stopping) or raises scikit-learn's ValueError.
+  onnxruntime's steps never commit non-finite weights, so training stops
+  there rather than running on with NaN weights as scikit-learn does.
 """
 from __future__ import annotations
 
@@ -152,8 +158,12 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         return float(batch.stop - batch.start)
 
     def _stratify(self, y):
+        """scikit-learn stratifies binary targets on its binarized y, a bool
+        column (so its error messages name the classes 'True' / 'False')."""
         single = y.ndim == 1 or y.shape[1] == 1
-        return y.ravel() if self.task == "classification" and single else None
+        if self.task != "classification" or not single:
+            return None
+        return y.reshape(-1, 1).astype(bool)
 
     def _early_stopping_split(self, X, y, sample_weight):
         """scikit-learn's split: ``train_test_split`` on the same generator;
@@ -190,10 +200,62 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
                               sample_weight=weight)
 
     def _update_no_improvement(self, loss, X_val, y_val):
-        self._stopped = super()._update_no_improvement(loss, X_val, y_val)
+        self._stopped = self._count_no_improvement(loss, X_val, y_val)
         if self.print_progress and self.early_stopping:
             print(f"Validation score: {self.validation_scores_[-1]:f}")
         return self._stopped
+
+    def _count_no_improvement(self, loss, X_val, y_val):
+        """scikit-learn's ``_update_no_improvement_count`` with its
+        comparisons, so that a NaN score or loss resets the count; True
+        means stop."""
+        if self.early_stopping:
+            score = self._validation_score(X_val, y_val)
+            self.validation_scores_.append(score)
+            worse = score < self.best_validation_score_ + self.tol
+            if score > self.best_validation_score_:
+                self.best_validation_score_ = score
+                self._best_weights = self._trainer.engine.get_weights()
+        else:
+            worse = loss > self.best_loss_ - self.tol
+            if loss < self.best_loss_:
+                self.best_loss_ = loss
+        self._no_improvement = self._no_improvement + 1 if worse else 0
+        if self._no_improvement > self.n_iter_no_change:
+            if self.learning_rate_.trigger_stopping():
+                return True
+            self._no_improvement = 0
+        return False
+
+    def _non_finite(self, loss, epoch):
+        """Record the loss that ended training at ``epoch`` (see the
+        module's notes) and put back the weights at the start of that epoch
+        when they were finite (the last steps may have left exploding ones);
+        the estimator raises scikit-learn's error after training, or early
+        stopping restores its best weights."""
+        kept = getattr(self, "_finite_weights", None)
+        if kept is not None:
+            self._trainer.engine.set_weights(kept[0])
+        self._finite_weights = None
+        self._diverged = float(loss)
+
+    def _epochs(self, X, y, sample_weight, X_val, y_val, n_epochs, incremental):
+        self._diverged = None
+        if self.early_stopping and self._best_weights is None:
+            # scikit-learn's best weights start as the initial ones
+            self._best_weights = self._trainer.engine.get_weights()
+        super()._epochs(X, y, sample_weight, X_val, y_val, n_epochs, incremental)
+        if self._diverged is not None:  # the last epoch, as scikit-learn's
+            self.train_losses_.append(self._diverged)
+            self.n_iter_ += 1
+            self.t_ += X.shape[0]
+            if self.early_stopping:
+                self.validation_scores_.append(np.nan)
+
+    @property
+    def diverged(self):
+        """Whether the last fit or partial_fit met a non-finite loss."""
+        return getattr(self, "_diverged", None) is not None
 
     def _report(self, bar, loss):
         if self.print_progress:

@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 import scipy.optimize
+import scipy.sparse
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.preprocessing import LabelBinarizer
 from sklearn.utils import check_random_state, column_or_1d
@@ -39,6 +40,16 @@ __all__ = ["MLPRegressor", "MLPClassifier"]
 
 _STOCHASTIC_SOLVERS = ("sgd", "adam")
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: scikit-learn's sparse formats (the graph takes X densified).
+_SPARSE = ["csr", "csc"]
+_NON_FINITE = ("Solver produced non-finite parameter weights. The input data may"
+               " contain large values and need to be preprocessed.")
+
+
+def _dense(X):
+    """X as a dense ndarray: onnxruntime's MatMul takes dense tensors, so a
+    sparse matrix is expanded (n_samples x n_features floats in memory)."""
+    return X.toarray() if scipy.sparse.issparse(X) else X
 
 
 class _BaseMLP(BaseEstimator):
@@ -129,24 +140,41 @@ class _BaseMLP(BaseEstimator):
         hidden = self._check_fit_params(incremental)
         first = not hasattr(self, "_loop") or (not self.warm_start
                                                and not incremental)
+        # weights assigned before the first fit start a warm start or a
+        # partial_fit, as scikit-learn's (its first pass tests coefs_)
+        assigned = self.__dict__.get("_layers") if (
+            not hasattr(self, "_loop") and (self.warm_start or incremental)) else None
         X, y = self._validate_input(X, y, incremental, reset=first)
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, X, dtype=X.dtype)
         random_state = check_random_state(self.random_state)
         if first:
-            self._initialize(X, y, hidden, random_state)
+            self._initialize(X, y, hidden, random_state, assigned)
         elif y.shape[1] != self.n_outputs_:
             raise ValueError(f"y has {y.shape[1]} outputs but the network was "
                              f"built for {self.n_outputs_}.")
+        else:
+            self._push_layers()
         y = y.astype(self._dtype)
         if self.solver == "lbfgs":
-            return self._fit_lbfgs(X, y, sample_weight)
+            self._fit_lbfgs(X, y, sample_weight)
+            return self._check_finite(diverged=False)
         if not first:
             settings = self._loop_settings()
             if incremental:  # partial_fit keeps the optimizer
                 del settings["learning_rate"], settings["learning_penalty"]
             self._loop.restart(random_state, **settings)
-        return self._fit_stochastic(X, y, sample_weight, incremental)
+        self._fit_stochastic(X, y, sample_weight, incremental)
+        return self._check_finite(self._loop.diverged and not self.early_stopping)
+
+    def _check_finite(self, diverged):
+        """scikit-learn's last check of a fit: a diverged network (a
+        non-finite loss without early stopping, whose best weights replace
+        the last ones, or non-finite weights) raises its ValueError."""
+        self._layers = None
+        if diverged or not all(np.isfinite(w).all() for w in self._loop.get_state()):
+            raise ValueError(_NON_FINITE)
+        return self
 
     def _fit_stochastic(self, X, y, sample_weight, incremental):
         """scikit-learn's ``_fit_stochastic``: the loop's epochs (one for
@@ -157,8 +185,15 @@ class _BaseMLP(BaseEstimator):
         fit = loop.partial_fit if incremental else loop.fit
         try:
             fit(X, y, sample_weight)
+        except ValueError as exc:
+            if "least populated class" in str(exc) and self._is_classifier():
+                negative, positive = self.classes_[[0, -1]].tolist()
+                raise ValueError(f"{exc} (scikit-learn's split stratifies the "
+                                 f"binarized y: 'True' stands for {positive!r}, "
+                                 f"'False' for {negative!r})") from exc
+            raise
         finally:
-            if hasattr(loop, "train_losses_"):  # also after ConvergenceError
+            if hasattr(loop, "train_losses_"):  # also after an error
                 self._collect(seen, incremental)
         if not incremental and loop.n_iter_ == self.max_iter and not loop.stopped:
             warnings.warn(f"Stochastic Optimizer: Maximum iterations "
@@ -209,17 +244,23 @@ class _BaseMLP(BaseEstimator):
         loop.set_state(unpack(result.x))
         return self
 
-    def _initialize(self, X, y, hidden, random_state):
+    def _initialize(self, X, y, hidden, random_state, assigned=None):
         """First fit: the layers, the initial weights (drawn from
-        ``random_state``, which then shuffles and splits), the graphs and
-        the training loop."""
+        ``random_state``, which then shuffles and splits, or ``assigned``,
+        the lists given to ``coefs_`` and ``intercepts_`` before), the
+        graphs and the training loop."""
         self._dtype = X.dtype
+        self._layers = None  # the lists assigned before are read once, here
         self.n_outputs_ = y.shape[1]
+        if assigned is not None:
+            coefs, intercepts = self._assigned_layers(assigned, X, y)
+            hidden = [c.shape[1] for c in coefs[:-1]]
         layer_units = [X.shape[1]] + hidden + [self.n_outputs_]
         self.n_layers_ = len(layer_units)
         self.out_activation_ = self._output_activation()
-        coefs, intercepts = init_layers(layer_units, self.activation,
-                                        random_state, X.dtype)
+        if assigned is None:
+            coefs, intercepts = init_layers(layer_units, self.activation,
+                                            random_state, X.dtype)
         self._inference_onnx = self._inference_graph(coefs, intercepts)
         training = training_graph(coefs, intercepts, self.activation,
                                   exp_output=self.out_activation_ == "exp")
@@ -231,6 +272,29 @@ class _BaseMLP(BaseEstimator):
         self.t_ = self.n_iter_ = 0
         if self.solver in _STOCHASTIC_SOLVERS:
             self.loss_curve_ = []
+
+    def _assigned_layers(self, assigned, X, y):
+        """The weights assigned before the first fit, checked against the
+        data and cast to X's dtype.
+
+        Raises
+        ------
+        ValueError
+            Lists of different lengths, or shapes that do not chain from
+            n_features to n_outputs.
+        """
+        coefs = [np.asarray(c, dtype=X.dtype) for c in assigned[0]]
+        intercepts = [np.asarray(b, dtype=X.dtype).reshape(-1) for b in assigned[1]]
+        fans = [X.shape[1]] + [c.shape[1] if c.ndim == 2 else -1 for c in coefs]
+        if not coefs or len(coefs) != len(intercepts) or fans[-1] != y.shape[1] \
+                or any(c.shape != (i, o) for c, i, o in zip(coefs, fans, fans[1:])) \
+                or any(b.shape != (o,) for b, o in zip(intercepts, fans[1:])):
+            raise ValueError(
+                "The coefs_ and intercepts_ assigned before fit do not fit the "
+                f"data: coefs_ shapes {[c.shape for c in coefs]}, intercepts_ "
+                f"shapes {[b.shape for b in intercepts]}, X has {X.shape[1]} "
+                f"features and y {y.shape[1]} outputs.")
+        return coefs, intercepts
 
     def _loop_settings(self):
         """The training loop's parameters that a later fit reads again."""
@@ -295,39 +359,82 @@ class _BaseMLP(BaseEstimator):
         scikit-learn's ``_forward_pass_fast``: ndarray of shape
         (n_samples, n_outputs) in the graph's dtype."""
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=self._dtype)
-        output = self._loop.output(X)
+        X = validate_data(self, X, reset=False, dtype=self._dtype,
+                          accept_sparse=_SPARSE)
+        self._push_layers()
+        output = self._loop.output(_dense(X))
         return OUTPUT_FUNCTIONS[self.out_activation_](output)
 
-    def _weights(self):
-        if "_loop" not in self.__dict__:
-            raise AttributeError(f"This {type(self).__name__} instance is not "
-                                 "fitted yet.")
-        return self._loop.get_state()
+    # ------------------------------------------------------------ weights
+    # ``coefs_`` and ``intercepts_`` are lists kept on the estimator, as
+    # scikit-learn's: an item replaced or an array changed in place reaches
+    # the network at its next use (predict, fit, to_onnx), which copies the
+    # lists into the network (``_push_layers``). Training copies the
+    # network's weights into new lists (the old ones are left alone).
+    def _layer_lists(self):
+        layers = self.__dict__.get("_layers")
+        if layers is None:
+            if "_loop" not in self.__dict__:
+                raise AttributeError(f"This {type(self).__name__} instance is "
+                                     "not fitted yet.")
+            weights = self._loop.get_state()
+            layers = self._layers = (weights[0::2], weights[1::2])
+        return layers
+
+    def _assign_layers(self, values, part):
+        if "_loop" in self.__dict__ or self.__dict__.get("_layers") is not None:
+            layers = list(self._layer_lists())
+        else:  # before the first fit
+            layers = [[], []]
+        layers[part] = values if isinstance(values, list) else list(values)
+        self._layers = tuple(layers)
+
+    def _push_layers(self):
+        """Copy ``coefs_`` and ``intercepts_`` into the network if they were
+        read or assigned since training.
+
+        Raises
+        ------
+        ValueError
+            Lists or arrays that do not have the network's lengths and shapes.
+        """
+        layers = self.__dict__.get("_layers")
+        if layers is None or "_loop" not in self.__dict__:
+            return
+        coefs, intercepts = layers
+        if len(coefs) != self.n_layers_ - 1 or len(intercepts) != self.n_layers_ - 1:
+            raise ValueError(f"coefs_ and intercepts_ must hold {self.n_layers_ - 1} "
+                             f"arrays each, got {len(coefs)} and {len(intercepts)}.")
+        weights = [np.asarray(w, dtype=self._dtype)
+                   for pair in zip(coefs, intercepts) for w in pair]
+        self._loop.set_state(weights)
 
     @property
     def coefs_(self):
-        """list of ndarray of shape (fan_in, fan_out): the trained
-        coefficients of each layer (copies; assign a new list to change them)."""
-        return self._weights()[0::2]
+        """list of ndarray of shape (fan_in, fan_out): the coefficients of
+        each layer. Assignable (also before the first fit, which then starts
+        from them with ``warm_start=True`` or ``partial_fit``); edits of the
+        list or its arrays are used by the next predict, fit or to_onnx."""
+        return self._layer_lists()[0]
 
     @coefs_.setter
     def coefs_(self, coefs):
-        weights = self._weights()
-        weights[0::2] = list(coefs)
-        self._loop.set_state(weights)
+        self._assign_layers(coefs, 0)
 
     @property
     def intercepts_(self):
-        """list of ndarray of shape (fan_out,): the trained intercepts of each
-        layer (copies; assign a new list to change them)."""
-        return self._weights()[1::2]
+        """list of ndarray of shape (fan_out,): the intercepts of each layer
+        (assignable and editable as ``coefs_``)."""
+        return self._layer_lists()[1]
 
     @intercepts_.setter
     def intercepts_(self, intercepts):
-        weights = self._weights()
-        weights[1::2] = list(intercepts)
-        self._loop.set_state(weights)
+        self._assign_layers(intercepts, 1)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True  # CSR / CSC, densified
+        return tags
 
     def to_onnx(self):
         """The trained inference graph.
@@ -344,6 +451,7 @@ class _BaseMLP(BaseEstimator):
             ``predict_proba``.
         """
         check_is_fitted(self)
+        self._push_layers()
         return self._loop.get_trained_onnx(self._inference_onnx)
 
 
@@ -452,8 +560,12 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
     ------
     sklearn.utils._param_validation.InvalidParameterError
         (a ValueError) Invalid parameter, at fit.
-    onnxtrain.exceptions.ConvergenceError
-        The loss became NaN or infinite (the last finite weights are kept).
+    ValueError
+        "Solver produced non-finite parameter weights...", after a fit whose
+        loss became NaN or infinite (scikit-learn's error). Training stops
+        at that epoch (onnxruntime never commits non-finite weights; the
+        last finite ones stay). With early stopping there is no error: the
+        epoch's validation score is NaN and the best weights are restored.
 
     Examples
     --------
@@ -522,7 +634,9 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
     def _validate_input(self, X, y, incremental, reset):
         """X and y validated as scikit-learn does; y as (n, n_outputs)."""
         X, y = validate_data(self, X, y, multi_output=True, y_numeric=True,
-                             dtype=self._data_dtype(reset), reset=reset)
+                             dtype=self._data_dtype(reset), reset=reset,
+                             accept_sparse=_SPARSE)
+        X = _dense(X)
         if y.ndim == 2 and y.shape[1] == 1:
             y = column_or_1d(y, warn=True)
         if self.loss == "poisson" and (y < 0).any():
@@ -536,7 +650,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Dense numeric data (a sparse matrix raises TypeError).
+            Numeric data; a CSR or CSC sparse matrix is densified.
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         sample_weight : array-like of shape (n_samples,), default=None
             Non-negative weights of the rows in the loss and its gradient.
@@ -549,8 +663,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         ------
         ValueError
             Bad parameters or data (NaN, shapes, negative y with 'poisson').
-        onnxtrain.exceptions.ConvergenceError
-            A non-finite loss.
+            A non-finite loss without early stopping (see the class).
         """
         return self._fit(X, y, sample_weight, incremental=False)
 
@@ -667,8 +780,8 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     ------
     sklearn.utils._param_validation.InvalidParameterError
         (a ValueError) Invalid parameter, at fit.
-    onnxtrain.exceptions.ConvergenceError
-        The loss became NaN or infinite.
+    ValueError
+        A non-finite loss, as :class:`MLPRegressor`.
 
     Examples
     --------
@@ -744,7 +857,9 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
             were not declared (partial_fit).
         """
         X, y = validate_data(self, X, y, multi_output=True,
-                             dtype=self._data_dtype(reset), reset=reset)
+                             dtype=self._data_dtype(reset), reset=reset,
+                             accept_sparse=_SPARSE)
+        X = _dense(X)
         if y.ndim == 2 and y.shape[1] == 1:
             y = column_or_1d(y, warn=True)
         if not hasattr(self, "classes_") or (not self.warm_start
@@ -771,7 +886,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Dense numeric data (a sparse matrix raises TypeError).
+            Numeric data; a CSR or CSC sparse matrix is densified.
         y : array-like of shape (n_samples,) or (n_samples, n_labels)
             Class labels (ints, strings...), or a multilabel indicator matrix.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -784,8 +899,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         ------
         ValueError
             Bad parameters or data (NaN, shapes, continuous y).
-        onnxtrain.exceptions.ConvergenceError
-            A non-finite loss.
+            A non-finite loss without early stopping (see the class).
         """
         return self._fit(X, y, sample_weight, incremental=False)
 

@@ -26,7 +26,7 @@ from .._files import load_onnx_file
 from ..graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
 
 __all__ = ["base", "empty_base", "current_base", "BaseState",
-           "DEFAULT_OPSET"]
+           "ModelAccessor", "DEFAULT_OPSET"]
 
 #: Default-domain opset of :func:`empty_base` when none is given (read by
 #: every onnxruntime release since 1.14).
@@ -208,6 +208,35 @@ def _clean(shape):
             for d in shape]
 
 
+class ModelAccessor:
+    """What ``with base(...)`` and ``with empty_base(...)`` yield.
+
+    Attributes
+    ----------
+    model : onnx.ModelProto
+        The base model the blocks edit (onnxruntime's onnxblock yields an
+        object with this attribute). Other attributes are read from the
+        model, so ``with base(m) as model: model.graph`` works too.
+    """
+
+    __slots__ = ("model",)
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __setattr__(self, name, value):
+        if name == "model":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.model, name, value)
+
+    def __repr__(self):
+        return f"ModelAccessor(graph={self.model.graph.name!r})"
+
+
 def current_base():
     """The :class:`BaseState` of the innermost ``with base(...)`` block.
 
@@ -268,13 +297,15 @@ def base(model):
 
     Yields
     ------
-    onnx.ModelProto
-        The copy the blocks edit.
+    ModelAccessor
+        ``.model`` is the copy the blocks edit (as onnxruntime's onnxblock);
+        the accessor also forwards attribute access to it
+        (``accessor.graph``).
     """
     state = BaseState(load_model(model))
     token = _CURRENT.set(state)
     try:
-        yield state.model
+        yield ModelAccessor(state.model)
     finally:
         _CURRENT.reset(token)
 
@@ -291,7 +322,8 @@ def empty_base(opset_version=None):
 
     Yields
     ------
-    onnx.ModelProto
+    ModelAccessor
+        ``.model`` is the empty model the blocks edit.
     """
     opset = int(opset_version or DEFAULT_OPSET)
     graph = helper.make_graph([], "onnxblock", [], [])
@@ -302,6 +334,6 @@ def empty_base(opset_version=None):
     state = BaseState(model)
     token = _CURRENT.set(state)
     try:
-        yield state.model
+        yield ModelAccessor(state.model)
     finally:
         _CURRENT.reset(token)

@@ -146,7 +146,8 @@ class TrainingBlock(Block):
     Calling the block builds the training model (forward, gradient and
     gradient-accumulation nodes, standard ONNX ops only) and the eval model.
     Nothing is trainable by default: mark parameters with
-    :meth:`requires_grad`.
+    :meth:`requires_grad` (with none marked, the training model computes
+    the outputs without gradients).
 
     Training model layout
     ---------------------
@@ -159,7 +160,8 @@ class TrainingBlock(Block):
     outputs
         the names ``build`` returned (the loss first), then one
         ``<param>_grad.accumulation.out`` per trainable parameter, equal to
-        ``Where(lazy_reset_grad, grad, buffer + grad)``.
+        ``Where(lazy_reset_grad, grad, buffer + grad)`` (then the same for
+        the graph inputs marked by :meth:`requires_grad`).
 
     The eval model has the same user inputs and parameters, no buffers, the
     same first outputs, and Dropout/BatchNormalization in inference mode.
@@ -176,16 +178,21 @@ class TrainingBlock(Block):
         more names to output)."""
 
     def requires_grad(self, argument_name, value=True):
-        """Mark an initializer of the base model as a parameter.
+        """Mark an initializer of the base model as a parameter, or ask for
+        the gradient of a graph input.
 
         Parameters
         ----------
         argument_name : str
-            Name of an initializer of the base model.
+            Name of an initializer or a float graph input of the base model
+            (checked when the block is called).
         value : bool, default=True
             True: a trainable parameter (its gradient is computed). False: a
             frozen parameter (an input of the models, stored in the
-            checkpoint, never updated).
+            checkpoint, never updated). For a graph input, True adds the
+            ``<input>_grad.accumulation.buffer`` input and the
+            ``<input>_grad.accumulation.out`` output (its accumulated
+            gradient); False does nothing.
         """
         if not hasattr(self, "_grad_flags"):
             self._grad_flags = {}
@@ -204,8 +211,10 @@ class TrainingBlock(Block):
     def _built(self):
         result = getattr(self, "_result", None)
         if result is None:
-            raise RuntimeError("The training model is not built yet: call the "
-                               "block inside `with onnxblock.base(model):`.")
+            raise RuntimeError("The training model is not built yet. Please "
+                               "build the training model first before trying "
+                               "to retrieve the parameters. Call the block "
+                               "inside `with onnxblock.base(model):`.")
         return result
 
     def parameters(self):

@@ -18,6 +18,8 @@ from ..autodiff import backward
 from ..graph import (FLOAT_TYPES, default_ir_version, elem_type_to_numpy,
                      infer_value_types)
 from ..models import check_weights_reach_outputs
+from ..training_mode import (batchnorm_buffers, running_statistics,
+                             with_running_statistics_updates)
 
 __all__ = ["TrainingResult", "build_training_models", "set_graph_outputs",
            "LAZY_RESET_GRAD", "buffer_name", "accumulated_name",
@@ -65,34 +67,59 @@ def _value_info(name, types):
     return helper.make_tensor_value_info(name, elem_type, _clean(shape))
 
 
+def _sequence_value_infos(model, names):
+    """name -> ValueInfoProto of the values among ``names`` that shape
+    inference types as sequences (e.g. ClipGradNorm on a gradient
+    sequence)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # pragma: no cover - inference failing on exotic ops
+        return {}
+    graph = inferred.graph
+    return {vi.name: vi for vi in list(graph.input) + list(graph.value_info)
+            + list(graph.output)
+            if vi.name in names and vi.type.HasField("sequence_type")}
+
+
 def set_graph_outputs(state, names):
     """Make ``names`` the graph outputs of the base model (typed by shape
     inference)."""
     graph = state.model.graph
     types = {n: state.value_type(n) for n in names}
     missing = [n for n in names if types[n] is None]
+    sequences = _sequence_value_infos(state.model, missing) if missing else {}
+    missing = [n for n in missing if n not in sequences]
     if missing:
         raise ValueError(f"Outputs {missing} are not values of the base model.")
-    outputs = [_value_info(n, types) for n in names]
+    outputs = [sequences[n] if n in sequences else _value_info(n, types)
+               for n in names]
     del graph.output[:]
     graph.output.extend(outputs)
     state.sync()
 
 
 def _check_parameters(graph, trainable, frozen):
+    """The initializers by name; checks the names marked by requires_grad.
+
+    Trainable names may be float graph inputs (their gradient is output too);
+    frozen names that are graph inputs mean nothing and are ignored. No
+    trainable name at all is allowed (onnxruntime: none requires gradient by
+    default): the training model then computes the outputs only.
+    """
     inits = {i.name: i for i in graph.initializer}
-    unknown = [n for n in trainable + frozen if n not in inits]
+    inputs = {i.name: i for i in graph.input if i.name not in inits}
+    unknown = [n for n in trainable + frozen if n not in inits and n not in inputs]
     if unknown:
         raise ValueError(
-            f"Parameters {unknown} are not initializers of the model; "
-            f"initializers: {sorted(inits)}.")
-    not_float = [n for n in trainable if inits[n].data_type not in FLOAT_TYPES]
+            f"Parameters {unknown} are neither initializers nor inputs of the "
+            f"model; initializers: {sorted(inits)}, inputs: {sorted(inputs)}.")
+    not_float = [n for n in trainable if n in inits and
+                 inits[n].data_type not in FLOAT_TYPES]
+    not_float += [n for n in trainable if n in inputs and
+                  inputs[n].type.tensor_type.elem_type not in FLOAT_TYPES]
     if not_float:
-        raise ValueError(f"Trainable parameters {not_float} are not float "
-                         "tensors; only float initializers have gradients.")
-    if not trainable:
-        raise ValueError("No trainable parameter: mark at least one "
-                         "initializer with requires_grad(name).")
+        raise ValueError(f"Trainable names {not_float} are not float "
+                         "tensors; only float tensors have gradients.")
     return inits
 
 
@@ -140,21 +167,38 @@ def _seed_loss_gradient(g, loss, grad_output, elem_type):
     g.nodes[:0] = seed
 
 
-def _accumulate(g, trainable, grad_names, inits):
-    """Where(lazy_reset_grad, grad, buffer + grad) for each parameter."""
+def _accumulate(g, trainable, grad_names, types):
+    """Where(lazy_reset_grad, grad, buffer + grad) for each name;
+    ``types``: name -> (elem_type, shape) of the buffers."""
     lazy = g.reserve(LAZY_RESET_GRAD)
     buffers, outputs = [], []
     for param, grad in zip(trainable, grad_names):
         buffer = g.reserve(buffer_name(param))
         out = g.reserve(accumulated_name(param))
         g.op("Where", lazy, grad, g.op("Add", buffer, grad), outputs=[out])
-        init = inits[param]
-        buffers.append(helper.make_tensor_value_info(buffer, init.data_type,
-                                                     list(init.dims)))
-        outputs.append(helper.make_tensor_value_info(out, init.data_type,
-                                                     list(init.dims)))
+        elem, shape = types[param]
+        buffers.append(helper.make_tensor_value_info(buffer, elem, shape))
+        outputs.append(helper.make_tensor_value_info(out, elem, shape))
     lazy_vi = helper.make_tensor_value_info(lazy, onnx.TensorProto.BOOL, [])
     return buffers, lazy_vi, outputs
+
+
+def _gradient_nodes(model, wrt, loss, types, buffer_types):
+    """Gradient and accumulation nodes of ``loss`` w.r.t. ``wrt`` (may be
+    empty: then only the ``lazy_reset_grad`` input, unused, is made).
+
+    Returns (nodes, initializers, buffer inputs, lazy_reset_grad input,
+    accumulated outputs)."""
+    if not wrt:
+        lazy_vi = helper.make_tensor_value_info(LAZY_RESET_GRAD,
+                                                onnx.TensorProto.BOOL, [])
+        return [], [], [], lazy_vi, []
+    bg = backward(model, wrt, outputs=[loss])
+    g = bg.builder
+    _seed_loss_gradient(g, loss, bg.grad_output_names[0], types[loss][0])
+    buffers, lazy_vi, acc_outputs = _accumulate(g, wrt, bg.grad_names,
+                                                buffer_types)
+    return g.nodes, g.initializers, buffers, lazy_vi, acc_outputs
 
 
 def build_training_models(state, output_names, trainable, frozen):
@@ -168,7 +212,8 @@ def build_training_models(state, output_names, trainable, frozen):
     output_names : list of str
         The loss (first; any shape, float) and further outputs.
     trainable, frozen : list of str
-        Initializer names.
+        Initializer names (trainable: also float graph inputs, whose
+        gradient becomes an output; either may be empty).
 
     Returns
     -------
@@ -177,57 +222,87 @@ def build_training_models(state, output_names, trainable, frozen):
     Raises
     ------
     ValueError
-        Unknown or non-float parameters, no trainable parameter, a loss that
-        is not float, a loss that does not depend on the trainable
-        parameters, or names (``lazy_reset_grad``, buffers) already taken.
+        Unknown or non-float parameters, a loss that is not float, a loss
+        that does not depend on the trainable parameters, or names
+        (``lazy_reset_grad``, buffers) already taken.
     """
     set_graph_outputs(state, output_names)
-    model = state.model
+    base = state.model
+    trainable, frozen = classify_running_statistics(base, trainable, frozen)
+    inits = _check_parameters(base.graph, trainable, frozen)
+    model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
     graph = model.graph
-    inits = _check_parameters(graph, trainable, frozen)
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
+    input_grads = [i.name for i in graph.input
+                   if i.name in set(trainable) and i.name not in inits]
     trainable = [p for p in params if p in set(trainable)]
     loss = output_names[0]
     types = infer_value_types(model)
     if types.get(loss, (0,))[0] not in FLOAT_TYPES:
         raise ValueError(f"The loss {loss!r} must be a float tensor.")
-    check_weights_reach_outputs(model, trainable, [loss], "Trainable parameters",
-                                f"the loss {loss!r}", types)
-    bg = backward(model, trainable, outputs=[loss])
-    g = bg.builder
-    _seed_loss_gradient(g, loss, bg.grad_output_names[0], types[loss][0])
-    buffers, lazy_vi, acc_outputs = _accumulate(g, trainable, bg.grad_names, inits)
+    if trainable:
+        check_weights_reach_outputs(model, trainable, [loss],
+                                    "Trainable parameters",
+                                    f"the loss {loss!r}", types)
+    buffer_types = {p: (inits[p].data_type, list(inits[p].dims)) for p in trainable}
+    buffer_types.update({n: (types[n][0], _clean(types[n][1])) for n in input_grads})
+    nodes, grad_inits, buffers, lazy_vi, acc_outputs = _gradient_nodes(
+        model, trainable + input_grads, loss, types, buffer_types)
 
     param_set = set(params)
     user_inputs = [i for i in graph.input
                    if i.name not in param_set and i.name not in inits]
     param_inputs = [_param_value_info(inits[p]) for p in params]
     constants = [i for i in graph.initializer if i.name not in param_set]
-    outputs = list(graph.output)
+    outputs = list(graph.output)[:len(base.graph.output)]
+    update_outputs = list(graph.output)[len(base.graph.output):]
 
     train_graph = helper.make_graph(
-        list(graph.node) + g.nodes, f"{graph.name}_training",
+        list(graph.node) + nodes, f"{graph.name}_training",
         user_inputs + param_inputs + buffers + [lazy_vi],
-        outputs + acc_outputs, constants + g.initializers)
+        outputs + acc_outputs + update_outputs, constants + grad_inits)
     training = _model_like(model, train_graph)
     eval_graph = helper.make_graph(
-        _inference_mode(graph.node), f"{graph.name}_eval",
-        user_inputs + param_inputs, outputs, constants)
+        _inference_mode(base.graph.node), f"{graph.name}_eval",
+        user_inputs + param_inputs, outputs,
+        [i for i in base.graph.initializer if i.name not in param_set])
     evaluation = _model_like(model, eval_graph)
 
     layout = {"user_inputs": [i.name for i in user_inputs],
               "user_outputs": [o.name for o in outputs],
               "parameters": params, "trainable": trainable}
     _set_metadata(evaluation, EVAL_METADATA, layout)
+    n_params = len(trainable)
     layout = dict(layout, lazy_reset_grad=LAZY_RESET_GRAD,
-                  buffers=[b.name for b in buffers],
-                  gradients=[o.name for o in acc_outputs])
+                  buffers=[b.name for b in buffers[:n_params]],
+                  gradients=[o.name for o in acc_outputs[:n_params]],
+                  running_statistics={b: o.name for b, o in
+                                      zip(updated, update_outputs)})
+    if input_grads:
+        layout.update(input_gradients=input_grads,
+                      input_gradient_buffers=[b.name for b in buffers[n_params:]])
     _set_metadata(training, TRAINING_METADATA, layout)
     onnx.checker.check_model(training)
     onnx.checker.check_model(evaluation)
     return TrainingResult(training, evaluation,
                           [_copy(inits[p]) for p in trainable],
                           [_copy(inits[p]) for p in params if p not in set(trainable)])
+
+
+def classify_running_statistics(model, trainable, frozen):
+    """(trainable, frozen) with the running statistics of BatchNormalization
+    nodes moved to ``frozen`` whatever the lists said, as
+    onnxruntime-training classifies them: they are never trained by
+    gradient. Those of nodes in training mode
+    (:func:`~onnxtrain.training_mode.batchnorm_buffers`) are also frozen
+    parameters when the lists leave them out, since each training step
+    updates them (a training-model output written back into the state)."""
+    statistics = running_statistics(model)
+    updated = set(batchnorm_buffers(model))
+    listed = set(trainable)
+    frozen = list(frozen) + [n for n in statistics if n not in set(frozen) and (
+        n in updated or n in listed)]
+    return [n for n in trainable if n not in set(statistics)], frozen
 
 
 def _copy(tensor):

@@ -7,6 +7,7 @@ take the element type of the tensor they meet (float16, float32, float64).
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import numpy_helper
 
 from ..graph import elem_type_to_numpy
@@ -15,7 +16,7 @@ from ._block import Block
 __all__ = ["Add", "Sub", "Mul", "Div", "Pow", "Constant", "ReduceMean",
            "ReduceSum", "Sigmoid", "Log", "Neg", "Abs", "Relu", "Clip",
            "PassThrough", "InputLike", "MatMul", "Gemm", "Linear", "Softmax",
-           "LogSoftmax"]
+           "LogSoftmax", "Cast", "LabelEncoder"]
 
 
 class _Binary(Block):
@@ -347,3 +348,95 @@ class LogSoftmax(_SoftmaxLike):
     """Log of the softmax along ``axis`` (default -1; opset >= 13 semantics)."""
 
     op_type = "LogSoftmax"
+
+
+class Cast(Block):
+    """Cast to another element type (ONNX Cast).
+
+    Parameters
+    ----------
+    to : int
+        The target ``onnx.TensorProto`` element type (e.g.
+        ``onnx.TensorProto.FLOAT``); strings holding numbers are parsed.
+    """
+
+    def __init__(self, to):
+        super().__init__()
+        self._to = int(to)
+
+    def build(self, input_name):
+        state = self._state()
+        out = state.op("Cast", input_name, to=self._to)
+        state.builder.set_type(out, self._to, None)
+        return out
+
+
+#: ai.onnx.ml opset imported for LabelEncoder when the model has none.
+_ML_OPSET = 3
+
+
+class LabelEncoder(Block):
+    """Map keys to values (``ai.onnx.ml`` LabelEncoder).
+
+    Parameters
+    ----------
+    default_float, default_int64, default_string : float, int, str, default=None
+        Value of the keys absent from the keys list (None: the operator's
+        default, -0.0, -1 and "_Unused").
+    keys_floats, keys_int64s, keys_strings : list, default=None
+        The keys: exactly one of the three lists.
+    values_floats, values_int64s, values_strings : list, default=None
+        The values, as many as keys: exactly one of the three lists; its
+        type is the output's.
+
+    Raises
+    ------
+    ValueError
+        If not exactly one keys list and one values list are given, or
+        their lengths differ.
+
+    Notes
+    -----
+    The base model gets the ``ai.onnx.ml`` opset import (version 3) when it
+    has none. Nothing differentiates through this block: it maps labels.
+    """
+
+    _OUTPUT = {"values_floats": 1, "values_int64s": 7, "values_strings": 8}
+
+    def __init__(self, default_float=None, default_int64=None, default_string=None,
+                 keys_floats=None, keys_int64s=None, keys_strings=None,
+                 values_floats=None, values_int64s=None, values_strings=None):
+        super().__init__()
+        keys = {k: v for k, v in (("keys_floats", keys_floats),
+                                  ("keys_int64s", keys_int64s),
+                                  ("keys_strings", keys_strings)) if v is not None}
+        values = {k: v for k, v in (("values_floats", values_floats),
+                                    ("values_int64s", values_int64s),
+                                    ("values_strings", values_strings))
+                  if v is not None}
+        if len(keys) != 1 or len(values) != 1:
+            raise ValueError("LabelEncoder needs exactly one keys_* list and one "
+                             f"values_* list; got {sorted(keys) + sorted(values)}.")
+        (key_kind, key_list), = keys.items()
+        (value_kind, value_list), = values.items()
+        if len(key_list) != len(value_list):
+            raise ValueError(f"LabelEncoder: {len(key_list)} keys but "
+                             f"{len(value_list)} values.")
+        self._attributes = {key_kind: list(key_list), value_kind: list(value_list)}
+        for name, value in (("default_float", default_float),
+                            ("default_int64", default_int64),
+                            ("default_string", default_string)):
+            if value is not None:
+                self._attributes[name] = value
+        self._output_type = self._OUTPUT[value_kind]
+
+    def build(self, input_name):
+        state = self._state()
+        model = state.model
+        if not any(o.domain == "ai.onnx.ml" for o in model.opset_import):
+            model.opset_import.append(onnx.helper.make_opsetid("ai.onnx.ml",
+                                                               _ML_OPSET))
+        out = state.op("LabelEncoder", input_name, domain="ai.onnx.ml",
+                       **self._attributes)
+        state.builder.set_type(out, self._output_type, None)
+        return out

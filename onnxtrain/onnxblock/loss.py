@@ -4,8 +4,11 @@ Each loss follows the PyTorch definition of the same name
 (``torch.nn.MSELoss``...). ``build`` takes the name of a model output and
 the name of the target; the target becomes a new graph input (with the
 output's element type and shape) unless a value of that name already
-exists. ``reduction`` is 'mean', 'sum' (both give a rank-0 tensor, whatever
-the rank of the output) or 'none' (the per-element loss).
+exists (an input, or a value computed from inputs, as a LabelEncoder's
+output). A target name that is a model output or a value computed from the
+prediction raises ValueError: the loss would compare the model with itself.
+``reduction`` is 'mean', 'sum' (both give a rank-0 tensor, whatever the
+rank of the output) or 'none' (the per-element loss).
 """
 from __future__ import annotations
 
@@ -29,12 +32,31 @@ class _Loss(Block):
                              f"not {reduction!r}.")
         self._reduction = reduction
 
-    @staticmethod
-    def _target(state, target_name, elem_type, shape):
-        """``target_name`` if it is a value already, else a new graph input."""
-        if state.is_value(target_name):
-            return target_name
-        return state.add_input(target_name, elem_type, shape)
+    def _target(self, state, target_name, elem_type, shape, prediction):
+        """``target_name`` if it is a value already, else a new graph input.
+
+        Raises
+        ------
+        ValueError
+            If ``target_name`` is ``prediction``, a graph output of the base
+            model, or a value computed from ``prediction``: the loss would
+            compare the prediction with itself (a zero loss).
+        """
+        if not state.is_value(target_name):
+            return state.add_input(target_name, elem_type, shape)
+        graph = state.model.graph
+        derived = {prediction}
+        for node in graph.node:
+            if derived.intersection(node.input):
+                derived.update(o for o in node.output if o)
+        if target_name in derived or any(o.name == target_name for o in graph.output):
+            raise ValueError(
+                f"{type(self).__name__}: the target name {target_name!r} is "
+                "already a value of the model (a model output, or computed "
+                f"from the prediction {prediction!r}); the loss would compare "
+                "the model with itself. Pass a new name for the target (it "
+                "becomes a graph input).")
+        return target_name
 
     def _reduce(self, state, values):
         if self._reduction == "none":
@@ -71,7 +93,7 @@ class MSELoss(_Loss):
         ``target_name`` (same shape); returns the loss name."""
         state = self._state()
         elem, shape = self._float_input(state, loss_input_name)
-        target = self._target(state, target_name, elem, shape)
+        target = self._target(state, target_name, elem, shape, loss_input_name)
         diff = state.op("Sub", loss_input_name, target, like=loss_input_name)
         return self._reduce(state, state.op("Mul", diff, diff, like=diff))
 
@@ -94,7 +116,7 @@ class L1Loss(_Loss):
         loss name."""
         state = self._state()
         elem, shape = self._float_input(state, loss_input_name)
-        target = self._target(state, target_name, elem, shape)
+        target = self._target(state, target_name, elem, shape, loss_input_name)
         diff = state.op("Sub", loss_input_name, target, like=loss_input_name)
         return self._reduce(state, state.op("Abs", diff, like=diff))
 
@@ -133,7 +155,7 @@ class BCEWithLogitsLoss(_Loss):
         state = self._state()
         x = loss_input_name
         elem, shape = self._float_input(state, x)
-        y = self._target(state, target_name, elem, shape)
+        y = self._target(state, target_name, elem, shape, x)
         op = state.op
         softplus = op("Add", op("Relu", x, like=x),
                       op("Log", op("Add", state.const(1.0, elem),
@@ -187,7 +209,7 @@ class CrossEntropyLoss(_Loss):
         x = scores_input_name
         elem, shape = self._float_input(state, x)
         label_shape = None if shape is None else tuple(shape[:1]) + tuple(shape[2:])
-        labels = self._target(state, labels_name, TensorProto.INT64, label_shape)
+        labels = self._target(state, labels_name, TensorProto.INT64, label_shape, x)
         op = state.op
         log_p = op("LogSoftmax", x, axis=1, like=x)
         if state.builder.opset < 13 and (shape is None or len(shape) != 2):

@@ -47,7 +47,22 @@ class ClipGradNorm(Block):
         self._max_norm = float(max_norm)
 
     def build(self, gradient_names):
-        """``gradient_names``: list of str; returns the clipped names."""
+        """Clip the gradients.
+
+        Parameters
+        ----------
+        gradient_names : list of str or str
+            The gradient tensors, or the name of one tensor sequence holding
+            them (as onnxruntime's optimizer models take them; needs opset
+            >= 17, for SequenceMap).
+
+        Returns
+        -------
+        list of str or str
+            The clipped tensors, or the name of the clipped sequence.
+        """
+        if isinstance(gradient_names, str):
+            return _clip_sequence(current_base(), gradient_names, self._max_norm)
         state = current_base()
         op = state.op
         double = TensorProto.DOUBLE
@@ -66,6 +81,53 @@ class ClipGradNorm(Block):
                 for g in gradient_names]
 
 
+def _sequence_elem_type(state, name):
+    """Element type of the tensor sequence ``name`` (an input, value_info or
+    output of the base model, or inferred)."""
+    graph = state.model.graph
+    infos = list(graph.input) + list(graph.value_info) + list(graph.output)
+    if not any(vi.name == name for vi in infos):
+        inferred = onnx.shape_inference.infer_shapes(state.model)
+        infos = list(inferred.graph.value_info)
+    for vi in infos:
+        if vi.name == name and vi.type.HasField("sequence_type"):
+            return vi.type.sequence_type.elem_type.tensor_type.elem_type
+    raise ValueError(f"ClipGradNorm: {name!r} is not a typed tensor sequence "
+                     "of the base model.")
+
+
+def _body(name, nodes, inputs, outputs):
+    return helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info(n, e, None) for n, e in inputs],
+        [helper.make_tensor_value_info(n, e, s) for n, e, s in outputs])
+
+
+def _clip_sequence(state, sequence, max_norm):
+    """ClipGradNorm over a tensor sequence: SequenceMap computes each
+    tensor's sum of squares (in double) then scales every tensor."""
+    if state.builder.opset < 17:
+        raise ValueError("ClipGradNorm on a tensor sequence needs opset >= 17 "
+                         f"(SequenceMap); the base model has opset "
+                         f"{state.builder.opset}.")
+    elem, double = _sequence_elem_type(state, sequence), TensorProto.DOUBLE
+    squares_body = _body("sum_of_squares", [
+        helper.make_node("Cast", ["g"], ["g64"], to=double),
+        helper.make_node("Mul", ["g64", "g64"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq"], ["total"], keepdims=0)],
+        [("g", elem)], [("total", double, [])])
+    squares = state.op("SequenceMap", sequence, body=squares_body)
+    total = state.op("ReduceSum", state.op("ConcatFromSequence", squares, axis=0,
+                                           new_axis=1), keepdims=0)
+    norm = state.op("Sqrt", total)
+    coef = state.op("Div", state.const(max_norm, double),
+                    state.op("Add", norm, state.const(1e-6, double)))
+    factor = state.op("Cast", state.op("Min", coef, state.const(1.0, double)),
+                      to=int(elem))
+    scale_body = _body("scale", [helper.make_node("Mul", ["g", "c"], ["scaled"])],
+                       [("g", elem), ("c", elem)], [("scaled", elem, None)])
+    return state.op("SequenceMap", sequence, factor, body=scale_body)
+
+
 class _OptimizerBlock(Block):
     """Apply one update rule to every parameter."""
 
@@ -76,8 +138,14 @@ class _OptimizerBlock(Block):
         super().__init__()
         self._clip_grad = clip_grad
 
-    def build(self, learning_rate, step, parameters, gradients, states=None):
+    def build(self, learning_rate, step=None, parameters=None, gradients=None,
+              states=None):
         """Emit the update of each parameter.
+
+        Called with one argument, the ``(trainable, frozen)`` pair of
+        :meth:`TrainingBlock.parameters`, inside ``with
+        onnxblock.empty_base():``, the block builds onnxruntime's optimizer
+        model layout instead (see :meth:`build_sequence_model`).
 
         Parameters
         ----------
@@ -94,6 +162,8 @@ class _OptimizerBlock(Block):
         new_parameters : list of str
         new_states : list of tuple of str
         """
+        if step is None and parameters is None:
+            return self.build_sequence_model(learning_rate)
         state = current_base()
         if self._clip_grad is not None:
             gradients = self._clip_grad(list(gradients))
@@ -110,6 +180,91 @@ class _OptimizerBlock(Block):
 
     def _update(self, state, elem, lr, step, param, grad, states):
         raise NotImplementedError
+
+    #: Names of the state sequences of the onnxruntime layout, one per
+    #: :attr:`state_names` entry.
+    sequence_names = ()
+
+    def build_sequence_model(self, parameters):
+        """Build onnxruntime's optimizer model layout in the base model.
+
+        Parameters
+        ----------
+        parameters : tuple (trainable, frozen)
+            Lists of onnx.TensorProto, as :meth:`TrainingBlock.parameters`
+            returns; only ``trainable`` is used (at least one, one element
+            type).
+
+        Returns
+        -------
+        str
+            ``"updated_flag"``, a bool tensor of shape [1] (always true).
+
+        Notes
+        -----
+        Inputs: ``learning_rate`` (float [1]), ``step`` (int64 [1], 1 for
+        the first step), then tensor sequences ``params``, ``gradients``
+        and the states (AdamW: ``first_order_moments``,
+        ``second_order_moments``), in the order of ``trainable``. Outputs:
+        ``updated_flag``, then the sequences ``params.updated`` and
+        ``<state>.updated`` (stock onnxruntime has no in-place update, so
+        the new values are outputs).
+
+        Raises
+        ------
+        TypeError
+            If ``parameters`` is not a (trainable, frozen) pair of lists of
+            onnx.TensorProto.
+        ValueError
+            With no trainable parameter, or parameters of several element
+            types.
+        """
+        if not (isinstance(parameters, (tuple, list)) and len(parameters) == 2
+                and all(isinstance(t, onnx.TensorProto)
+                        for part in parameters for t in part)):
+            raise TypeError(f"{type(self).__name__}(parameters): parameters must "
+                            "be the (trainable, frozen) pair of "
+                            "TrainingBlock.parameters().")
+        trainable = list(parameters[0])
+        if not trainable:
+            raise ValueError("The optimizer model needs at least one trainable "
+                             "parameter (TrainingBlock.requires_grad).")
+        elems = {t.data_type for t in trainable}
+        if len(elems) > 1:
+            raise ValueError("The trainable parameters have several element "
+                             f"types {sorted(elems)}; one tensor sequence "
+                             "holds one type.")
+        state, elem = current_base(), elems.pop()
+        graph = state.model.graph
+        lr = state.add_input("learning_rate", TensorProto.FLOAT, (1,))
+        step = state.add_input("step", TensorProto.INT64, (1,))
+        sequences = ["params", "gradients", *self.sequence_names]
+        for name in sequences:
+            state.builder.reserve(name)
+            graph.input.append(helper.make_tensor_sequence_value_info(name, elem, None))
+        state.sync()
+        unpacked = {name: [] for name in sequences}
+        for i, tensor in enumerate(trainable):
+            index = state.const(i, TensorProto.INT64)
+            for name in sequences:
+                value = state.op("SequenceAt", name, index)
+                state.builder.set_type(value, elem, tuple(tensor.dims))
+                unpacked[name].append(value)
+        moments = list(zip(*(unpacked[n] for n in self.sequence_names))) or None
+        new_params, new_states = self.build(
+            lr, step,
+            unpacked["params"], unpacked["gradients"], moments)
+        flag = state.builder.reserve("updated_flag")
+        state.op("Constant", outputs=[flag], value=helper.make_tensor(
+            "updated_flag", TensorProto.BOOL, [1], [True]))
+        graph.output.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, [1]))
+        columns = [new_params] + [list(c) for c in zip(*new_states)]
+        for name, values in zip(["params", *self.sequence_names], columns):
+            target = state.builder.reserve(f"{name}.updated")
+            state.op("SequenceConstruct", *values, outputs=[target])
+            graph.output.append(helper.make_tensor_sequence_value_info(target, elem, None))
+        state.sync()
+        return flag
 
     def hyperparameters(self):
         """dict of the values defining the rule (written to the model's
@@ -154,6 +309,7 @@ class AdamW(_OptimizerBlock):
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
+    sequence_names = ("first_order_moments", "second_order_moments")
 
     def __init__(self, bias_correction=True, betas=(0.9, 0.999), eps=1e-6,
                  weight_decay=0.0, clip_grad=None):
@@ -225,7 +381,8 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
         raise TypeError(f"optimizer must be onnxblock.optim.SGD or AdamW, not "
                         f"{type(optimizer).__name__}.")
     specs = [_param_spec(p) for p in parameters]
-    with empty_base(opset_version or DEFAULT_OPSET) as model:
+    with empty_base(opset_version or DEFAULT_OPSET) as accessor:
+        model = accessor.model
         state = current_base()
         lr = state.add_input("learning_rate", TensorProto.DOUBLE, ())
         step = state.add_input("step", TensorProto.INT64, ())

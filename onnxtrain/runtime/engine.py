@@ -10,6 +10,7 @@ from onnxruntime import OrtValue
 
 from ..autodiff import build_gradient_models
 from ..models import load_model, select_weights
+from ..training_mode import inference_mode
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
 
@@ -61,7 +62,10 @@ class OrtGradientForwardBackward:
         User inputs of the model and the outputs ``forward`` returns.
     forward_model, gradient_model, inference_model : onnx.ModelProto
         The models the engine runs (see
-        :class:`onnxtrain.autodiff.GradientModels`).
+        :class:`onnxtrain.autodiff.GradientModels`); ``forward(...,
+        training=False)`` runs the inference graph
+        (:func:`onnxtrain.training_mode.inference_mode`: BatchNormalization
+        on its running statistics, Dropout off).
 
     Raises
     ------
@@ -82,6 +86,9 @@ class OrtGradientForwardBackward:
         check_weight_names(weights_to_train)
         self.weights_to_train = select_weights(model, weights_to_train)
         self.models = build_gradient_models(model, self.weights_to_train, outputs)
+        # forward(training=False) runs the inference graph (BatchNorm on its
+        # running statistics, no Dropout)
+        self.models.inference_model = inference_mode(self.models.inference_model)
         self.input_names = [i.name for i in model.graph.input
                             if i.name not in set(self.weights_to_train)]
         self.output_names = [o.name for o in model.graph.output]

@@ -61,7 +61,7 @@ class FusedRunner:
         self.long_runs = long_runs
         self.session = make_session(step.model, self.device, options)
         self.parameter_names = [n for w, group in zip(step.weights, step.states)
-                                for n in [w] + group]
+                                for n in [w] + group] + list(step.buffers)
         outputs = [o.name for o in step.model.graph.output]
         self.loss_name, self.parameter_outputs = outputs[0], outputs[1:]
         self.dtypes = {i.name: elem_type_to_numpy(i.type.tensor_type.elem_type)

@@ -1,0 +1,320 @@
+"""Layers that behave differently when training: BatchNormalization and
+Dropout (as PyTorch exports them with ``training=TrainingMode.TRAINING``).
+
+- A BatchNormalization node in training mode (``training_mode=1``)
+  normalizes with the statistics of its batch. Its running mean and
+  variance initializers are *buffers*: never trained by gradient, updated
+  by every training step with the momentum rule (see
+  :func:`with_running_statistics_updates`) and used by the inference graph.
+- Dropout with a ``training_mode`` input drops values while training and is
+  the identity in the inference graph.
+
+:func:`inference_mode` turns a training graph into the inference graph
+(what ``get_trained_onnx``, ``predict`` and the eval models run).
+"""
+from __future__ import annotations
+
+import onnx
+from onnx import helper, numpy_helper
+
+from .autodiff.backward import implicit_inputs
+from .graph import GraphBuilder, infer_value_types, opset_of
+
+__all__ = ["running_statistics", "batchnorm_buffers", "updated_name",
+           "with_running_statistics_updates", "inference_mode"]
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def _is_batchnorm(node):
+    return node.op_type == "BatchNormalization" and node.domain in _DEFAULT_DOMAINS
+
+
+_HELPER = "bn_update__"  # prefix of the names of the update nodes
+_MASK = "bn_mask__"  # prefix of the Mul(statistic, 0) nodes
+
+
+def _training_batchnorm(node):
+    return _is_batchnorm(node) and any(
+        a.name == "training_mode" and a.i for a in node.attribute)
+
+
+def _attribute(node, name, default):
+    for att in node.attribute:
+        if att.name == name:
+            return helper.get_attribute_value(att)
+    return default
+
+
+def running_statistics(model):
+    """Names of the initializers BatchNormalization nodes read as running
+    mean and variance (inputs 3 and 4), in any mode, in node order: they are
+    never weights to train by gradient.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+
+    Returns
+    -------
+    list of str
+    """
+    inits = {i.name for i in model.graph.initializer}
+    names = []
+    for node in model.graph.node:
+        if _is_batchnorm(node):
+            names += [n for n in node.input[3:5] if n in inits and n not in names]
+    return names
+
+
+def batchnorm_buffers(model):
+    """Running statistics of the BatchNormalization nodes in training mode:
+    ``[mean_0, var_0, mean_1, var_1, ...]`` in node order, the values a
+    training step updates.
+
+    Raises
+    ------
+    ValueError
+        A running statistic read by two nodes in training mode (two updates
+        of one tensor), or one that is neither an initializer nor an input.
+    """
+    stored = {i.name for i in model.graph.initializer}
+    stored |= {i.name for i in model.graph.input}
+    masks = _masks(model.graph)
+    buffers = []
+    for node in model.graph.node:
+        if not _training_batchnorm(node):
+            continue
+        for name in node.input[3:5]:
+            name = masks.get(name, name)
+            if name not in stored:
+                raise ValueError(
+                    f"BatchNormalization node {node.name!r} in training mode "
+                    f"reads its running statistic {name!r} from a computed "
+                    "value; onnxtrain updates running statistics stored as "
+                    "initializers only.")
+            if name in buffers:
+                raise ValueError(
+                    f"The running statistic {name!r} is read by two "
+                    "BatchNormalization nodes in training mode: each would "
+                    "update it. Give each node its own statistics.")
+            buffers.append(name)
+    return buffers
+
+
+def _masks(graph):
+    """``zeros name -> statistic name`` of the Mul(statistic, 0) nodes
+    :func:`with_running_statistics_updates` feeds BatchNormalization."""
+    return {n.output[0]: n.input[0] for n in graph.node
+            if n.name.startswith(_MASK) and n.op_type == "Mul"}
+
+
+def updated_name(buffer):
+    """Name of the output holding ``buffer`` after a training step."""
+    return f"{buffer}__new"
+
+
+def with_running_statistics_updates(model, as_inputs=True):
+    """A copy of ``model`` whose training steps also output the updated
+    running statistics.
+
+    For each BatchNormalization node in training mode with momentum ``m``
+    (PyTorch exports ``m = 1 - torch_momentum``, 0.9 by default), over the
+    ``M = size(X) / C`` values of each channel:
+
+    - ``running_mean <- m * running_mean + (1 - m) * mean(X)``;
+    - ``running_var <- m * running_var + (1 - m) * var(X) * M / (M - 1)``:
+      the unbiased batch variance, as PyTorch's ``BatchNorm`` updates it
+      (ONNX's reference uses the population variance ``var(X)``).
+
+    The graph computes both from X with standard ops (the same on every
+    execution provider); the node itself reads zeros in place of the
+    statistics (its training-mode output does not depend on them, and
+    onnxruntime may write its unused running-statistics outputs over those
+    inputs in place); :func:`inference_mode` restores them.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    as_inputs : bool, default=True
+        True: the running statistics become graph inputs appended after the
+        model's inputs (no longer initializers), so that a training loop
+        feeds their current values. False: they stay initializers (the
+        caller turns them into inputs, as the artifacts do with parameters).
+
+    Returns
+    -------
+    model : onnx.ModelProto
+        Outputs: the model's, then :func:`updated_name` of each buffer.
+    buffers : list of str
+        :func:`batchnorm_buffers` of ``model``.
+    initial : dict
+        ``buffer -> numpy.ndarray``, the initializers' values.
+
+    Raises
+    ------
+    ValueError
+        See :func:`batchnorm_buffers`; also a node in training mode before
+        opset 14 (whose extra outputs are not the running statistics), or
+        one whose input rank shape inference does not find.
+    """
+    buffers = batchnorm_buffers(model)
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    if not buffers:
+        return new, [], {}
+    graph = new.graph
+    opset = opset_of(model)
+    if opset is None or opset < 14:
+        raise ValueError("BatchNormalization in training mode needs opset >= 14 "
+                         f"(the model has opset {opset}): export it again with "
+                         "opset_version >= 14.")
+    inits = {i.name: i for i in graph.initializer}
+    computed = [b for b in buffers if b not in inits]
+    if computed:
+        raise ValueError(f"The running statistics {computed} are not "
+                         "initializers: their initial values are unknown.")
+    taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
+    taken |= set(inits) | {i.name for i in graph.input}
+    types = infer_value_types(model)
+    updates = GraphBuilder(opset, taken, types, prefix=_HELPER)
+    masks = GraphBuilder(opset, taken, types, prefix=_MASK)
+    nodes = []
+    for node in graph.node:
+        if _training_batchnorm(node):
+            start = len(masks.nodes)
+            _momentum_update(updates, node, types, inits[node.input[4]].data_type)
+            _read_zeros(masks, node, inits[node.input[4]].data_type)
+            nodes += masks.nodes[start:]
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes + updates.nodes)
+    graph.initializer.extend(masks.initializers + updates.initializers)
+    for name in buffers:
+        init = inits[name]
+        graph.output.append(helper.make_tensor_value_info(
+            updated_name(name), init.data_type, list(init.dims)))
+    initial = {name: numpy_helper.to_array(inits[name]) for name in buffers}
+    if as_inputs:
+        kept = [i for i in graph.initializer if i.name not in set(buffers)]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        # an export with keep_initializers_as_inputs=True lists them already
+        inputs = [i for i in graph.input if i.name not in set(buffers)]
+        del graph.input[:]
+        graph.input.extend(inputs)
+        graph.input.extend(helper.make_tensor_value_info(
+            name, inits[name].data_type, list(inits[name].dims)) for name in buffers)
+    return new, buffers, initial
+
+
+def _momentum_update(g, node, types, elem_type):
+    """Emit ``updated_name`` of the node's running mean and variance (see
+    :func:`with_running_statistics_updates`) into the builder ``g``."""
+    x, scale, mean, var = (node.input[i] for i in (0, 1, 3, 4))
+    shape = types.get(x, (None, None))[1]
+    if shape is None:
+        raise ValueError(f"The rank of the input {x!r} of BatchNormalization "
+                         f"node {node.name!r} is unknown: add its shape to the "
+                         "model (onnx.shape_inference).")
+    axes = [0] + list(range(2, len(shape)))
+    batch_mean = g.reduce("ReduceMean", x, axes)
+    centered = g.op("Sub", x, batch_mean)
+    batch_var = g.reduce("ReduceMean", g.op("Mul", centered, centered), axes)
+    count = g.cast(g.op("Div", g.op("Size", x), g.op("Size", scale)), elem_type)
+    unbiased = g.op("Mul", g.reshape_like(batch_var, var), g.op(
+        "Div", count, g.op("Sub", count, g.const(1, elem_type))))
+    momentum = _attribute(node, "momentum", 0.9)
+    m, rest = g.const(momentum, elem_type), g.const(1 - momentum, elem_type)
+    for old, batch in ((mean, g.reshape_like(batch_mean, mean)), (var, unbiased)):
+        g.op("Add", g.op("Mul", old, m), g.op("Mul", batch, rest),
+             outputs=[g.reserve(updated_name(old))])
+
+
+def _read_zeros(g, node, elem_type):
+    """Make ``node`` read ``Mul(statistic, 0)`` instead of its running
+    statistics (nodes emitted into ``g``) and name its unused outputs:
+    onnxruntime may write the running-statistics outputs over those inputs
+    in place, while the update reads the statistics. Its training-mode
+    output does not depend on them; :func:`inference_mode` undoes it."""
+    while len(node.output) < 3:
+        node.output.append("")
+    for k in (1, 2):
+        if not node.output[k]:
+            node.output[k] = g.unique_name("unused")
+    zero = g.const(0, elem_type)
+    for k in (3, 4):
+        node.input[k] = g.op("Mul", node.input[k], zero)
+
+
+def inference_mode(model, drop_outputs=()):
+    """The inference graph of a training graph: BatchNormalization nodes in
+    inference mode (``training_mode=0``, one output: they normalize with the
+    running statistics), Dropout without its ``training_mode`` input (the
+    identity), the outputs ``drop_outputs`` removed and the nodes no output
+    needs any more pruned.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    drop_outputs : iterable of str, default=()
+        Graph outputs to remove; the updated running statistics of
+        :func:`with_running_statistics_updates` always are.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A copy (``model`` itself is returned when nothing changes).
+    """
+    drop = set(drop_outputs) | {
+        updated_name(n) for node in model.graph.node if _is_batchnorm(node)
+        for n in node.input[3:5]}
+    changes = bool(drop & {o.name for o in model.graph.output})
+    for node in model.graph.node:
+        if _training_batchnorm(node) or (
+                _is_batchnorm(node) and len([o for o in node.output if o]) > 1):
+            changes = True
+        elif node.op_type == "Dropout" and node.domain in _DEFAULT_DOMAINS \
+                and len(node.input) >= 3 and node.input[2]:
+            changes = True
+    if not changes:
+        return model
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    graph = new.graph
+    masks = _masks(graph)
+    for node in graph.node:
+        if _is_batchnorm(node):
+            for k in range(3, min(len(node.input), 5)):
+                node.input[k] = masks.get(node.input[k], node.input[k])
+            for att in node.attribute:
+                if att.name == "training_mode":
+                    att.i = 0
+            del node.output[1:]
+        elif node.op_type == "Dropout" and node.domain in _DEFAULT_DOMAINS:
+            del node.input[2:]
+    outputs = [o for o in graph.output if o.name not in drop]
+    del graph.output[:]
+    graph.output.extend(outputs)
+    _prune(graph)
+    return new
+
+
+def _prune(graph):
+    """Remove the nodes no graph output needs, and the initializers no kept
+    node reads."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if needed & set(node.output):
+            kept.append(node)
+            needed |= {i for i in node.input if i} | set(implicit_inputs(node))
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+    inputs = {i.name for i in graph.input}
+    inits = [i for i in graph.initializer if i.name in needed or i.name in inputs]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
