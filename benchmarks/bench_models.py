@@ -32,7 +32,9 @@ training_path 'auto'), ``api`` (``artifacts.generate_artifacts`` then
 ``api.Module``/``api.Optimizer``, one call per step), ``ortt``
 (onnxruntime-training's artifacts and api on the same export). Printed:
 steps per second of the timed steps (after warm-up steps that build the
-sessions), the ratio to PyTorch eager of the same optimizer measured in the
+sessions; timed in chunks of 5 steps, the median chunk counts, so that a
+burst of load on a shared machine moves one chunk, not the run; the
+column ``spread`` is max/min - 1 of the medians over the repeats), the ratio to PyTorch eager of the same optimizer measured in the
 same run, the mean loss of the warm-up steps (equal across systems: the
 same math; later steps drift apart by rounding, these trainings being
 chaotic), the peak resident memory the run adds to the process.
@@ -56,7 +58,7 @@ import warnings
 import numpy as np
 
 MODELS = {
-    "resnet18": dict(batch=32, warmup=3, steps=20, classes=10, features=3 * 32 * 32,
+    "resnet18": dict(batch=32, warmup=3, steps=25, classes=10, features=3 * 32 * 32,
                      optimizer="sgd", lr=0.01, momentum=0.9),
     "encoder": dict(batch=16, warmup=3, steps=40, classes=2, features=64,
                     optimizer="adamw", lr=1e-3, weight_decay=0.01, layers=2,
@@ -195,17 +197,16 @@ def run_torch(name, plain):
                                 weight_decay=cfg["weight_decay"])
     X, y = batches(name)
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
-    b, losses = cfg["batch"], []
+    b, losses, clock = cfg["batch"], [], _Chunks(cfg)
     for step in range(cfg["warmup"] + cfg["steps"]):
-        if step == cfg["warmup"]:
-            start = time.perf_counter()
+        clock.tick(step)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(
             model(Xt[step * b:(step + 1) * b]), yt[step * b:(step + 1) * b])
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return time.perf_counter() - start, losses
+    return clock.done(), losses
 
 
 def run_estimator(name, path, params):
@@ -232,10 +233,35 @@ def run_estimator(name, path, params):
         random_state=0, warm_start=True)
     est.partial_fit(X[:w * b], y[:w * b], classes=np.arange(cfg["classes"]))
     warm_loss = float(est.train_losses_[-1])
-    start = time.perf_counter()
-    est.partial_fit(X[w * b:], y[w * b:])
-    seconds = time.perf_counter() - start
-    return seconds, [warm_loss, float(est.train_losses_[-1])]
+    times, chunk = [], CHUNK * b
+    for first in range(w * b, len(X), chunk):
+        start = time.perf_counter()
+        est.partial_fit(X[first:first + chunk], y[first:first + chunk])
+        times.append(time.perf_counter() - start)
+    return times, [warm_loss, float(est.train_losses_[-1])]
+
+
+#: steps timed together; a run's speed is the median over its chunks
+CHUNK = 5
+
+
+class _Chunks:
+    """Times of the chunks of CHUNK steps after the warm-up."""
+
+    def __init__(self, cfg):
+        self.warmup, self.times, self.start = cfg["warmup"], [], None
+
+    def tick(self, step):
+        """Call before each step."""
+        if step >= self.warmup and (step - self.warmup) % CHUNK == 0:
+            now = time.perf_counter()
+            if self.start is not None:
+                self.times.append(now - self.start)
+            self.start = now
+
+    def done(self):
+        self.times.append(time.perf_counter() - self.start)
+        return self.times
 
 
 def _artifacts(name, path, params, folder, ort):
@@ -290,15 +316,14 @@ def run_api(name, path, params, ort):
     optimizer.set_learning_rate(cfg["lr"])
     module.train()
     X, y = batches(name)
-    b, losses = cfg["batch"], []
+    b, losses, clock = cfg["batch"], [], _Chunks(cfg)
     for step in range(cfg["warmup"] + cfg["steps"]):
-        if step == cfg["warmup"]:
-            start = time.perf_counter()
+        clock.tick(step)
         loss = module(X[step * b:(step + 1) * b], y[step * b:(step + 1) * b])
         optimizer.step()
         module.lazy_reset_grad()
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
-    return time.perf_counter() - start, losses
+    return clock.done(), losses
 
 
 def run_build(path, params, ort):
@@ -335,7 +360,9 @@ def one(name, system, path, params):
     else:
         seconds, losses = run_api(name, path, params, ort=system == "ortt")
     peak = _rss_kb(field="VmHWM")
-    print(json.dumps(dict(model=name, system=system, seconds=seconds,
+    rate = (CHUNK / float(np.median(seconds)) if isinstance(seconds, list)
+            else None)
+    print(json.dumps(dict(model=name, system=system, seconds=seconds, rate=rate,
                           steps=MODELS[name]["steps"], losses=losses,
                           peak_mb=(peak - before) / 1024)))
 
@@ -417,9 +444,9 @@ def main(argv=None):
         rows = {}
         for system, rs in runs.items():
             if rs:
-                rates = sorted(r["steps"] / r["seconds"] for r in rs)
+                rates = sorted(r["rate"] for r in rs)
                 mid = rates[len(rates) // 2]
-                r = min(rs, key=lambda r: abs(r["steps"] / r["seconds"] - mid))
+                r = min(rs, key=lambda r: abs(r["rate"] - mid))
                 rows[system] = (mid, rates[-1] / rates[0] - 1, r)
         for system, (rate, spread, r) in rows.items():
             base = "torch-plain" if (system in ("api", "ortt", "torch-plain") and

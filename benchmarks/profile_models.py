@@ -73,7 +73,7 @@ def main(argv=None):
     steps = cfg["warmup"] + cfg["steps"]
     per_op = _kernel_times(prefix)
     total = sum(t for t, _ in per_op.values())
-    print(f"{args.model} {args.system}: {seconds / cfg['steps'] * 1e3:.1f} ms per "
+    print(f"{args.model} {args.system}: {sum(seconds) / cfg['steps'] * 1e3:.1f} ms per "
           f"step with the profiler; kernels {total / steps / 1e3:.1f} ms per step")
     print(f"{'op':22} {'share':>6} {'ms/step':>8} {'calls/step':>10}")
     for op, (us, n) in sorted(per_op.items(), key=lambda kv: -kv[1][0]):
