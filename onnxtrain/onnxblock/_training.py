@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from ..autodiff import backward
 from ..graph import (FLOAT_TYPES, default_ir_version, elem_type_to_numpy,
                      infer_value_types)
+from ..graph.conv_gemm import lower_small_convs
 from ..models import check_weights_reach_outputs
 from ..training_mode import (batchnorm_buffers, running_statistics,
                              with_running_statistics_updates)
@@ -231,6 +232,8 @@ def build_training_models(state, output_names, trainable, frozen):
     trainable, frozen = classify_running_statistics(base, trainable, frozen)
     inits = _check_parameters(base.graph, trainable, frozen)
     model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
+    # the training graph only: the eval model keeps the Conv nodes
+    model = lower_small_convs(model, trainable)
     graph = model.graph
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
     input_grads = [i.name for i in graph.input
