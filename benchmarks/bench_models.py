@@ -69,6 +69,8 @@ MODELS = {
 }
 SYSTEMS = ["torch", "estimator", "torch-plain", "api", "ortt"]
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the onnxtrain of this checkout, not an installed one
+sys.path.insert(0, os.path.dirname(HERE))
 
 
 # ------------------------------------------------------------------ data

@@ -19,6 +19,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the onnxtrain of this checkout, not an installed one
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_models as bench  # noqa: E402
 from profile_training import _kernel_times  # noqa: E402

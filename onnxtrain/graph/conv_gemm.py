@@ -11,8 +11,9 @@ at batch 32 against 1.5 ms as one GEMM), and its input gradient
 :func:`lower_small_convs` rewrites such a Conv (2-D, one group, no
 dilation, explicit pads, static sizes, a weight among ``weights``) into
 im2col and one MatMul: the input transposed to (C, N, H, W) and padded,
-one strided Slice per kernel tap (taps that read padding only are
-dropped, with their weight columns), the taps stacked to (C T, N Ho Wo),
+one unit-step Slice per kernel tap (the spatial axes split by the
+stride first; taps that read padding only are dropped, with their weight
+columns), the taps stacked to (C T, N Ho Wo),
 the weight reshaped to (M, C T), their product reshaped and transposed back
 to (N, M, Ho, Wo), the bias added. Every op is a standard one with a VJP
 rule, so the gradients follow (a GEMM for the weight, a GEMM and the Slice
@@ -78,15 +79,24 @@ def _lower(g, node, plan, n_channels, m_out):
     x, w = node.input[:2]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     xt = g.op("Transpose", x, perm=[1, 0, 2, 3])  # (C, N, H, W)
-    if any(pads):
-        xt = g.op("Pad", xt, g.int64s([0, 0, pads[0], pads[1], 0, 0, pads[2], pads[3]]))
+    # padded, and long enough to split every spatial axis into (size / s, s)
+    sh, sw = strides
+    hp = -(-(size[0] + pads[0] + pads[2]) // sh) * sh
+    wp = -(-(size[1] + pads[1] + pads[3]) // sw) * sw
+    ends = [hp - size[0] - pads[0], wp - size[1] - pads[1]]
+    if any(pads[:2]) or any(ends):
+        xt = g.op("Pad", xt, g.int64s([0, 0, pads[0], pads[1], 0, 0] + ends))
+    # (C, N, Hp/sh, sh, Wp/sw, sw): tap (i, j) is a unit-step slice (whose
+    # gradient is one Pad) at (i // sh, i % sh, j // sw, j % sw)
+    xt = g.op("Reshape", xt, g.int64s([n_channels, -1, hp // sh, sh, wp // sw, sw]))
     pieces = []
     for i, j in taps:
-        tap = g.op("Slice", xt, g.int64s([i, j]),
-                   g.int64s([i + (out[0] - 1) * strides[0] + 1,
-                             j + (out[1] - 1) * strides[1] + 1]),
-                   g.int64s([2, 3]), g.int64s(strides))
-        pieces.append(g.op("Unsqueeze", tap, g.int64s([1])))
+        start = [i // sh, i % sh, j // sw, j % sw]
+        tap = g.op("Slice", xt, g.int64s(start),
+                   g.int64s([start[0] + out[0], start[1] + 1,
+                             start[2] + out[1], start[3] + 1]),
+                   g.int64s([2, 3, 4, 5]))
+        pieces.append(g.op("Reshape", tap, g.int64s([n_channels, 1, -1])))
     cols = pieces[0] if len(pieces) == 1 else g.op("Concat", *pieces, axis=1)
     cols = g.op("Reshape", cols, g.int64s([n_channels * len(taps), -1]))
     n_taps = kernel[0] * kernel[1]
@@ -126,7 +136,7 @@ def lower_small_convs(model, weights):
     inits = {i.name: i for i in graph.initializer}
     types = infer_value_types(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < 13:  # Slice steps as inputs, Unsqueeze axes as an input
+    if opset < 13:  # Pad and Slice with inputs, Unsqueeze axes as an input
         return model
     used = {n for node in graph.node for n in list(node.output) + [node.name]}
     used |= {i.name for i in graph.input} | set(inits) | {o.name for o in graph.output}

@@ -126,7 +126,44 @@ def _data_only(unique):
     return rule
 
 
-for _op in ("Slice", "DepthToSpace", "SpaceToDepth", "Compress",
+def _slice_pads(ctx, x):
+    """Pads putting the gradient of a unit-step Slice back in place (begins
+    then ends, every axis), or None when the slice is not static: constant
+    starts, ends, axes and steps of 1, the sliced dims of ``x`` known."""
+    if ctx.opset < 11 or len(ctx.inputs) < 3:
+        return None
+    values = [ctx.constant_value(ctx.input(i)) for i in range(1, 5)]
+    if any(v is None for v, i in zip(values, range(1, 5)) if ctx.input(i)):
+        return None
+    shape, rank = ctx.shape(x), ctx.g.rank(x)
+    if shape is None:
+        return None
+    starts, ends = (np.asarray(v).reshape(-1) for v in values[:2])
+    axes = (ctx.normalize_axes(np.asarray(values[2]).reshape(-1), rank)
+            if ctx.input(3) else list(range(len(starts))))
+    if ctx.input(4) and not (np.asarray(values[3]) == 1).all():
+        return None
+    pads = [0] * (2 * rank)
+    for axis, start, end in zip(axes, starts, ends):
+        n = shape[axis]
+        if not isinstance(n, int):
+            return None
+        start, end = (int(np.clip(v + n if v < 0 else v, 0, n)) for v in (start, end))
+        pads[axis], pads[rank + axis] = start, n - max(end, start)
+    return pads
+
+
+@register_vjp("Slice")
+def _slice(ctx, gy):
+    # a unit-step static slice: its adjoint is a zero Pad of the gradient
+    # (one kernel), else the positions' scatter of copy_adjoint
+    pads = _slice_pads(ctx, ctx.inputs[0])
+    if pads is None:
+        return copy_adjoint(ctx, gy, unique=True)
+    return ctx.op("Pad", gy, ctx.g.int64s(pads)) if any(pads) else gy
+
+
+for _op in ("DepthToSpace", "SpaceToDepth", "Compress",
             "ReverseSequence", "CenterCropPad"):
     register_vjp(_op)(_data_only(unique=True))
 for _op in ("GatherND",):
