@@ -12,8 +12,8 @@ at batch 32 against 1.5 ms as one GEMM), and its input gradient
 dilation, explicit pads, static sizes, a weight among ``weights``) into
 im2col and one MatMul: the input transposed to (C, N, H, W) and padded,
 one unit-step Slice per kernel tap (the spatial axes split by the
-stride first; taps that read padding only are dropped, with their weight
-columns), the taps stacked to (C T, N Ho Wo),
+stride first; taps outside the rectangle of those reading data are dropped,
+with their weight columns), the taps stacked to (C T, N Ho Wo),
 the weight reshaped to (M, C T), their product reshaped and transposed back
 to (N, M, Ho, Wo), the bias added. Every op is a standard one with a VJP
 rule, so the gradients follow (a GEMM for the weight, a GEMM and the Slice
@@ -69,13 +69,18 @@ def _plan(node, types, weights, inits):
         return any(pads[axis] <= k + o * strides[axis] < pads[axis] + size[axis]
                    for o in range(out[axis]))
 
-    taps = [(i, j) for i in range(kernel[0]) for j in range(kernel[1])
-            if reads_data(0, i) and reads_data(1, j)]
-    return kernel, strides, pads, size, out, taps
+    # the rectangle of taps that read data (the others multiply padding)
+    rows = [i for i in range(kernel[0]) if reads_data(0, i)]
+    cols = [j for j in range(kernel[1]) if reads_data(1, j)]
+    if not rows or not cols:
+        return None
+    box = (rows[0], rows[-1] + 1, cols[0], cols[-1] + 1)
+    taps = [(i, j) for i in range(box[0], box[1]) for j in range(box[2], box[3])]
+    return kernel, strides, pads, size, out, taps, box
 
 
 def _lower(g, node, plan, n_channels, m_out):
-    kernel, strides, pads, size, out, taps = plan
+    kernel, strides, pads, size, out, taps, box = plan
     x, w = node.input[:2]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     xt = g.op("Transpose", x, perm=[1, 0, 2, 3])  # (C, N, H, W)
@@ -99,10 +104,10 @@ def _lower(g, node, plan, n_channels, m_out):
         pieces.append(g.op("Reshape", tap, g.int64s([n_channels, 1, -1])))
     cols = pieces[0] if len(pieces) == 1 else g.op("Concat", *pieces, axis=1)
     cols = g.op("Reshape", cols, g.int64s([n_channels * len(taps), -1]))
-    n_taps = kernel[0] * kernel[1]
-    w2 = g.op("Reshape", w, g.int64s([m_out, n_channels, n_taps]))
-    if len(taps) < n_taps:
-        w2 = g.op("Gather", w2, g.int64s([i * kernel[1] + j for i, j in taps]), axis=2)
+    w2 = w
+    if len(taps) < kernel[0] * kernel[1]:  # a unit-step slice: its adjoint is a Pad
+        w2 = g.op("Slice", w, g.int64s([box[0], box[2]]), g.int64s([box[1], box[3]]),
+                  g.int64s([2, 3]))
     w2 = g.op("Reshape", w2, g.int64s([m_out, -1]))
     y = g.op("MatMul", w2, cols)  # (M, N Ho Wo)
     if bias is not None:

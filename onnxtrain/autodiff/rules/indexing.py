@@ -240,6 +240,22 @@ def _gather_elements(ctx, gy):
     return ctx.op("Pad", gx, pads), None
 
 
+def _pad_crop(ctx, gy):
+    """The adjoint of a constant Pad with constant non-negative pads on
+    every axis (no ``axes`` input): one Slice cropping the border, or None
+    when the pads are not of that kind."""
+    pads = ctx.constant_value(ctx.input(1)) if ctx.opset >= 11 else None
+    rank = ctx.g.rank(ctx.inputs[0])
+    if pads is None or ctx.input(3) is not None or rank is None:
+        return None
+    pads = [int(v) for v in np.asarray(pads).reshape(-1)]
+    if len(pads) != 2 * rank or min(pads) < 0:
+        return None
+    ends = [-e if e else 2 ** 62 for e in pads[rank:]]
+    return ctx.op("Slice", gy, ctx.g.int64s(pads[:rank]), ctx.g.int64s(ends),
+                  ctx.g.int64s(list(range(rank))))
+
+
 @register_vjp("Pad")
 def _pad(ctx, gy):
     # the padded border copies the constant value (mode "constant")
@@ -250,7 +266,9 @@ def _pad(ctx, gy):
             replace = {2: ctx.const(0, _position_type(ctx))}
     elif mode == "constant" and ctx.attr("value", 0.0) != 0.0:
         ctx.fail("a non-zero constant 'value' attribute (opset < 11)")
-    gx = copy_adjoint(ctx, gy, unique=mode == "constant", replace=replace)
+    gx = _pad_crop(ctx, gy) if mode == "constant" else None
+    if gx is None:
+        gx = copy_adjoint(ctx, gy, unique=mode == "constant", replace=replace)
     g_value = None
     if len(ctx.needs_grad) > 2 and ctx.needs_grad[2]:
         inside = ctx.g.reduce_sum(gx, keepdims=0)
