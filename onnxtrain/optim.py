@@ -227,6 +227,11 @@ class LearningRateSGD(BaseLearningRate):
         SGD heuristic); 'adaptive': eta0, divided by 5 each time the loss
         stops improving (scikit-learn's MLP rule, see ``trigger_stopping``).
 
+    Raises
+    ------
+    ValueError
+        At construction, an unknown ``learning_rate`` schedule.
+
     Notes
     -----
     ``axpy_onnx_`` computes ``w_new = w - learning_rate * w_grad`` (axpy).
@@ -234,6 +239,11 @@ class LearningRateSGD(BaseLearningRate):
 
     def __init__(self, eta0=0.01, alpha=0.0001, power_t=0.25,
                  learning_rate="invscaling"):
+        # a schedule object, not an estimator: onnxcustom refused an unknown
+        # schedule here, before any fit
+        if learning_rate not in _SCHEDULES:
+            raise ValueError(f"Unknown learning_rate schedule {learning_rate!r}; "
+                             f"expected one of {_SCHEDULES}.")
         self.eta0 = eta0
         self.alpha = alpha
         self.power_t = power_t

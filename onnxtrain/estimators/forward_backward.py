@@ -3,6 +3,8 @@
 ``OrtGradientForwardBackwardOptimizer``) and a classifier."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from scipy.special import expit, softmax
 from sklearn.base import ClassifierMixin, RegressorMixin, clone
@@ -333,6 +335,11 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
         return _weighted(self.learning_loss_.loss_per_row(y, prediction),
                          sample_weight)
 
+    def scores(self, X, y, sample_weight=None):
+        """Deprecated: onnxcustom's first name of :meth:`losses` (same
+        values; emits a DeprecationWarning)."""
+        return _deprecated_scores(self, X, y, sample_weight)
+
 
 def _not_probabilities(proba):
     """What makes ``proba`` (n, C) not probabilities, or None: a value
@@ -657,6 +664,18 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
         target = self._encode_targets(y, proba.shape[0], None, False)
         return _weighted(self.learning_loss_.loss_per_row(target, proba),
                          sample_weight)
+
+    def scores(self, X, y, sample_weight=None):
+        """Deprecated: onnxcustom's first name of :meth:`losses` (same
+        values; emits a DeprecationWarning)."""
+        return _deprecated_scores(self, X, y, sample_weight)
+
+
+def _deprecated_scores(estimator, X, y, sample_weight):
+    warnings.warn("scores() is onnxcustom's old name of losses(); call "
+                  "losses(X, y, sample_weight).", DeprecationWarning,
+                  stacklevel=3)
+    return estimator.losses(X, y, sample_weight)
 
 
 def _weighted(losses, sample_weight):

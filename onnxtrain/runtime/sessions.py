@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime
 from onnx import TensorProto
 from onnxruntime import OrtValue
+from onnxruntime.capi.onnxruntime_pybind11_state import OrtValue as C_OrtValue
 
 from ..graph import elem_type_to_numpy
 from .devices import parse_device
@@ -49,9 +50,12 @@ def make_session(model, device="cpu", options=None):
 
 def to_ortvalue(value, device="cpu", dtype=None):
     """An OrtValue on ``device`` from a numpy array (cast to ``dtype``) or an
-    OrtValue (returned as is)."""
+    OrtValue (returned as is; a C-level one, as onnxcustom handled, is
+    wrapped in ``onnxruntime.OrtValue``)."""
     if isinstance(value, OrtValue):
         return value
+    if isinstance(value, C_OrtValue):  # onnxcustom's loaders gave these
+        return OrtValue(value)
     device = parse_device(device)
     array = np.asarray(value)
     if dtype is not None and array.dtype != dtype:
