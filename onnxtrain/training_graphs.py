@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .autodiff import build_fused_model
+from .graph.conv_gemm import lower_small_convs
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 from .training_mode import updated_name
@@ -126,6 +127,8 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     if not features:
         raise ValueError("The fused training step needs a model with an input.")
     prediction = model.graph.output[0].name
+    # small-output Convs of trained weights as one GEMM (graph/conv_gemm.py)
+    model = lower_small_convs(model, wrt)
     fused, bg = build_fused_model(model, wrt, [prediction])
     taken = {n for node in fused.graph.node for n in list(node.input) + list(node.output)}
     taken |= {i.name for i in fused.graph.input} | {i.name for i in fused.graph.initializer}
