@@ -30,6 +30,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .autodiff import build_fused_model, build_gradient_models
+from .graph.conv_gemm import lower_small_convs
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 from .training_mode import updated_name, with_running_statistics_updates
@@ -153,6 +154,11 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         raise ValueError("The fused training step needs a model with an input.")
     prediction = model.graph.output[0].name
     types = infer_value_types(model) if types is None else types
+    # small-output Convs of trained weights as one GEMM (graph/conv_gemm.py);
+    # the values this adds are typed by one more inference
+    lowered = lower_small_convs(model, wrt, types)
+    if lowered is not model:
+        model, types = lowered, infer_value_types(lowered)
     fused, bg = build_fused_model(model, wrt, [prediction], types)
     taken = {n for node in fused.graph.node for n in list(node.input) + list(node.output)}
     taken |= {i.name for i in fused.graph.input} | {i.name for i in fused.graph.initializer}

@@ -77,6 +77,9 @@ def test_module_n_threads(tmp_path):
     state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
     module = Module(str(tmp_path / "training_model.onnx"), state, n_threads=2)
     X = np.ones((4, 3), dtype=np.float32)
+    module(X, np.zeros((4, 2), dtype=np.float32))  # the plain step (no accumulation)
+    assert _threads(module._runners["train_plain"]) == 2
+    # a second call adds to the gradients: the accumulating step
     module(X, np.zeros((4, 2), dtype=np.float32))
     assert _threads(module._runners["train"]) == 2
     with pytest.raises(ValueError, match="n_threads"):

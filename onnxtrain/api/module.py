@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 from .._files import load_onnx_file
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
+from ._plain_step import without_accumulation
 from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
                        ortvalue_dtype, parse_device, to_numpy, to_ortvalue)
 from ..runtime.sessions import default_session_options
@@ -491,8 +492,12 @@ class Module:
         the lock."""
         for name in layout["parameters"]:
             feeds[name] = self._device_value(self._state.parameters.raw(name))
-        self._feed_gradients(feeds, layout)
-        outputs = self._runner("train")(feeds)
+        if self._overwrites_gradients(layout) and self._plain_model(layout):
+            # no accumulation to do: the model without it (_plain_step)
+            outputs = self._runner("train_plain")(feeds)
+        else:
+            self._feed_gradients(feeds, layout)
+            outputs = self._runner("train")(feeds)
         for name, grad in zip(layout["trainable"], outputs[n_user:]):
             self._state.parameters.raw(name)._grad = grad
         self._reset_grad = False
@@ -500,6 +505,22 @@ class Module:
         _write_running_statistics(self._state, layout,
                                   outputs[n_user + n_grads:])
         return outputs
+
+    def _overwrites_gradients(self, layout):
+        """Whether the next training call overwrites every gradient."""
+        return self._reset_grad or any(
+            self._state.parameters.raw(name)._grad is None
+            for name in layout["trainable"])
+
+    def _plain_model(self, layout):
+        """The training model without accumulation (built once), or None
+        when the training model is not laid out for it."""
+        if "train_plain" not in self._models:
+            model = without_accumulation(self._models["train"], layout)
+            if model is None:
+                return None
+            self._models["train_plain"] = model
+        return self._models["train_plain"]
 
     def _feed_gradients(self, feeds, layout):
         reset = self._reset_grad

@@ -119,6 +119,7 @@ class GraphBuilder:
         self._used = set(used_names)
         self._prefix = prefix
         self._constants = {}
+        self._next_suffix = {}
 
     # names -----------------------------------------------------------------
     @property
@@ -129,10 +130,15 @@ class GraphBuilder:
     def unique_name(self, base):
         """Return ``base`` or ``base_<k>``, a name not used yet, and reserve it."""
         base = f"{self._prefix}{base}"
-        name, k = base, 1
+        # names are only ever added: the first free suffix of a base never
+        # goes down, so the search resumes where the last one stopped
+        # (linear build time in the number of nodes, the same names)
+        k = self._next_suffix.get(base, 0)
+        name = base if k == 0 else f"{base}_{k}"
         while name in self._used:
-            name = f"{base}_{k}"
             k += 1
+            name = f"{base}_{k}"
+        self._next_suffix[base] = k
         self._used.add(name)
         return name
 

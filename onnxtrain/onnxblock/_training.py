@@ -19,6 +19,7 @@ from ..autodiff import backward
 from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types)
+from ..graph.conv_gemm import lower_small_convs
 from ..models import check_weights_reach_outputs
 from ..training_mode import (batchnorm_buffers, running_statistics,
                              with_running_statistics_updates)
@@ -217,6 +218,8 @@ def build_training_models(state, output_names, trainable, frozen):
     trainable, frozen = classify_running_statistics(base, trainable, frozen)
     inits = _check_parameters(base.graph, trainable, frozen)
     model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
+    # the training graph only: the eval model keeps the Conv nodes
+    model = lower_small_convs(model, trainable)
     graph = model.graph
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
     input_grads = [i.name for i in graph.input

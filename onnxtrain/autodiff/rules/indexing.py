@@ -126,7 +126,44 @@ def _data_only(unique):
     return rule
 
 
-for _op in ("Slice", "DepthToSpace", "SpaceToDepth", "Compress",
+def _slice_pads(ctx, x):
+    """Pads putting the gradient of a unit-step Slice back in place (begins
+    then ends, every axis), or None when the slice is not static: constant
+    starts, ends, axes and steps of 1, the sliced dims of ``x`` known."""
+    if ctx.opset < 11 or len(ctx.inputs) < 3:
+        return None
+    values = [ctx.constant_value(ctx.input(i)) for i in range(1, 5)]
+    if any(v is None for v, i in zip(values, range(1, 5)) if ctx.input(i)):
+        return None
+    shape, rank = ctx.shape(x), ctx.g.rank(x)
+    if shape is None:
+        return None
+    starts, ends = (np.asarray(v).reshape(-1) for v in values[:2])
+    axes = (ctx.normalize_axes(np.asarray(values[2]).reshape(-1), rank)
+            if ctx.input(3) else list(range(len(starts))))
+    if ctx.input(4) and not (np.asarray(values[3]) == 1).all():
+        return None
+    pads = [0] * (2 * rank)
+    for axis, start, end in zip(axes, starts, ends):
+        n = shape[axis]
+        if not isinstance(n, int):
+            return None
+        start, end = (int(np.clip(v + n if v < 0 else v, 0, n)) for v in (start, end))
+        pads[axis], pads[rank + axis] = start, n - max(end, start)
+    return pads
+
+
+@register_vjp("Slice")
+def _slice(ctx, gy):
+    # a unit-step static slice: its adjoint is a zero Pad of the gradient
+    # (one kernel), else the positions' scatter of copy_adjoint
+    pads = _slice_pads(ctx, ctx.inputs[0])
+    if pads is None:
+        return copy_adjoint(ctx, gy, unique=True)
+    return ctx.op("Pad", gy, ctx.g.int64s(pads)) if any(pads) else gy
+
+
+for _op in ("DepthToSpace", "SpaceToDepth", "Compress",
             "ReverseSequence", "CenterCropPad"):
     register_vjp(_op)(_data_only(unique=True))
 for _op in ("GatherND",):
@@ -203,6 +240,22 @@ def _gather_elements(ctx, gy):
     return ctx.op("Pad", gx, pads), None
 
 
+def _pad_crop(ctx, gy):
+    """The adjoint of a constant Pad with constant non-negative pads on
+    every axis (no ``axes`` input): one Slice cropping the border, or None
+    when the pads are not of that kind."""
+    pads = ctx.constant_value(ctx.input(1)) if ctx.opset >= 11 else None
+    rank = ctx.g.rank(ctx.inputs[0])
+    if pads is None or ctx.input(3) is not None or rank is None:
+        return None
+    pads = [int(v) for v in np.asarray(pads).reshape(-1)]
+    if len(pads) != 2 * rank or min(pads) < 0:
+        return None
+    ends = [-e if e else 2 ** 62 for e in pads[rank:]]
+    return ctx.op("Slice", gy, ctx.g.int64s(pads[:rank]), ctx.g.int64s(ends),
+                  ctx.g.int64s(list(range(rank))))
+
+
 @register_vjp("Pad")
 def _pad(ctx, gy):
     # the padded border copies the constant value (mode "constant")
@@ -213,7 +266,9 @@ def _pad(ctx, gy):
             replace = {2: ctx.const(0, _position_type(ctx))}
     elif mode == "constant" and ctx.attr("value", 0.0) != 0.0:
         ctx.fail("a non-zero constant 'value' attribute (opset < 11)")
-    gx = copy_adjoint(ctx, gy, unique=mode == "constant", replace=replace)
+    gx = _pad_crop(ctx, gy) if mode == "constant" else None
+    if gx is None:
+        gx = copy_adjoint(ctx, gy, unique=mode == "constant", replace=replace)
     g_value = None
     if len(ctx.needs_grad) > 2 and ctx.needs_grad[2]:
         inside = ctx.g.reduce_sum(gx, keepdims=0)

@@ -37,9 +37,26 @@ def _matmul(ctx, gy):
         grad = ctx.op("MatMul", g2, ctx.g.transpose_last_two(b2, len(sb2)))
         ga = _reduce_to_operand(ctx, grad, batch, a, sa2)
     if ctx.needs_grad[1]:
-        grad = ctx.op("MatMul", ctx.g.transpose_last_two(a2, len(sa2)), g2)
-        gb = _reduce_to_operand(ctx, grad, batch, b, sb2)
+        gb = _weight_grad_2d(ctx, a, gy, ra, rb, sb)
+        if gb is None:
+            grad = ctx.op("MatMul", ctx.g.transpose_last_two(a2, len(sa2)), g2)
+            gb = _reduce_to_operand(ctx, grad, batch, b, sb2)
     return ga, gb
+
+
+def _weight_grad_2d(ctx, a, gy, ra, rb, sb):
+    """dB of a batched A (rank >= 3) times a 2-D B (a linear layer on a
+    sequence): every batch row is a row of one product, so dB = A2^T dY2
+    with A and dY flattened to 2-D: one GEMM whose inner dimension is the
+    whole batch, instead of a product per batch entry summed afterwards
+    (a temporary batch times the size of B). None when it does not apply
+    (B's static shape is needed for the reshapes)."""
+    if rb != 2 or ra < 3 or sb is None or \
+            not all(isinstance(d, int) and d > 0 for d in sb):
+        return None
+    a2 = ctx.op("Reshape", a, ctx.g.int64s([-1, sb[0]]))
+    g2 = ctx.op("Reshape", gy, ctx.g.int64s([-1, sb[1]]))
+    return _gemm_node(ctx, a2, g2, 1.0, 1, 0)
 
 
 def _broadcast_batch(sa, sb):

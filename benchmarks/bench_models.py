@@ -1,0 +1,476 @@
+"""Training speed on real models: a resnet18 CNN and a BERT-like encoder,
+onnxtrain against PyTorch eager (and onnxruntime-training when it is
+installed in a separate virtual environment), plus the time to build the
+training artifacts of a 24-layer encoder.
+
+Run: ``python benchmarks/bench_models.py [--models resnet18 encoder]
+[--repeat 3] [--build]`` (PyTorch and transformers come with
+``pip install -e ".[bench]"``). ``--ortt PYTHON`` names the interpreter of a
+virtual environment holding ``onnxruntime-training`` (never a dependency of
+onnxtrain; its ``onnxruntime`` would replace the stock one). Default:
+``$ONNXTRAIN_ORTT_PYTHON`` when set.
+
+Models (float32, random init with ``torch.manual_seed(0)``, synthetic data
+drawn by numpy, the same batches for every system):
+
+- resnet18: torchvision's resnet18 layer shapes (7x7/2 stem, max pool,
+  BasicBlocks [2, 2, 2, 2], 64-512 channels, BatchNorm in training mode),
+  10 classes, 3x32x32 images given as rows of 3072 floats (the model
+  reshapes them), batch 32, softmax cross-entropy, SGD lr 0.01 momentum
+  0.9 (onnxruntime-training's SGD has no momentum: the api rows and its
+  rows use plain SGD, compared with PyTorch's plain SGD);
+- encoder: transformers' ``BertModel`` from a ``BertConfig`` (hidden 128,
+  2 layers, 2 heads, intermediate 512, vocabulary 1000, no dropout, eager
+  attention), the [CLS] row through a linear head to 2 classes; token ids
+  given as floats (the model casts them), sequence 64, batch 16, AdamW lr
+  1e-3 weight decay 0.01.
+
+Systems, each in its own process, one after the other, alternating over the
+repeats: ``torch`` (eager, all cores), ``estimator``
+(``OrtGradientForwardBackwardClassifier`` on the TorchScript export,
+training_path 'auto'), ``api`` (``artifacts.generate_artifacts`` then
+``api.Module``/``api.Optimizer``, one call per step), ``ortt``
+(onnxruntime-training's artifacts and api on the same export). Printed:
+steps per second of the timed steps (after warm-up steps that build the
+sessions; timed in chunks of 5 steps, the median chunk counts, so that a
+burst of load on a shared machine moves one chunk, not the run; the
+column ``spread`` is max/min - 1 of the medians over the repeats), the ratio to PyTorch eager of the same optimizer measured in the
+same run, the mean loss of the warm-up steps (equal across systems: the
+same math; later steps drift apart by rounding, these trainings being
+chaotic), the peak resident memory the run adds to the process.
+
+``--build``: ``generate_artifacts`` on the 24-layer encoder (onnxtrain and,
+with ``--ortt``, onnxruntime-training): seconds, nodes of the training
+graph, peak memory added.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+MODELS = {
+    "resnet18": dict(batch=32, warmup=3, steps=25, classes=10, features=3 * 32 * 32,
+                     optimizer="sgd", lr=0.01, momentum=0.9),
+    "encoder": dict(batch=16, warmup=3, steps=40, classes=2, features=64,
+                    optimizer="adamw", lr=1e-3, weight_decay=0.01, layers=2,
+                    vocab=1000),
+    "encoder24": dict(batch=16, warmup=0, steps=0, classes=2, features=64,
+                      optimizer="adamw", lr=1e-3, weight_decay=0.01, layers=24,
+                      vocab=1000),
+}
+SYSTEMS = ["torch", "estimator", "torch-plain", "api", "ortt"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the onnxtrain of this checkout, not an installed one
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+# ------------------------------------------------------------------ data
+def batches(name):
+    """``(X, y)``: all the rows of the warm-up and timed steps (numpy)."""
+    cfg = MODELS[name]
+    n = cfg["batch"] * (cfg["warmup"] + cfg["steps"])
+    rng = np.random.RandomState(0)
+    if name == "resnet18":
+        X = rng.randn(n, cfg["features"]).astype(np.float32)
+    else:
+        X = rng.randint(0, cfg["vocab"], size=(n, cfg["features"])).astype(np.float32)
+    y = rng.randint(0, cfg["classes"], size=n).astype(np.int64)
+    return X, y
+
+
+# ------------------------------------------------------------ torch models
+def torch_model(name):
+    """The PyTorch module of ``name``, weights drawn with manual_seed(0)."""
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    if name == "resnet18":
+        class BasicBlock(nn.Module):
+            def __init__(self, cin, cout, stride):
+                super().__init__()
+                self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+                self.bn1 = nn.BatchNorm2d(cout)
+                self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+                self.bn2 = nn.BatchNorm2d(cout)
+                self.downsample = None
+                if stride != 1 or cin != cout:
+                    self.downsample = nn.Sequential(
+                        nn.Conv2d(cin, cout, 1, stride, bias=False),
+                        nn.BatchNorm2d(cout))
+
+            def forward(self, x):
+                h = torch.relu(self.bn1(self.conv1(x)))
+                h = self.bn2(self.conv2(h))
+                skip = x if self.downsample is None else self.downsample(x)
+                return torch.relu(h + skip)
+
+        class ResNet18(nn.Module):
+            def __init__(self, classes):
+                super().__init__()
+                self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+                self.bn1 = nn.BatchNorm2d(64)
+                self.maxpool = nn.MaxPool2d(3, 2, 1)
+                layers, cin = [], 64
+                for i, cout in enumerate([64, 128, 256, 512]):
+                    stride = 1 if i == 0 else 2
+                    layers.append(nn.Sequential(BasicBlock(cin, cout, stride),
+                                                BasicBlock(cout, cout, 1)))
+                    cin = cout
+                self.layer1, self.layer2, self.layer3, self.layer4 = layers
+                self.fc = nn.Linear(512, classes)
+
+            def forward(self, x):
+                x = x.reshape(-1, 3, 32, 32)
+                x = self.maxpool(torch.relu(self.bn1(self.conv1(x))))
+                x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+                return self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
+
+        return ResNet18(MODELS[name]["classes"])
+
+    from transformers import BertConfig, BertModel
+    cfg = MODELS[name]
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            config = BertConfig(
+                vocab_size=cfg["vocab"], hidden_size=128,
+                num_hidden_layers=cfg["layers"], num_attention_heads=2,
+                intermediate_size=512, max_position_embeddings=cfg["features"],
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                attn_implementation="eager")
+            self.bert = BertModel(config, add_pooling_layer=False)
+            self.head = nn.Linear(128, cfg["classes"])
+
+        def forward(self, x):
+            hidden = self.bert(input_ids=x.long()).last_hidden_state
+            return self.head(hidden[:, 0])
+
+    return Encoder()
+
+
+def export(name, path):
+    """Export the module of ``name`` to ``path`` (TorchScript exporter,
+    training mode, symbolic batch); return the names of its parameters in
+    the graph, in the module's order."""
+    import torch
+    model = torch_model(name)
+    model.train()
+    X, _ = batches(name) if MODELS[name]["steps"] else (
+        np.zeros((2, MODELS[name]["features"]), np.float32), None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model, (torch.from_numpy(X[:2]),), path, dynamo=False, opset_version=17,
+            training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+            input_names=["X"], output_names=["logits"],
+            dynamic_axes={"X": {0: "N"}, "logits": {0: "N"}})
+    import onnx
+    onx = onnx.load(path)
+    inits = {i.name for i in onx.graph.initializer}
+    names = [n for n, _ in model.named_parameters() if n in inits]
+    missing = [n for n, _ in model.named_parameters() if n not in inits]
+    if missing:
+        raise RuntimeError(f"export renamed parameters: {missing[:5]}")
+    return names
+
+
+# --------------------------------------------------------------- systems
+def run_torch(name, plain):
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    cfg = MODELS[name]
+    model = torch_model(name)
+    model.train()
+    if cfg["optimizer"] == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"],
+                              momentum=0.0 if plain else cfg["momentum"])
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"],
+                                weight_decay=cfg["weight_decay"])
+    X, y = batches(name)
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+    b, losses, clock = cfg["batch"], [], _Chunks(cfg)
+    for step in range(cfg["warmup"] + cfg["steps"]):
+        clock.tick(step)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(
+            model(Xt[step * b:(step + 1) * b]), yt[step * b:(step + 1) * b])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return clock.done(), losses
+
+
+def run_estimator(name, path, params):
+    import onnx
+    from onnxtrain import (LearningRateAdamW, LearningRateSGDNesterov,
+                           OrtGradientForwardBackwardClassifier)
+    from onnxtrain.losses import CrossEntropyLearningLoss
+    cfg = MODELS[name]
+    if cfg["optimizer"] == "sgd":
+        rate = LearningRateSGDNesterov(cfg["lr"], learning_rate="constant",
+                                       momentum=cfg["momentum"], nesterov=False)
+    else:
+        rate = LearningRateAdamW(cfg["lr"], weight_decay=cfg["weight_decay"])
+    X, y = batches(name)
+    b, w = cfg["batch"], cfg["warmup"]
+    onx = onnx.load(path)
+
+    # warm_start: training starts from the graph's initializers; the
+    # warm-up partial_fit builds the graphs and sessions, the timed one
+    # continues from its weights and optimizer state as the other systems do
+    est = OrtGradientForwardBackwardClassifier(
+        onx, weights_to_train=params, learning_rate=rate, max_iter=1,
+        batch_size=b, learning_loss=CrossEntropyLearningLoss(from_logits=True),
+        random_state=0, warm_start=True)
+    est.partial_fit(X[:w * b], y[:w * b], classes=np.arange(cfg["classes"]))
+    warm_loss = float(est.train_losses_[-1])
+    times, chunk = [], CHUNK * b
+    for first in range(w * b, len(X), chunk):
+        start = time.perf_counter()
+        est.partial_fit(X[first:first + chunk], y[first:first + chunk])
+        times.append(time.perf_counter() - start)
+    return times, [warm_loss, float(est.train_losses_[-1])]
+
+
+#: steps timed together; a run's speed is the median over its chunks
+CHUNK = 5
+
+
+class _Chunks:
+    """Times of the chunks of CHUNK steps after the warm-up."""
+
+    def __init__(self, cfg):
+        self.warmup, self.times, self.start = cfg["warmup"], [], None
+
+    def tick(self, step):
+        """Call before each step."""
+        if step >= self.warmup and (step - self.warmup) % CHUNK == 0:
+            now = time.perf_counter()
+            if self.start is not None:
+                self.times.append(now - self.start)
+            self.start = now
+
+    def done(self):
+        self.times.append(time.perf_counter() - self.start)
+        return self.times
+
+
+def _artifacts(name, path, params, folder, ort):
+    """generate_artifacts of onnxtrain (``ort`` False) or
+    onnxruntime-training (True) into ``folder``."""
+    import onnx
+    if ort:
+        from onnxruntime.training import artifacts
+    else:
+        from onnxtrain import artifacts
+    cfg = MODELS[name]
+    if cfg["optimizer"] == "sgd":
+        optim = artifacts.OptimType.SGD
+    else:  # PyTorch's AdamW defaults (the block's own eps is 1e-6)
+        if ort:
+            from onnxruntime.training import onnxblock
+        else:
+            from onnxtrain import onnxblock
+        optim = onnxblock.optim.AdamW(eps=1e-8, weight_decay=cfg["weight_decay"])
+    model = onnx.load(path)
+    if ort:
+        # onnxruntime-training's LayerNormalization gradient reads the
+        # node's optional mean and inverse-deviation outputs: name them
+        for node in model.graph.node:
+            if node.op_type == "LayerNormalization" and len(node.output) == 1:
+                node.output.extend([node.output[0] + "_mean", node.output[0] + "_inv_std"])
+    artifacts.generate_artifacts(
+        model, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=optim, artifact_directory=folder)
+    if ort:
+        # onnxruntime-training 1.19 reads IR versions <= 10; its optimizer
+        # model is written with the IR version of the installed onnx
+        opt_path = os.path.join(folder, "optimizer_model.onnx")
+        opt = onnx.load(opt_path)
+        opt.ir_version = min(opt.ir_version, 10)
+        onnx.save(opt, opt_path)
+
+
+def run_api(name, path, params, ort):
+    if ort:
+        from onnxruntime.training import api
+    else:
+        from onnxtrain import api
+    cfg = MODELS[name]
+    folder = tempfile.mkdtemp(prefix="bench_models_")
+    _artifacts(name, path, params, folder, ort)
+    state = api.CheckpointState.load_checkpoint(os.path.join(folder, "checkpoint"))
+    # no eval model: onnxruntime-training's eval model of a training-mode
+    # BatchNormalization keeps its statistics outputs and does not load
+    module = api.Module(os.path.join(folder, "training_model.onnx"), state)
+    optimizer = api.Optimizer(os.path.join(folder, "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(cfg["lr"])
+    module.train()
+    X, y = batches(name)
+    b, losses, clock = cfg["batch"], [], _Chunks(cfg)
+    for step in range(cfg["warmup"] + cfg["steps"]):
+        clock.tick(step)
+        loss = module(X[step * b:(step + 1) * b], y[step * b:(step + 1) * b])
+        optimizer.step()
+        module.lazy_reset_grad()
+        losses.append(float(np.asarray(loss).reshape(-1)[0]))
+    return clock.done(), losses
+
+
+def run_build(path, params, ort):
+    """Seconds of generate_artifacts and nodes of its training graph."""
+    import onnx
+    folder = tempfile.mkdtemp(prefix="bench_build_")
+    start = time.perf_counter()
+    _artifacts("encoder24", path, params, folder, ort)
+    seconds = time.perf_counter() - start
+    train = onnx.load(os.path.join(folder, "training_model.onnx"),
+                      load_external_data=False)
+    return seconds, len(train.graph.node)
+
+
+def one(name, system, path, params):
+    """Run one (model, system) in this process; print a JSON line."""
+    if system.startswith("torch"):
+        import torch  # noqa: F401  (imports are not the run's memory)
+    elif system in ("ortt", "build-ortt"):
+        import onnxruntime.training  # noqa: F401
+    else:
+        import onnxtrain  # noqa: F401
+    before = _rss_kb(reset_peak=True)
+    if system == "build":
+        seconds, nodes = run_build(path, params, ort=False)
+        losses = [nodes]
+    elif system == "build-ortt":
+        seconds, nodes = run_build(path, params, ort=True)
+        losses = [nodes]
+    elif system.startswith("torch"):
+        seconds, losses = run_torch(name, plain=system == "torch-plain")
+    elif system == "estimator":
+        seconds, losses = run_estimator(name, path, params)
+    else:
+        seconds, losses = run_api(name, path, params, ort=system == "ortt")
+    peak = _rss_kb(field="VmHWM")
+    rate = (CHUNK / float(np.median(seconds)) if isinstance(seconds, list)
+            else None)
+    print(json.dumps(dict(model=name, system=system, seconds=seconds, rate=rate,
+                          steps=MODELS[name]["steps"], losses=losses,
+                          peak_mb=(peak - before) / 1024)))
+
+
+def _rss_kb(reset_peak=False, field="VmRSS"):
+    """Resident memory (kB) from /proc; ``reset_peak`` restarts VmHWM."""
+    try:
+        if reset_peak:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _child(python, name, system, path, params):
+    env = dict(os.environ)
+    root = os.path.dirname(HERE)
+    if system in ("ortt", "build-ortt"):
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [python, os.path.abspath(__file__), "--one", name, system, path,
+         json.dumps(params)], capture_output=True, text=True, env=env)
+    if out.returncode:
+        print(f"{name} {system}: failed\n{out.stderr[-3000:]}")
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _warmup_loss(name, r):
+    """Mean loss of the warm-up steps. Later steps drift apart by rounding:
+    these trainings are chaotic (PyTorch on one thread and on two differs
+    by 2e-4 at the fourth resnet18 step and by 0.1 at the sixth)."""
+    losses = r["losses"]
+    return float(losses[0] if r["system"] == "estimator"
+                 else np.mean(losses[:MODELS[name]["warmup"]]))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "encoder"])
+    parser.add_argument("--systems", nargs="+", default=SYSTEMS)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per cell, alternating systems; median shown")
+    parser.add_argument("--build", action="store_true",
+                        help="also time generate_artifacts on the 24-layer encoder")
+    parser.add_argument("--ortt", default=os.environ.get("ONNXTRAIN_ORTT_PYTHON"),
+                        help="python of a venv with onnxruntime-training")
+    parser.add_argument("--one", nargs=4, metavar=("MODEL", "SYSTEM", "PATH", "PARAMS"))
+    args = parser.parse_args(argv)
+    if args.one:
+        name, system, path, params = args.one
+        one(name, system, path, json.loads(params))
+        return
+    systems = [s for s in args.systems if s != "ortt" or args.ortt]
+    folder = tempfile.mkdtemp(prefix="bench_models_onnx_")
+    header = (f"{'model':9} {'system':12} {'steps/s':>8} {'x torch':>8} "
+              f"{'spread':>7} {'warm loss':>10} {'peak MB':>8}")
+    print(header)
+    print("-" * len(header))
+    for name in args.models:
+        path = os.path.join(folder, f"{name}.onnx")
+        params = export(name, path)
+        runs = {s: [] for s in systems}
+        for _ in range(args.repeat):
+            for system in systems:
+                if system == "torch-plain" and MODELS[name]["optimizer"] != "sgd":
+                    continue
+                python = args.ortt if system == "ortt" else sys.executable
+                r = _child(python, name, system, path, params)
+                if r is not None:
+                    runs[system].append(r)
+        rows = {}
+        for system, rs in runs.items():
+            if rs:
+                rates = sorted(r["rate"] for r in rs)
+                mid = rates[len(rates) // 2]
+                r = min(rs, key=lambda r: abs(r["rate"] - mid))
+                rows[system] = (mid, rates[-1] / rates[0] - 1, r)
+        for system, (rate, spread, r) in rows.items():
+            base = "torch-plain" if (system in ("api", "ortt", "torch-plain") and
+                                     MODELS[name]["optimizer"] == "sgd") else "torch"
+            ratio = rate / rows[base][0] if base in rows else float("nan")
+            print(f"{name:9} {system:12} {rate:8.2f} {ratio:8.2f} {spread:7.0%} "
+                  f"{_warmup_loss(name, r):10.5f} {r['peak_mb']:8.0f}")
+        print()
+    if args.build:
+        path = os.path.join(folder, "encoder24.onnx")
+        params = export("encoder24", path)
+        print(f"{'build':9} {'system':12} {'seconds':>8} {'nodes':>8} {'peak MB':>8}")
+        for system in ["build"] + (["build-ortt"] if args.ortt else []):
+            python = args.ortt if system == "build-ortt" else sys.executable
+            rs = [r for r in (_child(python, "encoder24", system, path, params)
+                              for _ in range(args.repeat)) if r]
+            if rs:
+                rs.sort(key=lambda r: r["seconds"])
+                r = rs[len(rs) // 2]
+                print(f"{'encoder24':9} {system:12} {r['seconds']:8.2f} "
+                      f"{r['losses'][0]:8d} {r['peak_mb']:8.0f}")
+
+
+if __name__ == "__main__":
+    main()
