@@ -647,6 +647,42 @@ def test_cold_start_random_state(mlp_onnx, regression_data):
     assert est.t_ == 3 * 105
 
 
+def test_cold_start_redraws_only_weights_to_train(regression_data):
+    """warm_start=False draws new values for weights_to_train only: the
+    other initializers of a skl2onnx MLP (the untrained weights and the
+    int64 Reshape shape) come out of get_trained_onnx byte for byte."""
+    X, y = regression_data
+    skl = MLPRegressor(hidden_layer_sizes=(8, 4), max_iter=20, random_state=0)
+    with pytest.warns(ConvergenceWarning):
+        model = to_onnx(skl.fit(X, y), X[:1])
+    original = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert original["shape_tensor"].dtype == np.int64
+    trained_names = ["intercepts", "coefficient1"]
+    est = OrtGradientForwardBackwardOptimizer(
+        model, weights_to_train=trained_names, learning_rate=constant(1e-7),
+        max_iter=1, batch_size=10, random_state=0, warm_start=False)
+    for _ in range(2):  # the first fit and a refit both redraw
+        est.fit(X, y)
+        trained = {i.name: numpy_helper.to_array(i)
+                   for i in est.get_trained_onnx().graph.initializer}
+        assert trained.keys() == original.keys()
+        for name in trained_names:  # redrawn (lr 1e-7 barely moves them)
+            assert np.abs(trained[name] - original[name]).max() > 0.01, name
+        for name in original.keys() - set(trained_names):
+            assert trained[name].dtype == original[name].dtype, name
+            assert trained[name].shape == original[name].shape, name
+            assert trained[name].tobytes() == original[name].tobytes(), name
+        # the fitted graph is the original one with the two redrawn weights
+        sess = ort.InferenceSession(est.get_trained_onnx().SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        hidden = np.maximum(X @ original["coefficient"] + trained["intercepts"], 0)
+        hidden = np.maximum(hidden @ trained["coefficient1"]
+                            + original["intercepts1"], 0)
+        expected = hidden @ original["coefficient2"] + original["intercepts2"]
+        assert_allclose(sess.run(None, {"X": X})[0], expected, rtol=1e-5,
+                        atol=1e-5)
+
+
 # -------------------------------------------------------- non-finite loss
 
 def test_huge_learning_rate_raises_convergence_error(mlp_onnx, regression_data):

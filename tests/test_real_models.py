@@ -10,7 +10,9 @@ same initial weights on the same batches as a plain PyTorch SGD loop. The
 math is deterministic (Dropout p=0 where curves are compared), so the loss
 curves match PyTorch's; the running statistics are updated by PyTorch's
 rule (momentum, unbiased variance) and predictions, ``get_trained_onnx``
-and the eval model run in inference mode on them.
+and the eval model run in inference mode on them. Dropout p=0.5 draws a
+new mask at every training call (estimator and api) and is off at
+predict/eval, where the results equal ``model.eval()``'s.
 
 Skipped when torch is not installed (``pip install onnxtrain[torch]``).
 """
@@ -372,7 +374,7 @@ def _encoder_setup():
     return net, model, tokens, mask, y
 
 
-@pytest.mark.parametrize("path", ["split", "loop"])
+@pytest.mark.parametrize("path", ["split", "fused", "loop"])
 def test_transformer_encoder_trains_as_torch_through_the_estimator(path):
     net, model, tokens, mask, y = _encoder_setup()
     t_test, m_test, y_test = _sequences(120, 1)
@@ -436,3 +438,85 @@ def test_transformer_encoder_trains_as_torch_through_artifacts(tmp_path):
         curve.append(total / len(y))
     np.testing.assert_allclose(curve, _torch_fit(net, [tokens, mask], y, 3),
                                rtol=5e-4)
+    # the trained result: eval loss and inference accuracy on unseen data
+    t_test, m_test, y_test = _sequences(120, 1)
+    expected = _torch_eval(net, [t_test, m_test])
+    torch_loss = float(torch.nn.functional.cross_entropy(
+        torch.from_numpy(expected), torch.from_numpy(y_test)))
+    module.eval()
+    assert module(t_test, m_test, y_test).item() == pytest.approx(torch_loss,
+                                                                  rel=1e-4)
+    exported = module.export_model_for_inferencing(tmp_path / "inference.onnx",
+                                                    ["logits"])
+    (logits,) = _run(exported, {"tokens": t_test, "mask": m_test})
+    np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-4)
+    assert abs(np.mean(logits.argmax(1) == y_test)
+               - np.mean(expected.argmax(1) == y_test)) <= 0.01
+
+
+@pytest.mark.parametrize("path", ["fused", "loop"])
+def test_dict_inputs_partial_fit_and_pickling_continue_training(path):
+    net, model, tokens, mask, y = _encoder_setup()
+    X = {"tokens": tokens, "mask": mask}
+    first = {k: v[:96] for k, v in X.items()}  # 3 whole batches of 32
+    second = {"mask": mask[96:], "tokens": tokens[96:]}  # keys in another order
+    est = _estimator(model, 1, path).partial_fit(first, y[:96])
+    assert est.training_path_ == path
+    copy = pickle.loads(pickle.dumps(est))
+    est.partial_fit(second, y[96:])
+    # two chunks of whole batches are one epoch, as torch's
+    one_epoch = _estimator(model, 1, path).fit(X, y)
+    (torch_loss,) = _torch_fit(net, [tokens, mask], y, 1)
+    assert one_epoch.train_losses_[0] == pytest.approx(torch_loss, rel=5e-4)
+    for a, b in zip(est.get_state(), one_epoch.get_state()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    t_test, m_test, _ = _sequences(120, 1)
+    test = {"tokens": t_test, "mask": m_test}
+    np.testing.assert_allclose(
+        est.predict_proba(test),
+        torch.softmax(torch.from_numpy(_torch_eval(net, [t_test, m_test])), 1),
+        rtol=1e-3, atol=1e-5)
+    # the unpickled copy continues exactly as the original did
+    copy.partial_fit(second, y[96:])
+    for a, b in zip(copy.get_state(), est.get_state()):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(copy.predict_proba(test), est.predict_proba(test))
+    est.partial_fit(X, y)
+    copy.partial_fit(X, y)
+    assert copy.train_losses_ == est.train_losses_
+    np.testing.assert_array_equal(copy.predict_proba(test), est.predict_proba(test))
+
+
+def test_dropout_is_active_in_api_training_and_off_at_eval(tmp_path):
+    X, y, X_test, y_test = _digits()
+    torch.manual_seed(0)
+    net = CNN(p=0.5)
+    model = _export(net, [torch.from_numpy(X[:2])], ["x"])
+    assert any(n.op_type == "Dropout" for n in model.graph.node)
+    state, module, optimizer = _cnn_artifacts(tmp_path, model)
+    module.train()
+    for start in range(0, 128, BATCH):
+        module(X[start:start + BATCH], y[start:start + BATCH])
+        optimizer.step()
+        module.lazy_reset_grad()
+    # same weights, same batch: a new mask at every training call
+    losses = [module(X[:BATCH], y[:BATCH]).item() for _ in range(3)]
+    module.lazy_reset_grad()
+    assert len(set(losses)) == 3 and max(losses) - min(losses) > 1e-3
+    module.eval()
+    eval_losses = [module(X_test, y_test).item() for _ in range(2)]
+    assert eval_losses[0] == eval_losses[1]
+    # torch's eval (no dropout, running statistics) on the api's weights
+    net.load_state_dict({name: torch.from_numpy(np.array(state.parameters[name].data))
+                         for name in net.state_dict()
+                         if name != "bn.num_batches_tracked"}, strict=False)
+    assert not np.allclose(net.bn.running_var.numpy(), 1)  # stats were updated
+    expected = _torch_eval(net, [X_test])
+    torch_loss = float(torch.nn.functional.cross_entropy(
+        torch.from_numpy(expected), torch.from_numpy(y_test)))
+    assert eval_losses[0] == pytest.approx(torch_loss, rel=1e-4)
+    exported = module.export_model_for_inferencing(tmp_path / "inference.onnx",
+                                                    ["logits"])
+    (logits,) = _run(exported, {"x": X_test})
+    np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-4)
+    np.testing.assert_array_equal(_run(exported, {"x": X_test})[0], logits)
