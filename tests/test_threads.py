@@ -7,7 +7,9 @@ import pytest
 from sklearn.exceptions import ConvergenceWarning
 
 from onnxtrain import OrtGradientForwardBackwardOptimizer
-from onnxtrain.neural_network import MLPRegressor
+from onnxtrain.estimators import OrtGradientForwardBackwardClassifier
+from onnxtrain.neural_network import MLPClassifier, MLPRegressor
+from onnxtrain.runtime.fused import SMALL_STEP_FLOPS
 from onnxtrain.runtime.threads import (current_session_threads, joblib_thread_budget,
                                        session_threads)
 
@@ -31,6 +33,60 @@ def test_n_threads_sets_every_session(mlp_onnx, regression_data):
         warnings.simplefilter("ignore", ConvergenceWarning)
         mlp = MLPRegressor(hidden_layer_sizes=(3,), max_iter=1, n_threads=3).fit(X, y)
     assert _threads(mlp._loop._trainer.engine._forward) == 3
+
+
+def _fused_threads(trainer):
+    """Intra-op threads of each fused runner (step or loop graph) the trainer
+    built, by runner key."""
+    return {key[1]: _threads(runner) for key, runner in trainer._fused.items()
+            if key[0] == "runner"}
+
+
+@pytest.mark.parametrize("path,kind", [("fused", "step"), ("loop", "epochs")])
+def test_explicit_n_threads_wins_over_the_small_step_rule(mlp_onnx, regression_data,
+                                                          path, kind):
+    """A step this small runs on one thread by default, but an explicit
+    n_threads is what the fused and loop sessions get."""
+    X, y = regression_data
+    est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), max_iter=1, n_threads=3,
+                                              training_path=path).fit(X, y)
+    assert est._trainer.flops_per_step(est.batch_size) < SMALL_STEP_FLOPS
+    assert _fused_threads(est._trainer) == {kind: 3}
+    # the rule itself is kept for n_threads=None
+    est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), max_iter=1,
+                                              training_path=path).fit(X, y)
+    assert _fused_threads(est._trainer) == {kind: 1}
+
+
+def _softmax_model(n_features, n_classes):
+    """X (N, n_features) -> Softmax(X @ W + B)."""
+    from onnx import TensorProto, helper, numpy_helper
+    inits = [numpy_helper.from_array(
+                 np.full((n_features, n_classes), 0.1, dtype=np.float32), "W"),
+             numpy_helper.from_array(np.zeros(n_classes, dtype=np.float32), "B")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["XW"]),
+         helper.make_node("Add", ["XW", "B"], ["Z"]),
+         helper.make_node("Softmax", ["Z"], ["Y"], axis=1)], "softmax",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, n_features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, n_classes])],
+        inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_explicit_n_threads_in_classifiers(regression_data):
+    X, target = regression_data
+    y = np.where(target > np.median(target), "high", "low")
+    clf = OrtGradientForwardBackwardClassifier(_softmax_model(5, 2), max_iter=1,
+                                               n_threads=3,
+                                               training_path="fused").fit(X, y)
+    assert _fused_threads(clf._trainer) == {"step": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        mlp = MLPClassifier(hidden_layer_sizes=(3,), max_iter=1, n_threads=3,
+                            random_state=0).fit(X, y)
+    runners = _fused_threads(mlp._loop._trainer)
+    assert runners and set(runners.values()) == {3}, runners
 
 
 def test_session_threads_block():
@@ -82,6 +138,10 @@ def test_module_n_threads(tmp_path):
     # a second call adds to the gradients: the accumulating step
     module(X, np.zeros((4, 2), dtype=np.float32))
     assert _threads(module._runners["train"]) == 2
+    eval_module = Module(str(tmp_path / "training_model.onnx"), state,
+                         str(tmp_path / "eval_model.onnx"), n_threads=3)
+    eval_module.eval()(X, np.zeros((4, 2), dtype=np.float32))
+    assert _threads(eval_module._runners["eval"]) == 3
     with pytest.raises(ValueError, match="n_threads"):
         Module(str(tmp_path / "training_model.onnx"), state, n_threads=-1)
 

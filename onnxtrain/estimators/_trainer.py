@@ -287,9 +287,9 @@ class StepRunner:
         if key not in self._fused:
             graph = self.fused_graph(kind, weighted)
             with session_threads(self.engine._threads):
-                self._fused[key] = FusedRunner(graph, self.device,
-                                               self.flops_per_step(rows),
-                                               kind != "step")
+                self._fused[key] = FusedRunner(
+                    graph, self.device, self.flops_per_step(rows), kind != "step",
+                    n_threads=self.engine._requested_threads)
         runner = self._fused[key]
         flat = self._flat_parameters()
         if runner.parameters is None or any(

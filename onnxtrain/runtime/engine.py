@@ -14,7 +14,8 @@ from ..models import load_model, select_weights
 from ..training_mode import inference_mode
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
-from .threads import current_session_threads, session_threads
+from .threads import (current_session_threads, requested_session_threads,
+                      session_threads)
 
 __all__ = ["OrtGradientForwardBackward", "check_weight_names"]
 
@@ -111,6 +112,9 @@ class OrtGradientForwardBackward:
         self._lock = threading.RLock()  # builds models and sessions once
         # sessions built later (at first use) take the threads in force now
         self._threads = current_session_threads()
+        # an explicit count (an estimator's n_threads) overrides the
+        # one-thread rule of small fused steps (FusedRunner)
+        self._requested_threads = requested_session_threads()
         inits = {i.name: i for i in model.graph.initializer}
         self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device)
                         for w in self.weights_to_train]

@@ -10,6 +10,7 @@ from onnxruntime import OrtValue
 from ..graph import elem_type_to_numpy
 from .devices import parse_device
 from .sessions import default_session_options, make_session, to_ortvalue
+from .threads import check_n_threads
 
 __all__ = ["FusedRunner"]
 
@@ -24,7 +25,8 @@ def _dtype_of(value):
             "tensor(float16)": np.float16}[value.data_type()]
 
 
-#: Steps cheaper than this (in floating-point operations) run on one thread.
+#: Steps cheaper than this (in floating-point operations) run on one thread,
+#: unless a thread count is given explicitly (``n_threads``).
 SMALL_STEP_FLOPS = 4e6
 
 
@@ -40,11 +42,16 @@ class FusedRunner:
     flops_per_step : float, default=None
         Estimated work of one step; below :data:`SMALL_STEP_FLOPS` the session
         runs on one thread (waking a thread pool for every small kernel
-        costs more than it saves).
+        costs more than it saves) unless ``n_threads`` is given.
     long_runs : bool, default=False
         True for loop graphs, whose one run holds many steps: the intra-op
         threads may spin between the kernels of that run (measured: +10% on
         W4); step graphs run many short runs and never spin between them.
+    n_threads : int, default=None
+        An explicit intra-op thread count (an estimator's ``n_threads``): the
+        session uses it whatever ``flops_per_step``. None: one thread for a
+        small step, else the count in force
+        (:func:`~onnxtrain.runtime.threads.current_session_threads`).
 
     Attributes
     ----------
@@ -52,11 +59,14 @@ class FusedRunner:
         Current weights and states, flat, in the graph's input order.
     """
 
-    def __init__(self, step, device="cpu", flops_per_step=None, long_runs=False):
+    def __init__(self, step, device="cpu", flops_per_step=None, long_runs=False,
+                 n_threads=None):
         self.step = step
         self.device = parse_device(device)
-        small = flops_per_step is not None and flops_per_step < SMALL_STEP_FLOPS
-        options = default_session_options(1 if small else None,
+        n_threads = check_n_threads(n_threads)
+        small = n_threads is None and flops_per_step is not None \
+            and flops_per_step < SMALL_STEP_FLOPS
+        options = default_session_options(1 if small else n_threads,
                                           spinning=long_runs and not small)
         self.long_runs = long_runs
         self.session = make_session(step.model, self.device, options)

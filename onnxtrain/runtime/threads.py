@@ -13,7 +13,10 @@ onnxruntime reads none of them, so onnxtrain does:
 
 - ``n_threads=None`` in a joblib worker process: that budget;
 - ``n_threads=None`` elsewhere: onnxruntime's default (every core);
-- an int: that many threads.
+- an int: that many threads, on every session the estimator builds
+  (the one-thread rule for small fused steps,
+  :data:`~onnxtrain.runtime.fused.SMALL_STEP_FLOPS`, applies only when
+  ``n_threads`` is None).
 
 :func:`session_threads` sets the count for the sessions created in a block
 (estimators wrap ``fit`` and ``predict`` with it);
@@ -28,8 +31,9 @@ import multiprocessing
 import numbers
 import os
 
-__all__ = ["session_threads", "current_session_threads", "joblib_thread_budget",
-           "check_n_threads", "resolve_n_threads", "with_session_threads"]
+__all__ = ["session_threads", "current_session_threads", "requested_session_threads",
+           "joblib_thread_budget", "check_n_threads", "resolve_n_threads",
+           "with_session_threads"]
 
 _THREADS = contextvars.ContextVar("onnxtrain_session_threads", default=None)
 
@@ -84,6 +88,14 @@ def current_session_threads():
     else joblib's budget in a joblib worker."""
     value = _THREADS.get()
     return value if value is not None else joblib_thread_budget()
+
+
+def requested_session_threads():
+    """The intra-op thread count the innermost :func:`session_threads` block
+    asks for (an estimator's explicit ``n_threads``), or None when no block
+    sets one: unlike :func:`current_session_threads`, joblib's budget is not
+    taken, so callers can tell an explicit count from a default one."""
+    return _THREADS.get()
 
 
 @contextlib.contextmanager
