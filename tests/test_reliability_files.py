@@ -242,6 +242,12 @@ HOSTILE_HEADERS = [
     ("shape not a list", _set(P0 + ("shape",), "2,3"), r"parameters\[0\]\.shape"),
     ("absurd shape", _set(P0 + ("shape",), [10 ** 6] * 3),
      r"parameters\[0\]\.shape"),
+    # W's 6 values, so the entry's size agrees: only the rank is wrong
+    ("more than 64 dimensions", _set(P0 + ("shape",), [2, 3] + [1] * 63),
+     r"parameters\[0\]\.shape"),
+    ("optimizer state of 65 dimensions", _set(
+        ("optimizer", "states", "W", "exp_avg", "shape"), [1] * 63 + [2, 3]),
+     r"optimizer\.states\['W'\]\['exp_avg'\]\.shape"),
     ("size disagrees with shape", _set(P0 + ("shape",), [3, 3]),
      r"parameters\[0\]\.data"),
     ("missing entry", _set(P0 + ("data",), "arrays/9.bin"),
@@ -382,8 +388,8 @@ def test_format_doc_lists_every_rule_the_reader_checks():
         doc = " ".join(f.read().split())
     for rule in ("stored uncompressed", "appears once", "JSON boolean",
                  "finite and non-negative", "non-negative integers",
-                 "prod(shape) * itemsize", "ValueError naming the file and the"
-                 " field"):
+                 "prod(shape) * itemsize", "at most 64 entries",
+                 "ValueError naming the file and the field"):
         assert rule in doc, rule
 
 

@@ -257,6 +257,9 @@ class _Reader:
             if _exact(dim, int) is None or dim < 0:
                 self.fail(f"{field}.shape", f"{_short(shape)} is not a list "
                           "of non-negative integers.")
+        if len(shape) > MAX_DIMS:
+            self.fail(f"{field}.shape", f"{_short(shape)} has {len(shape)} "
+                      f"dimensions; numpy arrays have at most {MAX_DIMS}.")
         dtype = np.dtype(dtype)
         nbytes = dtype.itemsize * math.prod(shape)
         self.total_bytes += nbytes
@@ -401,6 +404,9 @@ _PROPERTY_TYPES = {"int": int, "float": str, "str": str}
 # little-endian bool, int, uint and float dtypes, as _dtype_str writes them
 _DTYPES = frozenset(_dtype_str(t) for t in "?bBhHiIqQefd")
 MAX_BYTES = 1 << 40  # 1 TiB: a bound on the arrays of one checkpoint
+#: The most dimensions an array record may have: numpy's limit (32 before
+#: numpy 2), beyond which the array could not be built.
+MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 
 
 def read_checkpoint(path):
