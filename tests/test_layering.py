@@ -29,7 +29,10 @@ def test_only_runtime_imports_onnxruntime():
 
 def test_lower_layers_do_not_import_upper_ones():
     lower = {"graph": {"autodiff", "runtime", "estimators", "losses", "optim"},
-             "autodiff": {"runtime", "estimators", "losses", "optim"}}
+             "autodiff": {"runtime", "estimators", "losses", "optim"},
+             # the artifact API runs without scikit-learn's estimators: what
+             # it shares with them lives lower (onnxtrain._casting...)
+             "api": {"estimators", "neural_network"}}
     offenders = []
     for layer, forbidden in lower.items():
         for path in (PACKAGE / layer).rglob("*.py"):

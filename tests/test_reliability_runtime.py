@@ -259,6 +259,35 @@ class TestBadValues:
         assert_allclose(est.predict(big), big @ W.ravel() + B[0], rtol=1e-12)
 
 
+    def test_module_refuses_values_beyond_float32(self, two_head_artifacts):
+        state, module = open_module(two_head_artifacts)
+        x, target, _ = batch(10)
+        weights = state.parameters["weight1"].data.copy()
+        huge = x.astype(np.float64)
+        huge[3, 1] = -1e39
+        big_target = target.astype(np.float64)
+        big_target[7, 2] = 1e39
+        calls = {"input": lambda: module(huge, target),
+                 "target": lambda: module(x, big_target),
+                 "eval input": lambda: module.eval()(huge, target)}
+        for what, call in calls.items():
+            module.train()
+            with pytest.raises(ValueError, match=(
+                    rf"Input '{what.split()[-1]}' of the "
+                    rf"{'eval' if 'eval' in what else 'training'} model has "
+                    r"values up to 1e\+39 .*range of float32")):
+                call()
+            # refused before running: no gradient, no change of the weights
+            assert not state.parameters["weight1"].grad.any(), what
+            assert_array_equal(state.parameters["weight1"].data, weights)
+        # the caller's arrays are untouched, and within range float64 is cast
+        assert huge[3, 1] == -1e39 and huge.dtype == np.float64
+        module.train()
+        loss = module(x.astype(np.float64), target.astype(np.float64))
+        assert_allclose(loss, module(x, target), rtol=1e-6)
+        assert np.isfinite(loss)
+
+
 # ------------------------------------------------------------------- shapes
 
 class TestShapes:
@@ -327,7 +356,87 @@ def diverging(path, max_iter, **kwargs):
         learning_rate=LearningRateSGD(0.05, learning_rate="constant"), **kwargs)
 
 
+def skl2onnx_graph(kind):
+    """A float32 skl2onnx graph of a LinearRegression or of an MLPRegressor
+    with 5 relu units, for 4 features (fitted by scikit-learn; a fresh
+    onnxtrain fit redraws its weights)."""
+    from sklearn.linear_model import LinearRegression
+    from sklearn.neural_network import MLPRegressor as SkMLPRegressor
+
+    from onnxtrain import to_onnx
+    X, y = regression()
+    skl = LinearRegression() if kind == "linear" else SkMLPRegressor(
+        hidden_layer_sizes=(5,), max_iter=2, random_state=1234)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        skl.fit(X, y)
+    return to_onnx(skl, X[:1].astype(np.float32), target_opset=15)
+
+
+def sklearn_initial_weights(layer_sizes, seed):
+    """The weights scikit-learn's MLP ``_init_coef`` draws (relu: bound
+    sqrt(6 / (fan_in + fan_out)), coefficients then intercept, layer by
+    layer), which a fresh fit of a skl2onnx graph starts from."""
+    rng = np.random.RandomState(seed)
+    weights = []
+    for fan_in, fan_out in zip(layer_sizes[:-1], layer_sizes[1:]):
+        bound = np.sqrt(6.0 / (fan_in + fan_out))
+        weights.append(rng.uniform(-bound, bound, (fan_in, fan_out)))
+        weights.append(rng.uniform(-bound, bound, fan_out))
+    return [w.astype(np.float32) for w in weights]
+
+
+def predict_with(weights, X):
+    """The prediction of those weights (relu between the layers)."""
+    out = X.astype(np.float32)
+    for i in range(0, len(weights), 2):
+        if i:
+            out = np.maximum(out, 0)
+        out = out @ weights[i] + weights[i + 1]
+    return out.ravel()
+
+
+FIRST_EPOCH_DIVERGES = [(kind, path) for kind in ("linear", "mlp")
+                        for path in ("split", "fused", "loop")]
+
+
 class TestDivergence:
+
+    def _fresh(self, kind, path, exc):
+        # learning rate 1e9: the loss is infinite before epoch 1 ends
+        return OrtGradientForwardBackwardOptimizer(
+            skl2onnx_graph(kind), max_iter=5, training_path=path, exc=exc,
+            random_state=0, learning_rate=LearningRateSGD(
+                1e9, learning_rate="constant"))
+
+    def _assert_initial_state(self, est, kind, X):
+        start = sklearn_initial_weights([4, 1] if kind == "linear" else [4, 5, 1], 0)
+        assert est.n_iter_ == 0 and est.train_losses_ == [] and est.t_ == 0
+        for got, expected in zip(est.get_state(), start, strict=True):
+            assert_allclose(got.ravel(), expected.ravel(), rtol=1e-6)
+        prediction = est.predict(X)
+        assert np.isfinite(prediction).all()
+        assert_allclose(prediction, predict_with(start, X), rtol=1e-5, atol=1e-6)
+
+    @pytest.mark.parametrize("kind,path", FIRST_EPOCH_DIVERGES)
+    def test_fresh_fit_diverging_in_epoch_1_raises_keeping_the_initial_weights(
+            self, kind, path):
+        X, y = regression()
+        est = self._fresh(kind, path, exc=True)
+        with pytest.raises(ConvergenceError, match=(
+                "inf at epoch 1; the last finite weights are kept: those this "
+                "fit started from")):
+            est.fit(X, y)
+        self._assert_initial_state(est, kind, X)
+
+    @pytest.mark.parametrize("kind,path", FIRST_EPOCH_DIVERGES)
+    def test_fresh_fit_diverging_in_epoch_1_warns_keeping_the_initial_weights(
+            self, kind, path):
+        X, y = regression()
+        est = self._fresh(kind, path, exc=False)
+        with pytest.warns(ConvergenceWarning, match="those this fit started from"):
+            assert est.fit(X, y) is est
+        self._assert_initial_state(est, kind, X)
 
     @pytest.mark.parametrize("path", ["split", "fused", "loop"])
     def test_keeps_the_weights_of_the_last_finite_epoch(self, path):

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .._casting import cast_within_range
 from .._files import load_onnx_file
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
@@ -76,7 +77,8 @@ def check_inputs(specs, names, values, what):
 
     An array may differ from the input's dtype only by a cast within its
     kind or to a wider kind (``np.can_cast(..., 'same_kind')``: float64 to
-    float32, int to float, not float to int); an OrtValue is fed as it is,
+    float32, int to float, not float to int), done here, within the range
+    of the input's float type; an OrtValue is fed as it is,
     so its dtype must be the input's. ``what`` names the model in messages.
 
     Raises
@@ -84,8 +86,10 @@ def check_inputs(specs, names, values, what):
     TypeError
         A dtype that does not cast to the input's.
     ValueError
-        A rank or a static dimension other than the declared one, or a
-        symbolic dimension of different sizes in two inputs.
+        A rank or a static dimension other than the declared one, a
+        symbolic dimension of different sizes in two inputs, or an array
+        with values beyond the range of the input's float type (float64
+        values beyond float32's, which the cast would turn into infinity).
     """
     checked, sizes = [], {}
     for name, value in zip(names, values):
@@ -104,6 +108,12 @@ def check_inputs(specs, names, values, what):
                                 f"{specs[name][0]}; got {dtype}, which is not "
                                 "cast to it (arrays are cast between floats, "
                                 "between ints, and from bool or int to float).")
+            if name in specs and dtype != specs[name][0] \
+                    and specs[name][0].kind == "f":
+                # float64 beyond float32's range would become inf silently
+                value = cast_within_range(value, specs[name][0],
+                                          f"Input {name!r} of the {what}",
+                                          "that input")
         checked.append(value)
         expected = specs[name][1] if name in specs else None
         if expected is None:
@@ -438,8 +448,11 @@ class Module:
             the input, the expected and the received shape); inputs whose
             first dimension is not fixed with different numbers of rows
             (unless the model names those dimensions apart, see
-            :func:`check_batch`), or 0 rows; shapes onnxruntime refuses while
-            running (a broadcast), with the shapes of the inputs.
+            :func:`check_batch`), or 0 rows; an array with values beyond
+            the range of the input's float type (float64 values over
+            float32's largest, 3.4e38, which the cast would turn into
+            infinity and the loss into NaN); shapes onnxruntime refuses
+            while running (a broadcast), with the shapes of the inputs.
         TypeError
             If an array's dtype does not cast to the input's within its kind
             (float64 to float32 and int to float do; float to int, strings

@@ -6,6 +6,7 @@ import numbers
 import numpy as np
 from sklearn.utils.validation import check_array
 
+from .._casting import cast_within_range
 
 __all__ = ["cast_within_range", "check_batch_dim", "check_targets",
            "validation_period"]
@@ -16,29 +17,6 @@ def _check_numeric(array, name):
         raise TypeError(f"{name} has dtype {array.dtype}; onnxtrain needs "
                         "numeric (bool, int or float) data. Encode object or "
                         "string columns first.")
-
-
-def cast_within_range(array, dtype, name, target="the graph"):
-    """``array`` cast to ``dtype``, refusing values the cast would turn into
-    infinity (float64 beyond float32's range, ints beyond float16's).
-
-    Raises
-    ------
-    ValueError
-        A finite value whose magnitude exceeds ``np.finfo(dtype).max``.
-    """
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f" and array.dtype != dtype and array.size \
-            and array.dtype.kind in "iuf":
-        largest = max(-float(array.min()), float(array.max()))  # no copy
-        limit = float(np.finfo(dtype).max)
-        if largest > limit:
-            raise ValueError(
-                f"{name} has values up to {largest:.4g} in magnitude, beyond "
-                f"the range of {dtype} (largest {limit:.4g}), the element type "
-                f"of {target}: the cast would turn them into infinity. Scale "
-                f"the data, or train a graph in float64.")
-    return np.ascontiguousarray(array, dtype=dtype)
 
 
 def check_batch_dim(shape, X, name, input_name):
