@@ -61,12 +61,67 @@ def test_lowered_conv_values_and_gradients(case, any_size):
     check_gradients(lowered, ["X"] + weights, dict(feeds, X=x))
 
 
-def test_taps_reading_padding_only_are_dropped(any_size):
-    # a 3x3 kernel over a 1x1 image padded by 1: only the centre tap
-    lowered = conv_gemm.lower_small_convs(_model(3, 1, 1, 4, 3, 1, 1, False), ["W"])
-    # two Slices: the one tap of the input, the centre column of the weight
-    slices = [n for n in lowered.graph.node if n.op_type == "Slice"]
-    assert len(slices) == 2 and slices[1].input[0] == "W"
+def test_im2col_gather_matrix_against_numpy():
+    # P maps every (input pixel) to the (tap, output pixel) reading it; a
+    # tap reading padding has a zero column
+    kernel, strides, pads, size = [3, 2], [2, 1], [1, 0, 1, 1], [5, 4]
+    out = [(size[i] + pads[i] + pads[i + 2] - kernel[i]) // strides[i] + 1
+           for i in range(2)]
+    p = conv_gemm.gather_matrix(kernel, strides, pads, size, out)
+    x = np.random.default_rng(0).normal(size=size)
+    xp = np.pad(x, [(pads[0], pads[2]), (pads[1], pads[3])])
+    expected = np.array([[xp[a * strides[0] + i, b * strides[1] + j]
+                          for a in range(out[0]) for b in range(out[1])]
+                         for i in range(kernel[0]) for j in range(kernel[1])])
+    np.testing.assert_array_equal((x.reshape(-1) @ p).reshape(expected.shape), expected)
+    assert set(np.unique(p)) == {0.0, 1.0}
+    # a 1x1 image padded by 1 under a 3x3 kernel: only the centre tap reads it
+    centre = conv_gemm.gather_matrix([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], [1, 1])
+    np.testing.assert_array_equal(centre, np.eye(9)[4:5])
+
+
+def test_lowered_backward_has_no_pad_scatter():
+    # the adjoint of the im2col product is a product (no Pad, no scatter)
+    from onnxtrain.autodiff import build_fused_model
+    lowered = conv_gemm.lower_small_convs(_model(3, 2, 2, 4, 3, 1, 1, True), ["W", "B"])
+    fused, _ = build_fused_model(lowered, ["X", "W", "B"])
+    ops = {n.op_type for n in fused.graph.node}
+    assert not ops & {"Pad", "ScatterElements", "ScatterND", "Conv", "ConvTranspose"}, ops
+
+
+# (N, C, H, W, M, kernel, stride, pad): Convs left to onnxruntime (64 and
+# more output pixels) whose weight gradient is im2col and one GEMM
+WEIGHT_GEMM_CASES = [(2, 3, 8, 8, 4, 3, 1, 1),
+                     (2, 2, 9, 8, 3, 3, 2, 1),    # stride 2, odd size
+                     (3, 3, 16, 16, 2, 7, 2, 3),  # resnet's 7x7 stem
+                     (2, 4, 16, 16, 3, 1, 2, 0)]  # 1x1 downsample
+
+
+@pytest.mark.parametrize("case", WEIGHT_GEMM_CASES)
+def test_conv_weight_gradient_as_one_gemm(case):
+    from onnxtrain.autodiff import build_gradient_models
+    n, c, h, w, m, k, s, p = case
+    # float32 (onnxruntime's CPU Conv has no float64 kernel): the Conv is
+    # linear in each input, so central differences of a large step are
+    # exact up to float32 rounding
+    model = _model(c, h, w, m, k, s, p, True, dtype=np.float32)
+    assert conv_gemm.lower_small_convs(model, ["W", "B"]) is model  # not lowered
+    backward = build_gradient_models(model, ["W", "B"]).backward_model
+    ops = [node.op_type for node in backward.graph.node]
+    assert "Gemm" in ops and "Conv" not in ops, ops
+    x = np.random.default_rng(1).normal(size=(n, c, h, w)).astype(np.float32)
+    feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    check_gradients(model, ["X", "W", "B"], dict(feeds, X=x), eps=0.5, tol=1e-4)
+
+
+def test_grouped_conv_weight_gradient_keeps_the_conv_form():
+    from onnxtrain.autodiff import build_gradient_models
+    model = _model(4, 8, 8, 4, 3, 1, 1, False, group=2, dtype=np.float32)
+    backward = build_gradient_models(model, ["W"]).backward_model
+    assert "Gemm" not in {node.op_type for node in backward.graph.node}
+    x = np.random.default_rng(1).normal(size=(2, 4, 8, 8)).astype(np.float32)
+    check_gradients(model, ["X", "W"], {"X": x, "W": numpy_helper.to_array(
+        model.graph.initializer[0])}, eps=0.5, tol=1e-4)
 
 
 def test_convs_left_alone():

@@ -11,9 +11,15 @@ With stride s, dilation d and padding (b, e) on every spatial axis:
   convolution of X (batch and channels swapped, groups kept apart) by dY
   with stride d and dilation s, cropped to the kernel size;
 - dB is dY summed over every axis but the channels.
+
+A 2-D Conv of one group without dilation and with static C, H, W takes
+dW as one GEMM instead, dY (M, N L) times the transposed im2col of X
+(``graph/conv_gemm.im2col_slices``): the same sum, in the form
+onnxruntime runs fastest.
 """
 from onnx import TensorProto
 
+from ...graph.conv_gemm import im2col_slices
 from ..registry import register_vjp
 
 
@@ -109,9 +115,36 @@ def _conv(ctx, gy):
                       output_padding=[s - 1 for s in strides])
         gx = crop_spatial(ctx, full, begins, x, rank)
     if ctx.needs_grad[1]:
-        gw = _conv_weight_grad(ctx, x, gy, kernel, strides, dilations,
-                               begins + ends, rank)
+        gw = _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
+                                    begins + ends)
+        if gw is None:
+            gw = _conv_weight_grad(ctx, x, gy, kernel, strides, dilations,
+                                   begins + ends, rank)
     return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
+
+
+def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
+    """dW of a 2-D Conv of one group, no dilation and static C, H, W as
+    one GEMM, dW (M, C K) = dY (M, N L) @ im2col(X)^T (N L, C K); None
+    when the Conv is not such a one. onnxruntime runs the Conv form (X by
+    dY) as one thin GEMM per input channel, N = kernel taps wide: 3-4x
+    slower on resnet18's 8x8 and 4x4 layers (profiled)."""
+    x_shape, w_shape = ctx.shape(x), ctx.shape(w)
+    if x_shape is None or w_shape is None or len(x_shape) != 4 or \
+            not all(isinstance(d, int) for d in list(x_shape[1:]) + list(w_shape)) or \
+            ctx.attr("group", 1) != 1 or any(d != 1 for d in dilations):
+        return None
+    size = list(x_shape[2:])
+    out = [(size[i] + pads[i] + pads[i + 2] - kernel[i]) // strides[i] + 1
+           for i in range(2)]
+    if min(out) < 1:
+        return None
+    m_out, n_channels = w_shape[0], w_shape[1]
+    cols = im2col_slices(ctx.g, x, n_channels, kernel, strides, pads, size, out)
+    g2 = ctx.op("Transpose", gy, perm=[1, 0, 2, 3])
+    g2 = ctx.op("Reshape", g2, ctx.g.int64s([m_out, -1]))
+    gw = ctx.op("Gemm", g2, cols, transB=1)
+    return ctx.op("Reshape", gw, ctx.g.int64s(w_shape))
 
 
 def _conv_transpose_pads(ctx, x, kernel, strides, dilations):
