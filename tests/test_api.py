@@ -5,6 +5,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from onnx import TensorProto
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import api, artifacts
@@ -117,6 +118,22 @@ def test_optimizer_steps_match_numpy_reference(tmp_path, row, dtype, rtol, atol)
             np.testing.assert_allclose(
                 np.asarray(state.optimizer_state.as_arrays()["states"][name][key]),
                 value, rtol=max(rtol, 1e-4), atol=atol)
+
+
+def test_optimizer_scalars_are_computed_once_for_every_parameter():
+    # the learning-rate cast, the bias-corrected step size and the decay are
+    # shared by the updates of all parameters of one element type (the
+    # 24-layer encoder's AdamW graph had them once per parameter: 391 times)
+    from onnxtrain.onnxblock.optim import build_optimizer_model
+    specs = [(f"p{i}", TensorProto.FLOAT, [3, i + 1]) for i in range(5)]
+    specs.append(("q", TensorProto.DOUBLE, [2]))
+    model = build_optimizer_model(onnxblock.optim.AdamW(weight_decay=0.1), specs)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Pow") == 2 * 2  # beta_1^t and beta_2^t per element type
+    casts = [n for n in model.graph.node if n.op_type == "Cast"
+             and n.input[0] == "learning_rate"]
+    assert len(casts) == 2
+    assert ops.count("Sqrt") == len(specs) + 2  # one per parameter, one per type
 
 
 # gradients and module helpers ------------------------------------------------

@@ -381,6 +381,8 @@ def test_suite_script_rewrites_imports_and_guards_only():
         "        from onnxcustom.training.optimizers_partial import (",
         "            OrtGradientForwardBackwardOptimizer)",
         "from onnxcustom.utils.onnx_helper import onnx_rename_weights",
+        "from onnxcustom.training import ConvergenceError",
+        "from onnxcustom.training.orttraining import add_loss_output",
         "from mlprodict.onnxrt import OnnxInference",
         "from onnxcustom.plotting.unknown import thing",
         'x = "onnxcustom.training.excs"'])
@@ -397,6 +399,8 @@ def test_suite_script_rewrites_imports_and_guards_only():
         "        from onnxtrain import (",
         "            OrtGradientForwardBackwardOptimizer)",
         "from onnxtrain.models import onnx_rename_weights",
+        "from onnxtrain import ConvergenceError",
+        "from onnxtrain.models import add_loss_output",
         "from standins import OnnxInference",
         "from onnxcustom.plotting.unknown import thing",
         'x = "onnxcustom.training.excs"']

@@ -186,24 +186,28 @@ class _OptimizerBlock(Block):
         if self._clip_grad is not None:
             gradients = self._clip_grad(list(gradients))
         states = states or [()] * len(parameters)
+        rule, emitter = self.update_rule(), _Emitter(state)
+        # the scalars (rate, step, bias-corrected step size, decay) once per
+        # element type, shared by every parameter's update
+        scalars = {}
         new_params, new_states = [], []
         for param, grad, param_states in zip(parameters, gradients, states):
             elem = state.elem_type(param)
-            lr = state.op("Cast", learning_rate, to=int(elem))
-            new_param, new_state = self._update(state, elem, lr, step, param,
-                                                grad, param_states)
+            if elem not in scalars:
+                scalars[elem] = self._scalars(rule, emitter, elem, learning_rate, step)
+            new_param, new_state = rule.update(emitter, elem, param, grad,
+                                               param_states, scalars[elem])
             new_params.append(new_param)
             new_states.append(tuple(new_state))
         return new_params, new_states
 
-    def _update(self, state, elem, lr, step, param, grad, states):
-        rule = self.update_rule()
-        scalars = {"learning_rate": lr}
+    def _scalars(self, rule, emitter, elem, learning_rate, step):
+        """The rule's scalars in element type ``elem``."""
+        scalars = {"learning_rate": emitter.op("Cast", learning_rate, to=int(elem))}
         if rule.reads_step:
-            scalars["step"] = state.op("Cast", step, to=int(elem))
-        emitter = _Emitter(state)
+            scalars["step"] = emitter.op("Cast", step, to=int(elem))
         self._adapt_scalars(rule, emitter, elem, scalars)
-        return rule.update(emitter, elem, param, grad, states, scalars)
+        return scalars
 
     def update_rule(self):
         """The :class:`~onnxtrain.update_rules.UpdateRule` the block applies."""
