@@ -671,6 +671,28 @@ def test_gather_with_a_scalar_index(opset):
     np.testing.assert_allclose(run(gm.backward_model, feeds)[0], expected)
 
 
+def test_embedding_gradient_is_one_row_scatter():
+    """Gather on axis 0 (an embedding lookup) with repeated and negative
+    indices of rank 2: the rows of dY summed into the rows of W by one
+    ScatterND add, against central differences."""
+    from gradcheck import check_gradients
+    W = np.random.RandomState(0).randn(5, 3)
+    idx = np.array([[0, -1, 2], [4, 0, 0]], np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["W", "i"], ["r"], axis=0),
+         helper.make_node("Mul", ["r", "X"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, [2, 3, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, [2, 3, 3])],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(idx, "i")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    ops = [n.op_type for n in build_gradient_models(model, ["W"]).backward_model.graph.node]
+    assert "ScatterND" in ops and "ScatterElements" not in ops
+    X = np.random.RandomState(1).randn(2, 3, 3)
+    _, grads = check_gradients(model, ["W"], {"X": X, "W": W}, seed=2)
+    assert grads["W"].shape == W.shape
+
+
 @pytest.mark.parametrize("opset, message", [
     (7, "differentiates opset 8 and newer"),
     # LeakyRelu's gradient selects with Where, born at opset 9

