@@ -20,6 +20,7 @@ from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types)
 from ..graph.conv_gemm import lower_small_convs
+from ..graph.cse import eliminate_common_subexpressions
 from ..models import check_weights_reach_outputs
 from ..training_mode import (batchnorm_buffers, running_statistics,
                              with_running_statistics_updates)
@@ -245,8 +246,12 @@ def build_training_models(state, output_names, trainable, frozen):
     outputs = list(graph.output)[:len(base.graph.output)]
     update_outputs = list(graph.output)[len(base.graph.output):]
 
+    # one node per value (the reverse pass repeats shape arithmetic)
+    train_nodes = eliminate_common_subexpressions(
+        list(graph.node) + nodes,
+        keep=[o.name for o in outputs + acc_outputs + update_outputs])
     train_graph = helper.make_graph(
-        list(graph.node) + nodes, f"{graph.name}_training",
+        train_nodes, f"{graph.name}_training",
         inputs + buffers + [lazy_vi],
         outputs + acc_outputs + update_outputs, constants + grad_inits)
     training = _model_like(model, train_graph)

@@ -1,0 +1,65 @@
+"""graph/cse.py: equal nodes merged (values unchanged), and the nodes that
+must stay: graph outputs, random operators, subgraph reads."""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from gradcheck import run, session
+from onnxtrain.graph.cse import eliminate_common_subexpressions
+
+
+def _model(nodes, outputs):
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["N", 3]) for o in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _with_nodes(model, nodes):
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    del new.graph.node[:]
+    new.graph.node.extend(nodes)
+    onnx.checker.check_model(new)
+    return new
+
+
+def test_equal_nodes_merge_and_values_stay():
+    nodes = [helper.make_node("Exp", ["X"], ["a"]),
+             helper.make_node("Exp", ["X"], ["b"]),            # = a
+             helper.make_node("Mul", ["a", "X"], ["c"]),
+             helper.make_node("Mul", ["b", "X"], ["d"]),       # = c once b is a
+             helper.make_node("Softmax", ["c"], ["e"], axis=1),
+             helper.make_node("Softmax", ["d"], ["f"], axis=0),  # other axis
+             helper.make_node("Add", ["e", "f"], ["Y"])]
+    model = _model(nodes, ["Y"])
+    kept = eliminate_common_subexpressions(list(model.graph.node), keep=["Y"])
+    assert [n.output[0] for n in kept] == ["a", "c", "e", "f", "Y"]
+    assert list(kept[3].input) == ["c"]  # Softmax(d) reads c now
+    assert list(model.graph.node[5].input) == ["d"]  # the caller's node unchanged
+    x = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    expected = run(session(model), {"X": x})["Y"]
+    got = run(session(_with_nodes(model, kept)), {"X": x})["Y"]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_graph_outputs_random_ops_and_subgraph_reads_stay():
+    then = helper.make_graph(
+        [helper.make_node("Identity", ["s2"], ["t"])], "then", [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Relu", ["X"], ["r1"]),
+             helper.make_node("Relu", ["X"], ["r2"]),      # a graph output
+             helper.make_node("Dropout", ["X", "", "on"], ["d1"]),
+             helper.make_node("Dropout", ["X", "", "on"], ["d2"]),
+             helper.make_node("Sigmoid", ["X"], ["s1"]),
+             helper.make_node("Sigmoid", ["X"], ["s2"]),   # read inside If
+             helper.make_node("If", ["cond"], ["i"], then_branch=then,
+                              else_branch=then)]
+    kept = eliminate_common_subexpressions(nodes, keep=["r1", "r2"])
+    assert [n.output[0] for n in kept] == [n.output[0] for n in nodes]
+    # an unused optional output cannot stand for a used one
+    masks = [helper.make_node("MaxPool", ["X"], ["m1", ""], kernel_shape=[2]),
+             helper.make_node("MaxPool", ["X"], ["m2", "idx"], kernel_shape=[2])]
+    assert len(eliminate_common_subexpressions(masks)) == 2
