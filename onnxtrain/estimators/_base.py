@@ -153,11 +153,14 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     # ------------------------------------------------------ training graph
     def _training_model(self):
-        """The graph trained (cached while ``model_onnx`` stays the same)."""
+        """The graph trained (cached while ``model_onnx`` stays the same;
+        the rewritten full model is not kept beside it: a second copy of
+        every weight, 43 MB for resnet18, for :meth:`get_trained_onnx`
+        alone, which rebuilds it)."""
         cached = getattr(self, "_model_cache", None)
         if cached is None or cached[0] is not self.model_onnx:
-            full, training = self._make_training_model(load_model(self.model_onnx))
-            cached = self._model_cache = (self.model_onnx, training, full, {})
+            _, training = self._make_training_model(load_model(self.model_onnx))
+            cached = self._model_cache = (self.model_onnx, training, {})
         return cached[1]
 
     def _float_dtype(self):
@@ -171,7 +174,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         cached with it: shape inference would otherwise run at every
         ``fit``, ``predict`` and ``score`` call."""
         model = self._training_model()
-        types = self._model_cache[3]
+        types = self._model_cache[2]
         if not types:
             types.update(infer_value_types(model))
         return types
@@ -633,8 +636,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return save_onnx_graph(self, folder, prefix, suffix)
 
     def _full_model(self):
-        self._training_model()
-        return self._model_cache[2]
+        """``model_onnx`` after the estimator's rewrites (a new model)."""
+        return self._make_training_model(load_model(self.model_onnx))[0]
 
     def __getstate__(self):
         state = self.__dict__.copy()
