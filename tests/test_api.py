@@ -120,7 +120,7 @@ def test_optimizer_steps_match_numpy_reference(tmp_path, row, dtype, rtol, atol)
                 value, rtol=max(rtol, 1e-4), atol=atol)
 
 
-def test_optimizer_scalars_are_computed_once_for_every_parameter():
+def test_optimizer_scalars_once_and_no_output_copies():
     # the learning-rate cast, the bias-corrected step size and the decay are
     # shared by the updates of all parameters of one element type (the
     # 24-layer encoder's AdamW graph had them once per parameter: 391 times)
@@ -134,6 +134,10 @@ def test_optimizer_scalars_are_computed_once_for_every_parameter():
              and n.input[0] == "learning_rate"]
     assert len(casts) == 2
     assert ops.count("Sqrt") == len(specs) + 2  # one per parameter, one per type
+    # the updates write the outputs themselves (no Identity copy per output)
+    assert "Identity" not in ops
+    produced = {o for n in model.graph.node for o in n.output}
+    assert all(o.name in produced for o in model.graph.output)
 
 
 # gradients and module helpers ------------------------------------------------
