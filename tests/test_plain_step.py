@@ -68,3 +68,40 @@ def test_a_model_not_laid_out_for_it_is_run_as_it_is(tmp_path):
             node.input[0] = node.input[0] + "_other"
             break
     assert without_accumulation(model, layout) is None
+
+
+def test_two_parameters_sharing_one_gradient(tmp_path):
+    # Y = X W + b1 + b2: both biases get ReduceSum(dY), one node after CSE;
+    # the plain model names it after one output and copies it to the other
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    inits = {"W": rng.standard_normal((3, 2)), "b1": rng.standard_normal(2),
+             "b2": rng.standard_normal(2)}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["xw"]),
+         helper.make_node("Add", ["xw", "b1"], ["h"]),
+         helper.make_node("Add", ["h", "b2"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, ["N", 2])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["W", "b1", "b2"], loss=onnxblock.loss.MSELoss(),
+        artifact_directory=tmp_path)
+    training = onnx.load(paths["training_model"])
+    layout = read_layout(training, TRAINING_METADATA, "training model")
+    plain = without_accumulation(training, layout)
+    onnx.checker.check_model(plain)
+    x, t = rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+    feeds = dict(inits, X=x, **{layout["user_inputs"][1]: t},
+                 lazy_reset_grad=np.array(True))
+    for buffer, name in zip(layout["buffers"], layout["trainable"]):
+        feeds[buffer] = np.zeros_like(inits[name])
+    light = _run(plain, feeds)
+    # MSE: mean over elements of (Y - t)^2, dY = 2 (Y - t) / Y.size
+    dy = 2 * (x @ inits["W"] + inits["b1"] + inits["b2"] - t) / t.size
+    grads = dict(zip(layout["trainable"], layout["gradients"]))
+    np.testing.assert_allclose(light[grads["b1"]], dy.sum(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(light[grads["b2"]], dy.sum(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(light[grads["W"]], x.T @ dy, rtol=1e-12)

@@ -65,6 +65,8 @@ def without_accumulation(model, layout):
             copy.input[i] = rename.get(name, name)
         for i, name in enumerate(copy.output):
             copy.output[i] = rename.get(name, name)
+    for copy in copies:  # the gradient may be renamed by another output
+        copy.input[0] = rename.get(copy.input[0], copy.input[0])
     new.graph.node.extend(copies)
     removed = set(buffers) | {lazy}
     kept = [i for i in new.graph.input if i.name not in removed]
