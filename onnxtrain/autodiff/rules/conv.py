@@ -127,8 +127,8 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     """dW of a 2-D Conv of one group, no dilation and static C, H, W as
     one GEMM, dW (M, C K) = dY (M, N L) @ im2col(X)^T (N L, C K); None
     when the Conv is not such a one. onnxruntime runs the Conv form (X by
-    dY) as one thin GEMM per input channel, N = kernel taps wide: 3-4x
-    slower on resnet18's 8x8 and 4x4 layers (profiled)."""
+    dY) as one thin GEMM per input channel, N = kernel taps wide: about
+    50 ms of a profiled resnet18 step against 19 ms for these GEMMs."""
     x_shape, w_shape = ctx.shape(x), ctx.shape(w)
     if x_shape is None or w_shape is None or len(x_shape) != 4 or \
             not all(isinstance(d, int) for d in list(x_shape[1:]) + list(w_shape)) or \
