@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 from .._casting import cast_within_range
 from .._files import load_onnx_file
 from ..graph import elem_type_to_numpy, infer_value_types
+from ..graph.aliasing import writes_after_reads
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
 from ._plain_step import without_accumulation
 from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
@@ -201,7 +202,8 @@ class _HostRunner:
         self.session = runner.session
         self.input_dtypes = runner.input_dtypes
 
-    def __call__(self, feeds, output_names=None):
+    def __call__(self, feeds, output_names=None, into=None):
+        """``into`` is ignored: outputs come back as new host arrays."""
         feeds = {name: to_numpy(value).astype(self.input_dtypes[name], copy=False)
                  if name in self.input_dtypes else to_numpy(value)
                  for name, value in feeds.items()}
@@ -260,6 +262,7 @@ class Module:
             mode: input_specs(model, self._layouts[mode]["user_inputs"])
             for mode, model in self._models.items()}
         self._training = True
+        self._in_place = {}  # mode -> gradient outputs written in place
         self._reset_grad = True
         self._runners = {}
         # training calls read and write the gradient buffers: one at a time;
@@ -507,10 +510,11 @@ class Module:
             feeds[name] = self._device_value(self._state.parameters.raw(name))
         if self._overwrites_gradients(layout) and self._plain_model(layout):
             # no accumulation to do: the model without it (_plain_step)
-            outputs = self._runner("train_plain")(feeds)
+            mode = "train_plain"
         else:
             self._feed_gradients(feeds, layout)
-            outputs = self._runner("train")(feeds)
+            mode = "train"
+        outputs = self._runner(mode)(feeds, into=self._gradient_buffers(mode, layout))
         for name, grad in zip(layout["trainable"], outputs[n_user:]):
             self._state.parameters.raw(name)._grad = grad
         self._reset_grad = False
@@ -518,6 +522,26 @@ class Module:
         _write_running_statistics(self._state, layout,
                                   outputs[n_user + n_grads:])
         return outputs
+
+    def _gradient_buffers(self, mode, layout):
+        """output name -> the OrtValue the gradient output is written into:
+        each parameter's gradient from the previous call (as
+        onnxruntime-training, a module keeps one gradient buffer per
+        parameter, written over by every call, not a new one per call). In
+        the accumulating model, only where the accumulation may write over
+        the buffer it reads (:func:`~onnxtrain.graph.aliasing.writes_after_reads`),
+        else a new one."""
+        if mode not in self._in_place:
+            graph = self._models[mode].graph
+            pairs = zip(layout["buffers"], layout["gradients"])
+            self._in_place[mode] = set(layout["gradients"]) if mode == "train_plain" \
+                else {out for _, out in writes_after_reads(graph, pairs)}
+        into = {}
+        for name, out in zip(layout["trainable"], layout["gradients"]):
+            grad = self._state.parameters.raw(name)._grad
+            if grad is not None and out in self._in_place[mode]:
+                into[out] = grad
+        return into
 
     def _overwrites_gradients(self, layout):
         """Whether the next training call overwrites every gradient."""

@@ -5,6 +5,7 @@ import numbers
 
 import numpy as np
 
+from ..graph.aliasing import writes_after_reads
 from ..onnxblock.optim import OPTIMIZER_METADATA
 from ..runtime import SessionRunner, to_ortvalue
 from .module import load_model, read_layout
@@ -79,6 +80,12 @@ class Optimizer:
         self._init_states(state)
         self._runner = SessionRunner(model, module._device,
                                      module._session_options())
+        # outputs written over their inputs' memory, as PyTorch's optimizers
+        # update in place: one copy of each parameter and state, not two
+        pairs = [(n, f"{n}.updated") for n in self._layout["parameters"]]
+        pairs += [(f"{n}.{key}", f"{n}.{key}.updated")
+                  for n in self._layout["parameters"] for key in self._layout["states"]]
+        self._in_place = {out for _, out in writes_after_reads(model.graph, pairs)}
 
     def _init_states(self, state):
         states = state.optimizer_state.states
@@ -124,7 +131,7 @@ class Optimizer:
         params = module._state.parameters
         feeds = {"learning_rate": np.array(opt.learning_rate, dtype=np.float64),
                  "step": np.array(opt.step + 1, dtype=np.int64)}
-        outputs = []
+        outputs, into = [], {}
         for name in self._layout["parameters"]:
             param = params.raw(name)
             if param._grad is None:
@@ -136,10 +143,16 @@ class Optimizer:
             for key in self._layout["states"]:
                 value = opt.states[name][key]
                 if isinstance(value, np.ndarray):
-                    value = to_ortvalue(value, module._device)
+                    # a copy: the update writes into it, not into the array
+                    # the state was given
+                    value = to_ortvalue(np.array(value, copy=True), module._device)
+                    opt.states[name][key] = value
                 feeds[f"{name}.{key}"] = value
                 outputs.append(f"{name}.{key}.updated")
-        results = iter(self._runner(feeds, outputs))
+        for output in outputs:
+            if output in self._in_place:
+                into[output] = feeds[output[:-len(".updated")]]
+        results = iter(self._runner(feeds, outputs, into))
         for name in self._layout["parameters"]:
             params.raw(name)._value = next(results)
             for key in self._layout["states"]:

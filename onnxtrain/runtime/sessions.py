@@ -116,9 +116,17 @@ class SessionRunner:
             for vi in model.graph.input if vi.type.HasField("tensor_type")}
         self._local = threading.local()  # .binding: this thread's IOBinding
 
-    def __call__(self, feeds, output_names=None):
+    def __call__(self, feeds, output_names=None, into=None):
         """Run with ``feeds`` (dict name -> OrtValue or array) and return the
-        outputs as a list of OrtValues on the device."""
+        outputs as a list of OrtValues on the device.
+
+        ``into`` (dict name -> OrtValue, default None) names outputs to be
+        written into the given OrtValues (of the output's dtype and shape)
+        instead of memory onnxruntime allocates; those OrtValues are
+        returned for them. An OrtValue may also be a feed of the same run
+        only where every node reading that feed runs before the node
+        writing the output (:func:`onnxtrain.graph.writes_after_reads`
+        checks a graph for it)."""
         binding = getattr(self._local, "binding", None)  # see the class doc
         if binding is None:
             binding = self._local.binding = self.session.io_binding()
@@ -130,10 +138,19 @@ class SessionRunner:
                 value = to_ortvalue(value, self.device, self.input_dtypes.get(name))
             binding.bind_ortvalue_input(name, value)
         names = self.output_names if output_names is None else output_names
+        into = into or {}
         for name in names:
-            binding.bind_output(name, self.device.type, self.device.index)
+            if name in into:
+                binding.bind_ortvalue_output(name, into[name])
+            else:
+                binding.bind_output(name, self.device.type, self.device.index)
         try:
             self.session.run_with_iobinding(binding)
         except Exception as exc:  # onnxruntime raises RuntimeError or Fail
             raise SessionRunError(str(exc)) from exc
-        return list(binding.get_outputs())
+        outputs = list(binding.get_outputs())
+        if into:
+            # the caller's objects: an OrtValue made from a numpy array keeps
+            # that array alive, the one onnxruntime returns does not
+            outputs = [into.get(name, value) for name, value in zip(names, outputs)]
+        return outputs

@@ -1,0 +1,132 @@
+"""Outputs written into their inputs' memory (graph/aliasing.py): the api
+Optimizer updates parameters and moments in place and the Module writes
+each gradient into the previous call's buffer, with the values of the
+numpy references; graphs where that would be wrong are refused."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import onnxtrain.onnxblock as onnxblock
+from onnxtrain.graph.aliasing import writes_after_reads
+from onnxtrain.runtime import SessionRunner, to_ortvalue
+from test_api import (TRAINABLE, AdamWReference, SGDReference, make_artifacts,
+                      open_training)
+from test_artifacts_models import batch
+
+
+def _graph(nodes, outputs=("w.updated",)):
+    vi = helper.make_tensor_value_info
+    inputs = [vi(n, TensorProto.FLOAT, [3]) for n in ("w", "g", "m")]
+    return helper.make_graph(nodes, "g", inputs,
+                             [vi(o, TensorProto.FLOAT, [3]) for o in outputs])
+
+
+def test_elementwise_update_whose_other_reads_come_first_is_in_place():
+    graph = _graph([helper.make_node("Mul", ["w", "g"], ["wg"]),
+                    helper.make_node("Add", ["wg", "g"], ["u"]),
+                    helper.make_node("Sub", ["w", "u"], ["w.updated"])])
+    assert writes_after_reads(graph, [("w", "w.updated")]) == {("w", "w.updated")}
+
+
+@pytest.mark.parametrize("nodes", [
+    # another output reads w and need not run before the update
+    [helper.make_node("Sub", ["w", "g"], ["w.updated"]),
+     helper.make_node("Mul", ["w", "m"], ["other"])],
+    # the writer is not element-wise
+    [helper.make_node("MatMul", ["w", "g"], ["w.updated"])],
+    # read inside a subgraph of a node that is not an ancestor
+    [helper.make_node("Sub", ["w", "g"], ["w.updated"]),
+     helper.make_node("If", ["c"], ["other"], then_branch=helper.make_graph(
+         [helper.make_node("Identity", ["w"], ["t"])], "then", [],
+         [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])]),
+         else_branch=helper.make_graph(
+         [helper.make_node("Identity", ["m"], ["e"])], "else", [],
+         [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3])]))],
+], ids=["later-reader", "not-elementwise", "subgraph-reader"])
+def test_updates_that_would_read_overwritten_values_are_refused(nodes):
+    graph = _graph(nodes, ["w.updated"] + (["other"] if len(nodes) > 1 else []))
+    assert writes_after_reads(graph, [("w", "w.updated")]) == set()
+
+
+def test_runner_writes_into_the_given_value_and_returns_it():
+    graph = _graph([helper.make_node("Sub", ["w", "g"], ["w.updated"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    runner = SessionRunner(model)
+    w = to_ortvalue(np.array([1, 2, 3], np.float32))
+    g = np.array([0.5, 0.25, 1], np.float32)
+    out, = runner({"w": w, "g": g, "m": g}, into={"w.updated": w})
+    assert out is w
+    np.testing.assert_array_equal(w.numpy(), [0.5, 1.75, 2])
+
+
+@pytest.mark.parametrize("block, reference", [
+    (onnxblock.optim.SGD(), SGDReference()),
+    (onnxblock.optim.AdamW(weight_decay=0.01), AdamWReference(weight_decay=0.01)),
+], ids=["SGD", "AdamW"])
+def test_optimizer_and_module_write_in_place_with_the_reference_values(
+        tmp_path, block, reference):
+    paths = make_artifacts(tmp_path, block, np.float64)
+    model = onnx.load(paths["optimizer_model"])
+    state, module, optimizer = open_training(paths)
+    n_states = len(reference.state_names)
+    # every update of the artifacts' optimizer model qualifies
+    assert len(optimizer._in_place) == len(TRAINABLE) * (1 + n_states)
+    assert {o.name for o in model.graph.output} == optimizer._in_place
+    expected = {n: state.parameters[n].data for n in TRAINABLE}
+    moments = {n: {s: np.zeros_like(expected[n]) for s in reference.state_names}
+               for n in TRAINABLE}
+    objects = None
+    for step, lr in enumerate([0.01, 0.05, 0.02], start=1):
+        x, t1, _ = batch(8, np.float64, seed=step)
+        module(x, t1)
+        grads = {n: state.parameters[n].grad for n in TRAINABLE}
+        optimizer.set_learning_rate(lr)
+        optimizer.step()
+        module.lazy_reset_grad()
+        raw = {n: state.parameters.raw(n) for n in TRAINABLE}
+        now = {n: (raw[n]._value, raw[n]._grad,
+                   *state.optimizer_state.states[n].values()) for n in TRAINABLE}
+        if objects is not None:  # the same buffers as the step before
+            assert all(a is b for n in TRAINABLE for a, b in zip(now[n], objects[n]))
+        objects = now
+        for name in TRAINABLE:
+            expected[name] = reference.update(expected[name], grads[name],
+                                              moments[name], lr, step)
+            np.testing.assert_allclose(state.parameters[name].data, expected[name],
+                                       rtol=1e-10, atol=1e-13)
+
+
+def test_accumulated_gradients_are_written_into_their_buffer(tmp_path):
+    state, module, _ = open_training(make_artifacts(tmp_path, onnxblock.optim.SGD()))
+    sums = {n: 0 for n in TRAINABLE}
+    buffers = None
+    for step in range(1, 4):  # no lazy_reset_grad: the gradients add up
+        x, t1, _ = batch(8, np.float64, seed=step)
+        module(x, t1)
+        # the gradient of this batch alone, from a module of its own
+        _, alone, _ = open_training(make_artifacts(tmp_path / str(step),
+                                                   onnxblock.optim.SGD()))
+        alone(x, t1)
+        for name in TRAINABLE:
+            sums[name] = sums[name] + alone._state.parameters[name].grad
+            np.testing.assert_allclose(state.parameters[name].grad, sums[name],
+                                       rtol=1e-12, atol=1e-14)
+        now = [state.parameters.raw(n)._grad for n in TRAINABLE]
+        if buffers is not None:
+            assert all(a is b for a, b in zip(now, buffers))
+        buffers = now
+
+
+def test_optimizer_state_arrays_given_are_not_written(tmp_path):
+    state, module, optimizer = open_training(
+        make_artifacts(tmp_path, onnxblock.optim.AdamW()))
+    given = {n: dict(state.optimizer_state.states[n]) for n in TRAINABLE}
+    copies = {n: {k: np.array(v, copy=True) for k, v in d.items()}
+              for n, d in given.items()}
+    x, t1, _ = batch(8, np.float64, seed=1)
+    module(x, t1)
+    optimizer.step()
+    for name in TRAINABLE:
+        for key, array in given[name].items():
+            np.testing.assert_array_equal(array, copies[name][key])
