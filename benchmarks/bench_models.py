@@ -37,7 +37,11 @@ burst of load on a shared machine moves one chunk, not the run; the
 column ``spread`` is max/min - 1 of the medians over the repeats), the ratio to PyTorch eager of the same optimizer measured in the
 same run, the mean loss of the warm-up steps (equal across systems: the
 same math; later steps drift apart by rounding, these trainings being
-chaotic), the peak resident memory the run adds to the process.
+chaotic), the peak resident memory the run adds to the process (``peak
+MB``; for the api systems, that of the training once the artifacts are
+built, the build's own peak being ``build MB``: artifacts are built once,
+offline; the estimator builds its graphs inside ``fit``, counted in its
+peak).
 
 ``--build``: ``generate_artifacts`` on the 24-layer encoder (onnxtrain and,
 with ``--ortt``, onnxruntime-training): seconds, nodes of the training
@@ -46,6 +50,7 @@ graph, peak memory added.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -302,14 +307,25 @@ def _artifacts(name, path, params, folder, ort):
         onnx.save(opt, opt_path)
 
 
-def run_api(name, path, params, ort):
+def run_api(name, path, params, ort, memory=None):
+    """Steps of the api on ``generate_artifacts``'s files. ``memory`` (a
+    dict, optional) receives ``build_mb``, the peak resident memory the
+    artifacts' build added, and ``before_kb``, the resident memory after
+    it, where the peak is reset: artifacts are built once, offline
+    (onnxruntime-training's workflow), and the training that follows is
+    the run measured."""
     if ort:
         from onnxruntime.training import api
     else:
         from onnxtrain import api
     cfg = MODELS[name]
     folder = tempfile.mkdtemp(prefix="bench_models_")
+    before = _rss_kb()
     _artifacts(name, path, params, folder, ort)
+    if memory is not None:
+        gc.collect()
+        memory["build_mb"] = (_rss_kb(field="VmHWM") - before) / 1024
+        memory["before_kb"] = _rss_kb(reset_peak=True)
     state = api.CheckpointState.load_checkpoint(os.path.join(folder, "checkpoint"))
     # no eval model: onnxruntime-training's eval model of a training-mode
     # BatchNormalization keeps its statistics outputs and does not load
@@ -349,6 +365,7 @@ def one(name, system, path, params):
     else:
         import onnxtrain  # noqa: F401
     before = _rss_kb(reset_peak=True)
+    memory = {}
     if system == "build":
         seconds, nodes = run_build(path, params, ort=False)
         losses = [nodes]
@@ -360,13 +377,16 @@ def one(name, system, path, params):
     elif system == "estimator":
         seconds, losses = run_estimator(name, path, params)
     else:
-        seconds, losses = run_api(name, path, params, ort=system == "ortt")
+        seconds, losses = run_api(name, path, params, ort=system == "ortt",
+                                  memory=memory)
+        before = memory["before_kb"]
     peak = _rss_kb(field="VmHWM")
     rate = (CHUNK / float(np.median(seconds)) if isinstance(seconds, list)
             else None)
     print(json.dumps(dict(model=name, system=system, seconds=seconds, rate=rate,
                           steps=MODELS[name]["steps"], losses=losses,
-                          peak_mb=(peak - before) / 1024)))
+                          peak_mb=(peak - before) / 1024,
+                          build_mb=memory.get("build_mb"))))
 
 
 def _rss_kb(reset_peak=False, field="VmRSS"):
@@ -428,7 +448,7 @@ def main(argv=None):
     systems = [s for s in args.systems if s != "ortt" or args.ortt]
     folder = tempfile.mkdtemp(prefix="bench_models_onnx_")
     header = (f"{'model':9} {'system':12} {'steps/s':>8} {'x torch':>8} "
-              f"{'spread':>7} {'warm loss':>10} {'peak MB':>8}")
+              f"{'spread':>7} {'warm loss':>10} {'peak MB':>8} {'build MB':>8}")
     print(header)
     print("-" * len(header))
     for name in args.models:
@@ -454,8 +474,9 @@ def main(argv=None):
             base = "torch-plain" if (system in ("api", "ortt", "torch-plain") and
                                      MODELS[name]["optimizer"] == "sgd") else "torch"
             ratio = rate / rows[base][0] if base in rows else float("nan")
+            build = "" if r.get("build_mb") is None else f"{r['build_mb']:8.0f}"
             print(f"{name:9} {system:12} {rate:8.2f} {ratio:8.2f} {spread:7.0%} "
-                  f"{_warmup_loss(name, r):10.5f} {r['peak_mb']:8.0f}")
+                  f"{_warmup_loss(name, r):10.5f} {r['peak_mb']:8.0f} {build:>8}")
         print()
     if args.build:
         path = os.path.join(folder, "encoder24.onnx")
