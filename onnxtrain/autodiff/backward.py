@@ -1,6 +1,8 @@
 """The reverse pass: gradient nodes of chosen outputs w.r.t. chosen values."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,14 +98,43 @@ def constant_node_value(node):
     return None
 
 
+class _Constants(Mapping):
+    """``name -> numpy value`` of a model's initializers and Constant node
+    outputs, each converted when a rule first reads it: the rules read
+    shapes, axes and small constants, and converting every initializer up
+    front copied every weight (45 MB for resnet18) into numpy at each
+    build."""
+
+    def __init__(self, model):
+        self._tensors = {i.name: i for i in model.graph.initializer}
+        self._nodes = {node.output[0]: node for node in model.graph.node
+                       if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+                       and node.output}
+        self._values = {}
+
+    def __getitem__(self, name):
+        if name not in self._values:
+            if name in self._nodes:
+                value = constant_node_value(self._nodes[name])
+            elif name in self._tensors:
+                value = numpy_helper.to_array(self._tensors[name])
+            else:
+                raise KeyError(name)
+            self._values[name] = value
+        if self._values[name] is None:  # a Constant of sparse or string value
+            raise KeyError(name)
+        return self._values[name]
+
+    def __iter__(self):
+        return (name for name in {**self._tensors, **self._nodes}
+                if name not in self._nodes or self.get(name) is not None)
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+
 def _constants(model):
-    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            value = constant_node_value(node)
-            if value is not None:
-                values[node.output[0]] = value
-    return values
+    return _Constants(model)
 
 
 def _dependents(nodes, wrt, types):

@@ -10,6 +10,8 @@ gradient reads.
 """
 from __future__ import annotations
 
+from collections import ChainMap
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -229,8 +231,7 @@ def differentiate_expansion(ctx, nodes, outputs, grad_outputs, constants=()):
     MissingVJPRuleError
         A node of the expansion on the path has no VJP rule.
     """
-    known = dict(ctx.constants)
-    known.update(constants)
+    known = ChainMap(dict(constants), ctx.constants)
     wrt = [i for i, need in zip(ctx.inputs, ctx.needs_grad) if need]
     grads = {o: [gy] for o, gy in zip(outputs, grad_outputs) if gy}
     grads = differentiate_nodes(ctx.g, nodes, grads, wrt, known)

@@ -44,6 +44,8 @@ Not supported (a clear error): control flow nested inside a branch or a
 body, sparse initializers in a subgraph, outer values of unknown type,
 sequences or optionals carried by a body.
 """
+from collections import ChainMap
+
 import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
@@ -122,8 +124,7 @@ def _branch_gradient(ctx, graph, grad_outputs, wrt, what):
     for out, gy in zip(outputs, grad_outputs):
         if gy:
             grads.setdefault(out, []).append(gy)
-    constants = dict(ctx.constants)
-    constants.update(local_constants)
+    constants = ChainMap(dict(local_constants), ctx.constants)
     # the branch, recomputed from the outer values, then its gradient
     grads = differentiate_nodes(sg, nodes, grads, wrt, constants)
     names = []
@@ -380,8 +381,7 @@ def _body_gradient(ctx, sg, body, names, types, wrt, out_grads, params,
     grads = {}
     for j, gy in out_grads:
         grads.setdefault(rename(body.output[j].name), []).append(gy)
-    constants = dict(ctx.constants)
-    constants.update(local_constants)
+    constants = ChainMap(dict(local_constants), ctx.constants)
     grads = differentiate_nodes(sg, nodes, grads,
                                 [names[k] for k in wrt] + list(params),
                                 constants)
