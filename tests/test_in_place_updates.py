@@ -130,3 +130,45 @@ def test_optimizer_state_arrays_given_are_not_written(tmp_path):
     for name in TRAINABLE:
         for key, array in given[name].items():
             np.testing.assert_array_equal(array, copies[name][key])
+
+
+# one update over flat buffers (api/_flat.py) ---------------------------------
+@pytest.mark.parametrize("block, flat", [
+    (onnxblock.optim.SGD(), True),
+    (onnxblock.optim.AdamW(weight_decay=0.01), True),
+    # the clipping's joint norm is not in the metadata: run as given
+    (onnxblock.optim.AdamW(clip_grad=onnxblock.optim.ClipGradNorm(0.05)), False),
+], ids=["SGD", "AdamW", "AdamW-clip"])
+def test_flat_update_only_for_the_models_generate_artifacts_writes(tmp_path, block, flat):
+    paths = make_artifacts(tmp_path, block, np.float32)
+    _, _, optimizer = open_training(paths)
+    assert (optimizer._flat is not None) is flat
+    if flat:  # the same model with one node edited is run as given
+        model = onnx.load(paths["optimizer_model"])
+        node = next(n for n in model.graph.node if n.op_type == "Sub")
+        node.op_type = "Add"
+        onnx.save(model, paths["optimizer_model"])
+        assert open_training(paths)[2]._flat is None
+
+
+def test_flat_update_shares_the_buffers_and_reads_assigned_values(tmp_path):
+    state, module, optimizer = open_training(make_artifacts(tmp_path, onnxblock.optim.SGD()))
+    assert optimizer._flat is not None
+    for step, lr in enumerate([0.01, 0.05], start=1):
+        x, t1, _ = batch(8, np.float64, seed=step)
+        if step == 2:  # assigned by the user between steps: copied in
+            state.parameters["weight1"] = np.full(state.parameters["weight1"].shape, 0.5)
+        before = {n: state.parameters[n].data for n in TRAINABLE}
+        module(x, t1)
+        grads = {n: state.parameters[n].grad for n in TRAINABLE}
+        optimizer.set_learning_rate(lr)
+        optimizer.step()
+        module.lazy_reset_grad()
+        for name in TRAINABLE:
+            np.testing.assert_allclose(state.parameters[name].data,
+                                       before[name] - lr * grads[name], rtol=1e-12)
+    flat = optimizer._flat.flat
+    for name in TRAINABLE:
+        raw = state.parameters.raw(name)
+        assert np.shares_memory(raw._value.numpy(), flat["value"])
+        assert np.shares_memory(raw._grad.numpy(), flat["grad"])

@@ -5,9 +5,11 @@ import numbers
 
 import numpy as np
 
+from ..graph import numpy_to_elem_type
 from ..graph.aliasing import writes_after_reads
 from ..onnxblock.optim import OPTIMIZER_METADATA
 from ..runtime import SessionRunner, to_ortvalue
+from ._flat import FLAT_NAME, FlatBuffers, flat_optimizer_model
 from .module import load_model, read_layout
 from .state import OptimizerState
 
@@ -86,6 +88,26 @@ class Optimizer:
         pairs += [(f"{n}.{key}", f"{n}.{key}.updated")
                   for n in self._layout["parameters"] for key in self._layout["states"]]
         self._in_place = {out for _, out in writes_after_reads(model.graph, pairs)}
+        self._flat = self._flat_runner = None
+        if module._device.type == "cpu":
+            self._init_flat(model, state)
+
+    def _init_flat(self, model, state):
+        """Run the update once over flat buffers when the model allows it
+        (:mod:`onnxtrain.api._flat`)."""
+        params = [state.parameters.raw(n) for n in self._layout["parameters"]]
+        specs = [(p.name, numpy_to_elem_type(p.dtype), p.shape) for p in params]
+        flat = flat_optimizer_model(model, self._layout, specs)
+        if flat is None:
+            return
+        names = [o.name for o in flat.graph.output]
+        if len(writes_after_reads(flat.graph, [(n[:-len(".updated")], n)
+                                               for n in names])) != len(names):
+            return
+        self._flat = FlatBuffers([p.name for p in params], [p.shape for p in params],
+                                 specs[0][1], self._layout["states"])
+        self._flat_runner = SessionRunner(flat, self._module._device,
+                                          self._module._session_options())
 
     def _init_states(self, state):
         states = state.optimizer_state.states
@@ -131,6 +153,9 @@ class Optimizer:
         params = module._state.parameters
         feeds = {"learning_rate": np.array(opt.learning_rate, dtype=np.float64),
                  "step": np.array(opt.step + 1, dtype=np.int64)}
+        if self._flat is not None:
+            self._flat_step(feeds)
+            return
         outputs, into = [], {}
         for name in self._layout["parameters"]:
             param = params.raw(name)
@@ -157,6 +182,23 @@ class Optimizer:
             params.raw(name)._value = next(results)
             for key in self._layout["states"]:
                 opt.states[name][key] = next(results)
+        opt.step += 1
+
+    def _flat_step(self, feeds):
+        """One run of the flat update (the caller holds the module's lock)."""
+        params, opt = self._module._state.parameters, self._state
+        missing = [n for n in self._layout["parameters"] if params.raw(n)._grad is None]
+        if missing:
+            raise RuntimeError(f"Parameter {missing[0]!r} has no gradient: run the "
+                               "module in training mode before step().")
+        flat = self._flat
+        flat.sync(params, opt.states)
+        kinds = {FLAT_NAME: "value", f"{FLAT_NAME}_grad": "grad"}
+        kinds.update((f"{FLAT_NAME}.{key}", key) for key in flat.state_names)
+        feeds.update((name, flat.whole[kind]) for name, kind in kinds.items())
+        into = {f"{name}.updated": flat.whole[kind] for name, kind in kinds.items()
+                if kind != "grad"}
+        self._flat_runner(feeds, list(into), into)
         opt.step += 1
 
     def set_learning_rate(self, learning_rate):

@@ -1,0 +1,141 @@
+"""One optimizer update over all parameters at once, on the CPU.
+
+The optimizer model of ``generate_artifacts`` repeats the update's ops for
+every parameter: the AdamW model of a 2-layer encoder runs about 560 small
+kernels per step, each costing a few microseconds whatever its size. When
+the given model is exactly the one :func:`build_optimizer_model` writes
+for its metadata's optimizer (checked node by node: a clipped, edited or
+foreign model is run as it is), :class:`Optimizer` runs the same update
+built for one parameter holding them all. Every parameter, gradient and
+optimizer state is then a view of one flat buffer per kind, so that no
+copy joins or splits them: the module writes each gradient into its view,
+the update writes the parameters and states in place (PyTorch's
+``foreach`` optimizers group their kernels in the same spirit).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..graph import elem_type_to_numpy, opset_of
+from ..onnxblock import optim
+from ..runtime import to_numpy, to_ortvalue
+
+__all__ = ["flat_optimizer_model", "FlatBuffers", "FLAT_NAME"]
+
+#: Name of the parameter of the flat optimizer model.
+FLAT_NAME = "parameters"
+
+
+def _block(layout):
+    """The optimizer block the metadata describes, or None."""
+    hyper = layout.get("hyperparameters") or {}
+    if layout.get("optimizer") == "SGD" and not hyper:
+        return optim.SGD()
+    if layout.get("optimizer") == "AdamW":
+        try:
+            return optim.AdamW(betas=tuple(hyper["betas"]), eps=hyper["eps"],
+                               weight_decay=hyper["weight_decay"],
+                               bias_correction=hyper["bias_correction"])
+        except (KeyError, TypeError, ValueError):
+            return None
+    return None
+
+
+def _same_nodes(a, b):
+    """Whether two graphs hold the same nodes (op, domain, inputs, outputs,
+    attributes), in the same order."""
+    if len(a.graph.node) != len(b.graph.node):
+        return False
+    for x, y in zip(a.graph.node, b.graph.node):
+        if (x.op_type, x.domain, list(x.input), list(x.output)) != \
+                (y.op_type, y.domain, list(y.input), list(y.output)) or \
+                [att.SerializeToString() for att in x.attribute] != \
+                [att.SerializeToString() for att in y.attribute]:
+            return False
+    return True
+
+
+def flat_optimizer_model(model, layout, specs):
+    """The optimizer model of ``model``'s update for one parameter of all
+    ``specs``' elements, or None.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The optimizer model given to :class:`~onnxtrain.api.Optimizer`.
+    layout : dict
+        Its :data:`~onnxtrain.onnxblock.optim.OPTIMIZER_METADATA`.
+    specs : list of (str, int, tuple)
+        Name, ONNX element type and shape of each parameter, in the model's
+        order.
+
+    Returns
+    -------
+    onnx.ModelProto or None
+        Inputs ``learning_rate``, ``step``, :data:`FLAT_NAME`,
+        ``{FLAT_NAME}_grad`` and one ``{FLAT_NAME}.<state>`` per state (1-D,
+        the parameters' sizes summed); None unless every parameter has the
+        same element type and ``model`` equals, node for node, what
+        :func:`~onnxtrain.onnxblock.optim.build_optimizer_model` builds for
+        the metadata's optimizer and ``specs``.
+    """
+    if not isinstance(model, onnx.ModelProto) or not specs or \
+            len({elem for _, elem, _ in specs}) != 1:
+        return None
+    block = _block(layout)
+    if block is None or list(block.state_names) != list(layout.get("states", ())):
+        return None
+    opset = opset_of(model)
+    if not _same_nodes(optim.build_optimizer_model(block, specs, opset), model):
+        return None
+    total = int(sum(np.prod(shape, dtype=np.int64) for _, _, shape in specs))
+    return optim.build_optimizer_model(block, [(FLAT_NAME, specs[0][1], [total])], opset)
+
+
+class FlatBuffers:
+    """One flat host buffer per kind (parameters, gradients, each state),
+    each parameter's value, gradient and states being OrtValues over views
+    of them.
+
+    Parameters
+    ----------
+    names : list of str
+    shapes : list of tuple
+    elem_type : int
+        ONNX element type of them all.
+    state_names : list of str
+    """
+
+    def __init__(self, names, shapes, elem_type, state_names):
+        dtype = elem_type_to_numpy(elem_type)
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+        total, offsets = sum(sizes), np.cumsum([0] + sizes)
+        self.names, self.state_names = list(names), list(state_names)
+        kinds = ["value", "grad"] + self.state_names
+        self.flat = {k: np.zeros(total, dtype=dtype) for k in kinds}
+        self.whole = {k: to_ortvalue(v) for k, v in self.flat.items()}
+        # kind -> name -> OrtValue over the parameter's slice of the buffer
+        self.views = {k: {n: to_ortvalue(self.flat[k][a:b].reshape(shape))
+                          for n, a, b, shape in zip(names, offsets[:-1], offsets[1:], shapes)}
+                      for k in kinds}
+
+    def sync(self, params, states):
+        """Make every parameter's value and gradient and every state the
+        view of its buffer, copying in the values held elsewhere (a
+        parameter assigned by the user, a first gradient the module
+        allocated, states from a checkpoint). Views already in place are
+        left as they are: after the first step, nothing is copied."""
+        for name in self.names:
+            param = params.raw(name)
+            param._value = self._install("value", name, param._value)
+            if param._grad is not None:
+                param._grad = self._install("grad", name, param._grad)
+            for key in self.state_names:
+                states[name][key] = self._install(key, name, states[name][key])
+
+    def _install(self, kind, name, value):
+        view = self.views[kind][name]
+        if value is not view:
+            np.copyto(view.numpy(), to_numpy(value))
+        return view
