@@ -125,7 +125,7 @@ class SessionRunner:
         instead of memory onnxruntime allocates; those OrtValues are
         returned for them. An OrtValue may also be a feed of the same run
         only where every node reading that feed runs before the node
-        writing the output (:func:`onnxtrain.graph.writes_after_reads`
+        writing the output (:func:`onnxtrain.graph.aliasing.writes_after_reads`
         checks a graph for it)."""
         binding = getattr(self._local, "binding", None)  # see the class doc
         if binding is None:
