@@ -80,17 +80,18 @@ class Optimizer:
         if state.optimizer_state is None:
             state.optimizer_state = OptimizerState()
         self._init_states(state)
-        self._runner = SessionRunner(model, module._device,
-                                     module._session_options())
+        self._flat = self._flat_runner = self._runner = None
+        if module._device.type == "cpu":
+            self._init_flat(model, state)
+        if self._flat is None:
+            self._runner = SessionRunner(model, module._device,
+                                         module._session_options())
         # outputs written over their inputs' memory, as PyTorch's optimizers
         # update in place: one copy of each parameter and state, not two
         pairs = [(n, f"{n}.updated") for n in self._layout["parameters"]]
         pairs += [(f"{n}.{key}", f"{n}.{key}.updated")
                   for n in self._layout["parameters"] for key in self._layout["states"]]
         self._in_place = {out for _, out in writes_after_reads(model.graph, pairs)}
-        self._flat = self._flat_runner = None
-        if module._device.type == "cpu":
-            self._init_flat(model, state)
 
     def _init_flat(self, model, state):
         """Run the update once over flat buffers when the model allows it
