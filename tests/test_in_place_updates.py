@@ -43,7 +43,17 @@ def test_elementwise_update_whose_other_reads_come_first_is_in_place():
          else_branch=helper.make_graph(
          [helper.make_node("Identity", ["m"], ["e"])], "else", [],
          [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3])]))],
-], ids=["later-reader", "not-elementwise", "subgraph-reader"])
+    # onnxruntime fuses MatMul + Add into a Gemm reading w while writing it
+    [helper.make_node("MatMul", ["w", "m"], ["wm"]),
+     helper.make_node("Add", ["wm", "g"], ["w.updated"])],
+    # onnxruntime drops the Identity: the MatMul would write into w
+    [helper.make_node("Mul", ["w", "g"], ["wg"]),
+     helper.make_node("Identity", ["wg"], ["w.updated"])],
+    # a Reshape's output shares w's memory: its reader may come later
+    [helper.make_node("Sub", ["w", "g"], ["w.updated"]),
+     helper.make_node("Reshape", ["w", "m"], ["other"])],
+], ids=["later-reader", "not-elementwise", "subgraph-reader", "fused-reader",
+        "identity-writer", "aliasing-reader"])
 def test_updates_that_would_read_overwritten_values_are_refused(nodes):
     graph = _graph(nodes, ["w.updated"] + (["other"] if len(nodes) > 1 else []))
     assert writes_after_reads(graph, [("w", "w.updated")]) == set()
@@ -172,3 +182,66 @@ def test_flat_update_shares_the_buffers_and_reads_assigned_values(tmp_path):
         raw = state.parameters.raw(name)
         assert np.shares_memory(raw._value.numpy(), flat["value"])
         assert np.shares_memory(raw._grad.numpy(), flat["grad"])
+
+
+def test_flat_update_not_for_a_model_with_a_constant_changed(tmp_path):
+    paths = make_artifacts(tmp_path, onnxblock.optim.AdamW(), np.float32)
+    assert open_training(paths)[2]._flat is not None
+    model = onnx.load(paths["optimizer_model"])
+    eps = next(i for i in model.graph.initializer
+               if np.isclose(onnx.numpy_helper.to_array(i), 1e-6).all())
+    eps.CopyFrom(onnx.numpy_helper.from_array(np.array(0.5, eps_dtype(eps)), eps.name))
+    onnx.save(model, paths["optimizer_model"])
+    state, module, optimizer = open_training(paths)
+    assert optimizer._flat is None  # run as given: eps 0.5 changes the step
+    x, t1, _ = batch(8, np.float32, seed=1)
+    module(x, t1)
+    grads = {n: state.parameters[n].grad.astype(np.float64) for n in TRAINABLE}
+    before = {n: state.parameters[n].data.astype(np.float64) for n in TRAINABLE}
+    optimizer.set_learning_rate(0.1)
+    optimizer.step()
+    reference = AdamWReference(eps=0.5)
+    for name in TRAINABLE:
+        moments = {s: np.zeros_like(before[name]) for s in reference.state_names}
+        expected = reference.update(before[name], grads[name], moments, 0.1, 1)
+        np.testing.assert_allclose(state.parameters[name].data, expected,
+                                   rtol=1e-5, atol=1e-6)
+
+
+def eps_dtype(tensor):
+    return onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+
+
+# found while reviewing the in-place updates (they predate them) ------------
+def test_contiguous_parameters_stay_valid_after_the_ortvalue_is_dropped(tmp_path):
+    import gc
+    state, module, _ = open_training(make_artifacts(tmp_path, onnxblock.optim.SGD()))
+    expected = np.concatenate([p.data.reshape(-1) for _, p in state.parameters])
+    flat = module.get_contiguous_parameters(trainable_only=False).numpy()
+    gc.collect()
+    junk = [np.full(expected.size, -7.0) for _ in range(50)]  # reuse freed memory
+    np.testing.assert_array_equal(flat, expected)
+    del junk
+
+
+def test_a_second_optimizer_after_steps_continues_from_the_moments(tmp_path):
+    from onnxtrain import api
+    paths = make_artifacts(tmp_path, onnxblock.optim.AdamW(), np.float64)
+    state, module, optimizer = open_training(paths)
+    module(*batch(8, np.float64, seed=1)[:2])
+    optimizer.step()
+    moments = {n: {k: np.array(v.numpy(), copy=True)
+                   for k, v in state.optimizer_state.states[n].items()} for n in TRAINABLE}
+    second = api.Optimizer(paths["optimizer_model"], module)  # raised TypeError
+    assert second.step_count == 1
+    for name in TRAINABLE:
+        for key, value in state.optimizer_state.states[name].items():
+            np.testing.assert_array_equal(np.asarray(value.numpy()), moments[name][key])
+
+
+def test_rank_0_parameter_keeps_its_shape_through_a_checkpoint(tmp_path):
+    from onnxtrain.api.checkpoint import read_checkpoint, write_checkpoint
+    path = str(tmp_path / "checkpoint")
+    write_checkpoint(path, [("s", np.array(0.7, np.float32), True)], {}, None)
+    value = read_checkpoint(path)["parameters"][0][1]
+    assert value.shape == () and value == np.float32(0.7)

@@ -4,8 +4,8 @@ The optimizer model of ``generate_artifacts`` repeats the update's ops for
 every parameter: the AdamW model of a 2-layer encoder runs about 560 small
 kernels per step, each costing a few microseconds whatever its size. When
 the given model is exactly the one :func:`build_optimizer_model` writes
-for its metadata's optimizer (checked node by node: a clipped, edited or
-foreign model is run as it is), :class:`Optimizer` runs the same update
+for its metadata's optimizer (the whole graph compared, constants
+included: a clipped, edited or foreign model is run as it is), :class:`Optimizer` runs the same update
 built for one parameter holding them all. Every parameter, gradient and
 optimizer state is then a view of one flat buffer per kind, so that no
 copy joins or splits them: the module writes each gradient into its view,
@@ -42,18 +42,11 @@ def _block(layout):
     return None
 
 
-def _same_nodes(a, b):
-    """Whether two graphs hold the same nodes (op, domain, inputs, outputs,
-    attributes), in the same order."""
-    if len(a.graph.node) != len(b.graph.node):
-        return False
-    for x, y in zip(a.graph.node, b.graph.node):
-        if (x.op_type, x.domain, list(x.input), list(x.output)) != \
-                (y.op_type, y.domain, list(y.input), list(y.output)) or \
-                [att.SerializeToString() for att in x.attribute] != \
-                [att.SerializeToString() for att in y.attribute]:
-            return False
-    return True
+def _same_graph(a, b):
+    """Whether two models hold the same graph: nodes, initializers (their
+    values too), inputs and outputs, byte for byte."""
+    return a.graph.SerializeToString(deterministic=True) == \
+        b.graph.SerializeToString(deterministic=True)
 
 
 def flat_optimizer_model(model, layout, specs):
@@ -76,7 +69,7 @@ def flat_optimizer_model(model, layout, specs):
         Inputs ``learning_rate``, ``step``, :data:`FLAT_NAME`,
         ``{FLAT_NAME}_grad`` and one ``{FLAT_NAME}.<state>`` per state (1-D,
         the parameters' sizes summed); None unless every parameter has the
-        same element type and ``model`` equals, node for node, what
+        same element type and ``model``'s graph equals, byte for byte, what
         :func:`~onnxtrain.onnxblock.optim.build_optimizer_model` builds for
         the metadata's optimizer and ``specs``.
     """
@@ -87,7 +80,7 @@ def flat_optimizer_model(model, layout, specs):
     if block is None or list(block.state_names) != list(layout.get("states", ())):
         return None
     opset = opset_of(model)
-    if not _same_nodes(optim.build_optimizer_model(block, specs, opset), model):
+    if not _same_graph(optim.build_optimizer_model(block, specs, opset), model):
         return None
     total = int(sum(np.prod(shape, dtype=np.int64) for _, _, shape in specs))
     return optim.build_optimizer_model(block, [(FLAT_NAME, specs[0][1], [total])], opset)

@@ -101,7 +101,8 @@ class _Writer:
         self.count = 0
 
     def array(self, value, dtype=None):
-        array = np.ascontiguousarray(value, dtype=dtype)
+        # np.require keeps rank 0 (np.ascontiguousarray made it rank 1)
+        array = np.require(np.asarray(value, dtype=dtype), requirements="C")
         dtype = _dtype_str(array.dtype)
         entry = f"arrays/{self.count}.bin"
         self.count += 1

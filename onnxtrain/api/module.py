@@ -366,7 +366,8 @@ class Module:
         Returns
         -------
         onnxruntime.OrtValue of shape (get_parameters_size(trainable_only),)
-            On the module's device (``.numpy()`` copies it to an array), as
+            On the module's device, in memory of its own (its ``numpy()``
+            arrays stay valid after the OrtValue is dropped), as
             onnxruntime-training returns it.
 
         Raises
@@ -384,7 +385,7 @@ class Module:
             raise TypeError(f"Parameters have several dtypes {sorted(map(str, dtypes))}; "
                             "they cannot share one buffer.")
         return to_ortvalue(np.concatenate([p.data.reshape(-1) for p in params]),
-                           self._device)
+                           self._device, owned=True)
 
     def copy_buffer_to_parameters(self, buffer, trainable_only=True):
         """Copy a flat buffer (as from :meth:`get_contiguous_parameters`)

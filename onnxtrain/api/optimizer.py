@@ -8,7 +8,7 @@ import numpy as np
 from ..graph import numpy_to_elem_type
 from ..graph.aliasing import writes_after_reads
 from ..onnxblock.optim import OPTIMIZER_METADATA
-from ..runtime import SessionRunner, to_ortvalue
+from ..runtime import SessionRunner, is_ortvalue, to_ortvalue
 from ._flat import FLAT_NAME, FlatBuffers, flat_optimizer_model
 from .module import load_model, read_layout
 from .state import OptimizerState
@@ -38,6 +38,11 @@ def _check_step_count(value, name):
             or value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
     return int(value)
+
+
+def _shape(value):
+    """Shape of an array or an OrtValue (a state after a step)."""
+    return tuple(value.shape()) if is_ortvalue(value) else tuple(np.shape(value))
 
 
 class Optimizer:
@@ -118,11 +123,10 @@ class Optimizer:
             for key in self._layout["states"]:
                 if key not in current:
                     current[key] = np.zeros(param.shape, dtype=param.dtype)
-                elif tuple(np.shape(current[key])) != param.shape and \
-                        isinstance(current[key], np.ndarray):
+                elif _shape(current[key]) != param.shape:
                     raise ValueError(
                         f"Optimizer state {key!r} of {name!r} has shape "
-                        f"{np.shape(current[key])}; the parameter has {param.shape}.")
+                        f"{_shape(current[key])}; the parameter has {param.shape}.")
 
     @property
     def _state(self):

@@ -5,21 +5,28 @@ An update step (``w_new = w - lr * g``, the optimizer models of
 tensor and writes one of the same shape. Writing the result into the
 input's own memory, as PyTorch's optimizers do, keeps one copy of every
 parameter and of every gradient instead of two, and reuses memory the
-process already touched. That is exact when the node writing the output is
-element-wise (element ``i`` of the output depends on element ``i`` of its
-same-shaped inputs only, read before it is written) and every other node
-reading the input runs before it, i.e. is one of its ancestors: onnxruntime
-runs a node only after the nodes it depends on, whatever the execution
-mode, so an ancestor's read always comes first.
+process already touched.
+
+onnxruntime runs a rewritten graph (fusions such as MatMul + Add into one
+Gemm, Identity elimination, Reshape outputs sharing their input's memory),
+so the rule is kept narrow enough to hold for the rewritten graph too:
+the node writing the output and every node reading the input are
+element-wise arithmetic (element ``i`` of an output depends on element
+``i`` of same-shaped inputs only), and every reader runs before the writer
+(is one of its ancestors: onnxruntime runs a node only after the nodes it
+depends on, whatever the execution mode). No node that could alias the
+input (Identity, Reshape...) or fold it into a non-element-wise kernel
+(MatMul, Gemm...) may read it.
 """
 from __future__ import annotations
 
 __all__ = ["writes_after_reads", "ELEMENTWISE_WRITERS"]
 
-#: Ops whose output element i reads only element i of same-shaped inputs.
+#: Arithmetic ops whose output element i reads only element i of
+#: same-shaped inputs, and which onnxruntime's CPU graph rewrites fold into
+#: no kernel of another kind when they read a graph input.
 ELEMENTWISE_WRITERS = frozenset({
-    "Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Sqrt",
-    "Relu", "Clip", "Identity"})
+    "Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Sqrt"})
 
 
 def _subgraph_reads(node):
@@ -47,11 +54,12 @@ def writes_after_reads(graph, pairs):
     Returns
     -------
     set of (str, str)
-        The pairs where the node writing the output is in the main graph,
-        in the standard domain, element-wise (:data:`ELEMENTWISE_WRITERS`),
-        and every node reading the input (in its subgraphs too) is that node
-        or one of its ancestors. Shapes are not checked: the caller binds
-        the input's own buffer, whose shape is the output's.
+        The pairs where the node writing the output and every node reading
+        the input (in their subgraphs too) are main-graph, standard-domain
+        :data:`ELEMENTWISE_WRITERS` nodes, every reader is the writer or one
+        of its ancestors, and the input is not also a graph output. Shapes
+        are not checked: the caller binds the input's own buffer, whose
+        shape is the output's.
     """
     producer, readers, reads = {}, {}, []
     for index, node in enumerate(graph.node):
@@ -66,13 +74,18 @@ def writes_after_reads(graph, pairs):
         writer = producer.get(target)
         if writer is None or target not in graph_outputs:
             continue
-        node = graph.node[writer]
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ELEMENTWISE_WRITERS:
+        if source in graph_outputs or not all(
+                _elementwise(graph.node[i]) for i in [writer] + readers.get(source, [])):
             continue
         ancestors = _ancestors(reads, producer, writer)
         if all(r == writer or r in ancestors for r in readers.get(source, ())):
             safe.add((source, target))
     return safe
+
+
+def _elementwise(node):
+    return node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE_WRITERS \
+        and not any(att.type in (att.GRAPH, att.GRAPHS) for att in node.attribute)
 
 
 def _ancestors(reads, producer, index):

@@ -55,10 +55,16 @@ def make_session(model, device="cpu", options=None):
         providers=device.providers)
 
 
-def to_ortvalue(value, device="cpu", dtype=None):
+def to_ortvalue(value, device="cpu", dtype=None, owned=False):
     """An OrtValue on ``device`` from a numpy array (cast to ``dtype``) or an
     OrtValue (returned as is; a C-level one, as onnxcustom handled, is
-    wrapped in ``onnxruntime.OrtValue``)."""
+    wrapped in ``onnxruntime.OrtValue``).
+
+    On the CPU the OrtValue shares the array's memory and the Python
+    OrtValue keeps the array alive, but an array from its ``numpy()`` does
+    not (onnxruntime 1.32): an OrtValue handed to a caller who may drop it
+    while keeping ``numpy()`` views needs ``owned=True``, a copy into memory
+    onnxruntime allocates and keeps alive for those views."""
     if isinstance(value, OrtValue):
         return value
     if isinstance(value, C_OrtValue):  # onnxcustom's loaders gave these
@@ -69,6 +75,11 @@ def to_ortvalue(value, device="cpu", dtype=None):
         array = array.astype(dtype)
     if not array.flags.c_contiguous:  # np.ascontiguousarray makes rank 0 rank 1
         array = np.ascontiguousarray(array)
+    if owned and device.type == "cpu":
+        result = OrtValue.ortvalue_from_shape_and_type(list(array.shape), array.dtype,
+                                                       device.type, device.index)
+        result.numpy()[...] = array
+        return result
     return OrtValue.ortvalue_from_numpy(array, device.type, device.index)
 
 
