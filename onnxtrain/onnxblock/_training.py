@@ -18,9 +18,10 @@ from onnx import helper
 from ..autodiff import backward
 from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
-                     infer_value_types)
+                     infer_value_types, opset_of)
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
+from ..graph.identities import remove_identity_dropouts
 from ..models import check_weights_reach_outputs
 from ..training_mode import (batchnorm_buffers, running_statistics,
                              with_running_statistics_updates)
@@ -221,6 +222,8 @@ def build_training_models(state, output_names, trainable, frozen):
     model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
     # the training graph only: the eval model keeps the Conv nodes
     model = lower_small_convs(model, trainable)
+    # Dropouts of probability 0 copy their input: no node, no gradient rule
+    model = remove_identity_dropouts(model, opset_of(model) or 1)
     graph = model.graph
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
     input_grads = [i.name for i in graph.input
