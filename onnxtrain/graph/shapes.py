@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import onnx
 
+from .symbolic import refine_symbolic_dims
+
 __all__ = ["clean_shape", "infer_value_types", "type_of_value_info"]
 
 
@@ -51,7 +53,9 @@ def infer_value_types(model):
     """Map every value name of ``model``'s main graph to ``(elem_type, shape)``.
 
     Runs :func:`onnx.shape_inference.infer_shapes` on a copy (the caller's
-    model is not modified). Values whose type cannot be inferred are absent.
+    model is not modified), then
+    :func:`~onnxtrain.graph.symbolic.refine_symbolic_dims` on its result.
+    Values whose type cannot be inferred are absent.
     """
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -70,4 +74,4 @@ def infer_value_types(model):
             for att in node.attribute:
                 if att.name == "value":
                     types[node.output[0]] = (att.t.data_type, tuple(att.t.dims))
-    return types
+    return refine_symbolic_dims(graph, types)
