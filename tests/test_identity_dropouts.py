@@ -91,3 +91,32 @@ def test_training_graph_has_no_identity_dropout(tmp_path):
     assert "Dropout" not in {n.op_type for n in training.graph.node}
     evaluation = onnx.load(tmp_path / "eval_model.onnx")
     assert "Dropout" in {n.op_type for n in evaluation.graph.node}
+
+
+def test_artifacts_name_the_mask_a_dropout_leaves_out(tmp_path):
+    """A Dropout without its mask output (the VJP reads the mask: the
+    training graph must name it). With one weight w, Y = X w mask / (1 - r)
+    and the mean squared error L = mean(Y^2) against zeros, dL/dw = 2 L / w
+    whatever mask was drawn."""
+    from onnxtrain import api
+    w = np.array([[0.7]], dtype=np.float32)
+    inits = [numpy_helper.from_array(w, "W"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+             numpy_helper.from_array(np.array(True), "training")]
+    nodes = [helper.make_node("Mul", ["X", "W"], ["h"]),
+             helper.make_node("Dropout", ["h", "ratio", "training"], ["Y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["W"], loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state)
+    x = np.random.default_rng(0).normal(size=(64, 1)).astype(np.float32)
+    loss = float(module(x, np.zeros((64, 1), np.float32)))
+    assert 0 < loss
+    np.testing.assert_allclose(state.parameters["W"].grad.reshape(-1),
+                               [2 * loss / 0.7], rtol=1e-5)

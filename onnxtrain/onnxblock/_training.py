@@ -176,18 +176,21 @@ def _gradient_nodes(model, wrt, loss, types, buffer_types):
     """Gradient and accumulation nodes of ``loss`` w.r.t. ``wrt`` (may be
     empty: then only the ``lazy_reset_grad`` input, unused, is made).
 
-    Returns (nodes, initializers, buffer inputs, lazy_reset_grad input,
-    accumulated outputs)."""
+    Returns (forward nodes, gradient nodes, initializers, buffer inputs,
+    lazy_reset_grad input, accumulated outputs). The forward nodes are
+    ``model``'s, or the reverse pass's copies naming the optional outputs
+    the rules read (Dropout's mask)."""
     if not wrt:
         lazy_vi = helper.make_tensor_value_info(LAZY_RESET_GRAD,
                                                 onnx.TensorProto.BOOL, [])
-        return [], [], [], lazy_vi, []
+        return list(model.graph.node), [], [], [], lazy_vi, []
     bg = backward(model, wrt, outputs=[loss], types=types)
     g = bg.builder
     seed_with_ones(g, loss, bg.grad_output_names[0], types[loss][0])
     buffers, lazy_vi, acc_outputs = _accumulate(g, wrt, bg.grad_names,
                                                 buffer_types)
-    return g.nodes, g.initializers, buffers, lazy_vi, acc_outputs
+    forward = list((bg.model or model).graph.node)
+    return forward, g.nodes, g.initializers, buffers, lazy_vi, acc_outputs
 
 
 def build_training_models(state, output_names, trainable, frozen):
@@ -239,7 +242,7 @@ def build_training_models(state, output_names, trainable, frozen):
                                     f"the loss {loss!r}", types)
     buffer_types = {p: (inits[p].data_type, list(inits[p].dims)) for p in trainable}
     buffer_types.update({n: (types[n][0], _clean(types[n][1])) for n in input_grads})
-    nodes, grad_inits, buffers, lazy_vi, acc_outputs = _gradient_nodes(
+    forward, nodes, grad_inits, buffers, lazy_vi, acc_outputs = _gradient_nodes(
         model, trainable + input_grads, loss, types, buffer_types)
 
     param_types = {p: (inits[p].data_type, tuple(inits[p].dims)) for p in params}
@@ -251,7 +254,7 @@ def build_training_models(state, output_names, trainable, frozen):
 
     # one node per value (the reverse pass repeats shape arithmetic)
     train_nodes = eliminate_common_subexpressions(
-        list(graph.node) + nodes,
+        forward + nodes,
         keep=[o.name for o in outputs + acc_outputs + update_outputs])
     train_graph = helper.make_graph(
         train_nodes, f"{graph.name}_training",
