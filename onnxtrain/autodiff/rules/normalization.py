@@ -27,7 +27,13 @@ def _batch_statistics_backward(ctx, x, gy, scale, axes, eps):
     centered = ctx.op("Sub", x, mean)
     var = ctx.g.reduce("ReduceMean", ctx.op("Mul", centered, centered), axes)
     inv_std = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", var, ctx.const(eps))))
-    xhat = ctx.op("Mul", centered, inv_std)
+    return normalized_backward(ctx, gy, scale, ctx.op("Mul", centered, inv_std),
+                               inv_std, axes)
+
+
+def normalized_backward(ctx, gy, scale, xhat, inv_std, axes):
+    """dx, and xhat, of y = scale * xhat + bias where xhat = (x - mean(x)) *
+    inv_std normalizes ``x`` over ``axes`` (see the module docstring)."""
     g_hat = ctx.op("Mul", gy, scale)
     mean_g = ctx.g.reduce("ReduceMean", g_hat, axes, keepdims=1)
     mean_gx = ctx.g.reduce("ReduceMean", ctx.op("Mul", g_hat, xhat), axes, keepdims=1)
