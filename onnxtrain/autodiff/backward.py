@@ -290,6 +290,7 @@ def backward(model, wrt, outputs=None, types=None):
     _check_rules(path, upstream)
 
     g = GraphBuilder(opset, _all_names(model), types)
+    g.know_nodes(nodes)
     grads, grad_output_names = {}, []
     for out in outputs:
         name = g.unique_name(f"{out}_grad")
@@ -299,6 +300,7 @@ def backward(model, wrt, outputs=None, types=None):
     reverse_pass(g, path, grads, upstream, _constants(model))
     grad_names = [_final_gradient(g, grads, w) for w in wrt]
     fold_output_identities(g.nodes, grad_names)
+    remove_unread_nodes(g.nodes, grad_names)
     return BackwardGraph(g, list(wrt), list(outputs), grad_output_names,
                          grad_names, types, model if named else None)
 
@@ -456,6 +458,22 @@ def fold_output_identities(nodes, outputs):
             readers.setdefault(out, []).extend(moved)
     if removed:
         nodes[:] = [n for n in nodes if id(n) not in removed]
+
+
+def remove_unread_nodes(nodes, outputs):
+    """Drop from ``nodes`` (in place, topological order) the nodes none of
+    whose outputs is in ``outputs`` or read by a later node (its inputs or
+    the subgraphs it holds): what a rule emitted and a simplification made
+    useless (:meth:`~onnxtrain.graph.GraphBuilder.transpose`)."""
+    read = set(outputs)
+    kept = []
+    for node in reversed(nodes):
+        if not any(o in read for o in node.output if o):
+            continue
+        kept.append(node)
+        read.update(_node_inputs(node))
+    if len(kept) < len(nodes):
+        nodes[:] = kept[::-1]
 
 
 def trainable_initializers(model, candidates=None, types=None):

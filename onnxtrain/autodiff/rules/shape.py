@@ -18,7 +18,7 @@ def _transpose(ctx, gy):
     perm = ctx.attr("perm")
     if perm is None:  # default: reverse the axes
         perm = list(range(ctx.rank(ctx.inputs[0], "Transpose")))[::-1]
-    return ctx.op("Transpose", gy, perm=[int(i) for i in np.argsort(perm)])
+    return ctx.g.transpose(gy, [int(i) for i in np.argsort(perm)])
 
 
 def _concat_size(ctx, x, axis):
