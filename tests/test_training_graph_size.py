@@ -73,7 +73,9 @@ def test_no_runtime_broadcast_reduction_nor_identity_dropout(encoder):
     # broadcast) in the layers, only for the embeddings' sums
     assert ops.count("Compress") <= 5
     assert len(params) == 39
-    assert len(ops) <= 619
+    # measured: 547 (the layer norms' saved statistics, no Transpose of an
+    # exported linear layer's weight, constant Reshape targets); 619 before
+    assert len(ops) <= 547
 
 
 def test_gradients_equal_torch(encoder):

@@ -87,3 +87,16 @@ def test_transposes_that_stay():
     known = helper.make_node("Transpose", ["W"], ["Wt"])  # default perm
     g.know_nodes([known])
     assert g.transpose("Wt", [1, 0]) == "W"
+
+
+def test_scalar_constants_are_shared_and_keep_their_bits():
+    g = GraphBuilder(17)
+    zero, again = g.const(0.0, TensorProto.FLOAT), g.const(0.0, TensorProto.FLOAT)
+    negative = g.const(-0.0, TensorProto.FLOAT)
+    array = g.const(np.float32(0), TensorProto.FLOAT)  # same bytes as 0.0
+    assert zero == again == array and negative != zero
+    assert g.const(1, TensorProto.DOUBLE) != g.const(1, TensorProto.FLOAT)
+    assert g.const(True, TensorProto.BOOL) != g.const(1, TensorProto.INT64)
+    values = {i.name: numpy_helper.to_array(i) for i in g.initializers}
+    assert np.signbit(values[negative]) and not np.signbit(values[zero])
+    assert len(g.initializers) == 6

@@ -1,6 +1,7 @@
 """The reverse pass: gradient nodes of chosen outputs w.r.t. chosen values."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,14 +97,38 @@ def constant_node_value(node):
     return None
 
 
+class _Constants(Mapping):
+    """``name -> numpy value`` of a model's initializers and Constant nodes,
+    an initializer converted when a rule first reads it: the weights are
+    most of a model's bytes (20 MB for a 24-layer encoder) and no rule
+    reads them."""
+
+    def __init__(self, model):
+        self._tensors = {i.name: i for i in model.graph.initializer}
+        self._values = {}
+        for node in model.graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                value = constant_node_value(node)
+                if value is not None:
+                    self._values[node.output[0]] = value
+
+    def __getitem__(self, name):
+        if name not in self._values:
+            self._values[name] = numpy_helper.to_array(self._tensors[name])
+        return self._values[name]
+
+    def __contains__(self, name):
+        return name in self._values or name in self._tensors
+
+    def __iter__(self):
+        return iter(set(self._tensors) | set(self._values))
+
+    def __len__(self):
+        return len(set(self._tensors) | set(self._values))
+
+
 def _constants(model):
-    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            value = constant_node_value(node)
-            if value is not None:
-                values[node.output[0]] = value
-    return values
+    return _Constants(model)
 
 
 def _dependents(nodes, wrt, types):

@@ -221,13 +221,22 @@ class GraphBuilder:
         65504, smallest 6e-8) an epsilon of 1e-9 stays positive and a mask
         value of -1e9 stays finite instead of turning into 0 and -inf.
         """
+        # a Python scalar seen before needs no array (repr tells -0.0 from 0.0)
+        scalar = (elem_type, type(value), repr(value)) if type(value) in (
+            int, float, bool) else None
+        if scalar in self._constants:
+            return self._constants[scalar]
         array = _saturating_array(value, elem_type_to_numpy(elem_type))
         key = (elem_type, array.shape, array.tobytes())
+        if scalar is not None and key in self._constants:
+            self._constants[scalar] = self._constants[key]
         if key not in self._constants:
             name = self.unique_name("const")
             self.initializers.append(numpy_helper.from_array(array, name))
             self.set_type(name, elem_type, array.shape)
             self._constants[key] = name
+            if scalar is not None:
+                self._constants[scalar] = name
         return self._constants[key]
 
     def scatter_add(self, op_type, data, indices, updates, elem_type, **attrs):

@@ -86,11 +86,14 @@ def _sequence_value_infos(model, names):
             if vi.name in names and vi.type.HasField("sequence_type")}
 
 
-def set_graph_outputs(state, names):
-    """Make ``names`` the graph outputs of the base model (typed by shape
-    inference)."""
+def set_graph_outputs(state, names, types=None):
+    """Make ``names`` the graph outputs of the base model, typed by
+    ``types`` (the model's :func:`~onnxtrain.graph.infer_value_types`) when
+    given and it knows them, else by shape inference."""
     graph = state.model.graph
-    types = {n: state.value_type(n) for n in names}
+    known = types or {}
+    types = {n: known[n] if known.get(n, (0, None))[1] is not None
+             else state.value_type(n) for n in names}
     missing = [n for n in names if types[n] is None]
     sequences = _sequence_value_infos(state.model, missing) if missing else {}
     missing = [n for n in missing if n not in sequences]
@@ -218,14 +221,21 @@ def build_training_models(state, output_names, trainable, frozen):
         that does not depend on the trainable parameters, or names
         (``lazy_reset_grad``, buffers) already taken.
     """
-    set_graph_outputs(state, output_names)
+    # one shape inference of the base model with its loss serves the
+    # outputs' types and the reverse pass (0.1 s each on a 24-layer encoder)
+    types = infer_value_types(state.model)
+    set_graph_outputs(state, output_names, types)
     base = state.model
     trainable, frozen = classify_running_statistics(base, trainable, frozen)
     inits = _check_parameters(base.graph, trainable, frozen)
     model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
     # the training graph only: the eval model keeps the Conv nodes
-    model = lower_small_convs(model, trainable)
+    lowered = lower_small_convs(model, trainable, None if updated else types)
+    if updated or lowered is not model:  # values the base model lacks
+        model = lowered
+        types = infer_value_types(model)
     # Dropouts of probability 0 copy their input: no node, no gradient rule
+    # (the types stay those of every value left)
     model = remove_identity_dropouts(model, opset_of(model) or 1)
     graph = model.graph
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
@@ -233,7 +243,6 @@ def build_training_models(state, output_names, trainable, frozen):
                    if i.name in set(trainable) and i.name not in inits]
     trainable = [p for p in params if p in set(trainable)]
     loss = output_names[0]
-    types = infer_value_types(model)
     if types.get(loss, (0,))[0] not in FLOAT_TYPES:
         raise ValueError(f"The loss {loss!r} must be a float tensor.")
     if trainable:
