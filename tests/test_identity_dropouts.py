@@ -84,9 +84,9 @@ def test_zero_ratio_vjp_passes_the_gradient_and_matches_differences():
 
 def test_training_graph_has_no_identity_dropout(tmp_path):
     model = _model(0.0, True)
-    artifacts.generate_artifacts(model, requires_grad=["W"], loss=artifacts.LossType.MSELoss,
-                                 optimizer=artifacts.OptimType.SGD,
-                                 artifact_directory=tmp_path)
+    artifacts.generate_artifacts(
+        model, requires_grad=["W"], loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
     training = onnx.load(tmp_path / "training_model.onnx")
     assert "Dropout" not in {n.op_type for n in training.graph.node}
     evaluation = onnx.load(tmp_path / "eval_model.onnx")
@@ -120,3 +120,11 @@ def test_artifacts_name_the_mask_a_dropout_leaves_out(tmp_path):
     assert 0 < loss
     np.testing.assert_allclose(state.parameters["W"].grad.reshape(-1),
                                [2 * loss / 0.7], rtol=1e-5)
+
+
+def test_in_place_removal_edits_the_model_given():
+    model = _model(0.0, True)
+    out = remove_identity_dropouts(model, 17, in_place=True)
+    assert out is model
+    assert [n.op_type for n in model.graph.node] == ["Mul", "Relu"]
+    assert list(model.graph.node[1].input) == ["h"]

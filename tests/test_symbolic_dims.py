@@ -81,3 +81,29 @@ def test_gradients_through_the_heads_without_runtime_reductions(n):
     feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     feeds["X"] = np.random.default_rng(n).normal(size=(n, 4, 6))
     check_gradients(model, ["W1", "W2"], feeds)
+
+
+@pytest.mark.parametrize("weights_as_inputs", [False, True])
+def test_inference_without_the_weights_values_types_the_same(weights_as_inputs):
+    from onnxtrain.graph.shapes import _without_weights
+    model = _heads_model()
+    big = numpy_helper.from_array(np.ones((10, 7)), "big")
+    model.graph.initializer.append(big)
+    model.graph.node.append(helper.make_node("MatMul", ["big", "W2"], ["unused"]))
+    if weights_as_inputs:  # keep_initializers_as_inputs exports
+        model.graph.input.extend(
+            helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+            for i in model.graph.initializer)
+    light = _without_weights(model)
+    # only "big" is above 64 elements
+    assert [i.name for i in light.graph.initializer] == [
+        "W1", "W2", "zero", "axis0", "tail"]
+    assert len({i.name for i in light.graph.input}) == len(light.graph.input)
+    full = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    stripped = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    assert {v.name: v for v in full.graph.value_info} == \
+        {v.name: v for v in stripped.graph.value_info}
+    types = infer_value_types(model)
+    assert types["big"] == (TensorProto.DOUBLE, (10, 7))
+    assert types["W1"] == (TensorProto.DOUBLE, (6, 6))
+    assert len(model.graph.initializer) == 6  # the caller's model unchanged

@@ -63,31 +63,55 @@ def _subgraph_reads(nodes):
                         for sub in g.node])
 
 
-def remove_identity_dropouts(model, opset):
+def remove_identity_dropouts(model, opset, in_place=False):
     """``model`` without the Dropout nodes that copy their input.
 
     Kept: a Dropout whose mask is read or a graph output, whose output is a
-    graph output or is read inside a subgraph (outer-scope references are not renamed here).
+    graph output or is read inside a subgraph (outer-scope references are
+    not renamed here).
 
     Parameters
     ----------
     model : onnx.ModelProto
-        Not modified.
+        Not modified unless ``in_place``.
     opset : int
         Default-domain opset of ``model`` (before 12 Dropout has no
         ``training_mode`` input and nothing is removed).
+    in_place : bool, default=False
+        Edit ``model`` itself (a caller's own copy: no copy of its weights).
 
     Returns
     -------
     onnx.ModelProto
-        ``model`` itself when nothing is removed, else a copy whose nodes
-        read each removed Dropout's input in place of its output.
+        ``model`` itself when nothing is removed or ``in_place``, else a
+        copy; its nodes read each removed Dropout's input in place of its
+        output.
     """
-    graph = model.graph
+    rename = _identity_dropouts(model.graph, opset)
+    if not rename:
+        return model
+    if not in_place:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        model = copy
+    nodes = model.graph.node
+    removed = [i for i, node in enumerate(nodes)
+               if node.op_type == "Dropout" and node.output[0] in rename]
+    for index in reversed(removed):
+        del nodes[index]
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name in rename:
+                node.input[i] = _resolve(rename, name)
+    return model
+
+
+def _identity_dropouts(graph, opset):
+    """output -> input of the Dropouts of ``graph`` to remove."""
     constants = _constant_values(graph)
     candidates = [n for n in graph.node if _is_identity(n, constants, opset)]
     if not candidates:
-        return model
+        return {}
     outputs = {o.name for o in graph.output}
     read = _read_names(graph.node)
     protected = outputs | _subgraph_reads(graph.node)
@@ -98,24 +122,7 @@ def remove_identity_dropouts(model, opset):
                 node.output[0] in protected:
             continue
         rename[node.output[0]] = node.input[0]
-    if not rename:
-        return model
-    kept = []
-    for node in graph.node:
-        if node.op_type == "Dropout" and node.output[0] in rename:
-            continue
-        if any(name in rename for name in node.input):
-            new = onnx.NodeProto()
-            new.CopyFrom(node)
-            del new.input[:]
-            new.input.extend(_resolve(rename, name) for name in node.input)
-            node = new
-        kept.append(node)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    del copy.graph.node[:]
-    copy.graph.node.extend(kept)
-    return copy
+    return rename
 
 
 def _resolve(rename, name):

@@ -26,7 +26,7 @@ from .._files import load_onnx_file
 from ..graph import (FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of,
                      type_of_value_info)
 
-__all__ = ["base", "empty_base", "current_base", "BaseState",
+__all__ = ["base", "owned_base", "empty_base", "current_base", "BaseState",
            "ModelAccessor", "DEFAULT_OPSET"]
 
 #: Default-domain opset of :func:`empty_base` when none is given (read by
@@ -318,7 +318,21 @@ def base(model):
         the accessor also forwards attribute access to it
         (``accessor.graph``).
     """
-    state = BaseState(load_model(model))
+    with owned_base(load_model(model)) as accessor:
+        yield accessor
+
+
+@contextlib.contextmanager
+def owned_base(model):
+    """:func:`base` on ``model`` itself, which the blocks edit in place: for
+    a caller's private copy (``generate_artifacts`` loads one), whose
+    weights a second copy would only duplicate.
+
+    Yields
+    ------
+    ModelAccessor
+    """
+    state = BaseState(model)
     token = _CURRENT.set(state)
     try:
         yield ModelAccessor(state.model)

@@ -235,8 +235,9 @@ def build_training_models(state, output_names, trainable, frozen):
         model = lowered
         types = infer_value_types(model)
     # Dropouts of probability 0 copy their input: no node, no gradient rule
-    # (the types stay those of every value left)
-    model = remove_identity_dropouts(model, opset_of(model) or 1)
+    # (the types stay those of every value left); the model is this
+    # function's copy
+    model = remove_identity_dropouts(model, opset_of(model) or 1, in_place=True)
     graph = model.graph
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
     input_grads = [i.name for i in graph.input
