@@ -395,11 +395,12 @@ def _write(files, directory, prefix):
             # onnx appends to an existing external data file: start afresh
             data = path.with_name(f"{path.name}.data")
             data.unlink(missing_ok=True)
-            large = content.ByteSize() > _EXTERNAL_DATA_BYTES
-            onnx.save_model(content, str(path), save_as_external_data=large,
-                            location=data.name if large else None)
-            if large:
+            if content.ByteSize() > _EXTERNAL_DATA_BYTES:
+                onnx.save_model(content, str(path), save_as_external_data=True,
+                                location=data.name)
                 written.add(data)
+            else:  # onnx.save_model would walk every tensor for external data
+                path.write_bytes(content.SerializeToString())
         else:
             path.write_bytes(content)
         paths[key] = str(path)
