@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from . import onnxblock
 from .api.checkpoint import checkpoint_to_bytes
 from .graph import opset_of
-from .onnxblock._base import load_model
+from .onnxblock._base import load_model, owned_base
 from .onnxblock.optim import build_optimizer_model
 from .runtime.ort_format import save_ort_format
 
@@ -303,12 +303,13 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         block.requires_grad(name)
     for name in frozen_params:
         block.requires_grad(name, False)
-    with onnxblock.base(base_model):
+    # base_model is this call's copy: the blocks edit it (no second copy)
+    with owned_base(base_model):
         block(*inputs)
     training_model, eval_model = block.to_model_proto()
     trainable, frozen = block.parameters()
-    order = [i.name for i in base_model.graph.initializer]
-    params = sorted(trainable + frozen, key=lambda t: order.index(t.name))
+    order = {i.name: k for k, i in enumerate(base_model.graph.initializer)}
+    params = sorted(trainable + frozen, key=lambda t: order[t.name])
     trainable_names = {t.name for t in trainable}
     files = {"training_model": training_model, "eval_model": eval_model}
     if optimizer_block is not None:
@@ -394,11 +395,12 @@ def _write(files, directory, prefix):
             # onnx appends to an existing external data file: start afresh
             data = path.with_name(f"{path.name}.data")
             data.unlink(missing_ok=True)
-            large = content.ByteSize() > _EXTERNAL_DATA_BYTES
-            onnx.save_model(content, str(path), save_as_external_data=large,
-                            location=data.name if large else None)
-            if large:
+            if content.ByteSize() > _EXTERNAL_DATA_BYTES:
+                onnx.save_model(content, str(path), save_as_external_data=True,
+                                location=data.name)
                 written.add(data)
+            else:  # onnx.save_model would walk every tensor for external data
+                path.write_bytes(content.SerializeToString())
         else:
             path.write_bytes(content)
         paths[key] = str(path)

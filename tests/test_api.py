@@ -4,6 +4,7 @@ import json
 import zipfile
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto
 
@@ -128,6 +129,7 @@ def test_optimizer_scalars_once_and_no_output_copies():
     specs = [(f"p{i}", TensorProto.FLOAT, [3, i + 1]) for i in range(5)]
     specs.append(("q", TensorProto.DOUBLE, [2]))
     model = build_optimizer_model(onnxblock.optim.AdamW(weight_decay=0.1), specs)
+    onnx.checker.check_model(model, full_check=True)  # types too
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("Pow") == 2 * 2  # beta_1^t and beta_2^t per element type
     casts = [n for n in model.graph.node if n.op_type == "Cast"

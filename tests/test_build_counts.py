@@ -45,7 +45,7 @@ def test_generate_artifacts_runs_one_reverse_pass():
     got = counts.count_build_work("artifacts")
     assert got["reverse passes"] == 1
     assert got["loss-graph builds"] == 1
-    assert got["shape inferences"] <= 3
+    assert got["shape inferences"] == 1  # shared by the outputs and the reverse pass
     assert got["sessions"] == 0
 
 

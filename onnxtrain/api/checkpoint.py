@@ -39,6 +39,7 @@ import io
 import json
 import math
 import os
+import time
 import zipfile
 from typing import NamedTuple
 
@@ -106,7 +107,14 @@ class _Writer:
         dtype = _dtype_str(array.dtype)
         entry = f"arrays/{self.count}.bin"
         self.count += 1
-        self.archive.writestr(entry, array.astype(dtype, copy=False).tobytes())
+        data = np.ascontiguousarray(array.astype(dtype, copy=False))
+        # as ZipFile.writestr, without its bytes copy of the array
+        info = zipfile.ZipInfo(entry, date_time=time.localtime(time.time())[:6])
+        info.compress_type = zipfile.ZIP_STORED
+        info.external_attr = 0o600 << 16
+        info.file_size = data.nbytes
+        with self.archive.open(info, "w") as dest:
+            dest.write(memoryview(data).cast("B"))
         return {"dtype": dtype, "shape": list(array.shape), "data": entry}
 
 

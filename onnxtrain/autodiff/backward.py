@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,7 +10,7 @@ from onnx import helper, numpy_helper
 
 from ..exceptions import MissingVJPRuleError
 from ..graph import (FLOAT_TYPES, GraphBuilder, OpsetError, infer_value_types,
-                     opset_of)
+                     opset_of, type_of_value_info)
 from .context import VJPContext, sum_to
 from .registry import get_vjp_rule, is_nondifferentiable
 
@@ -99,38 +98,33 @@ def constant_node_value(node):
 
 
 class _Constants(Mapping):
-    """``name -> numpy value`` of a model's initializers and Constant node
-    outputs, each converted when a rule first reads it: the rules read
-    shapes, axes and small constants, and converting every initializer up
-    front copied every weight (45 MB for resnet18) into numpy at each
-    build."""
+    """``name -> numpy value`` of a model's initializers and Constant nodes,
+    an initializer converted when a rule first reads it: the weights are
+    most of a model's bytes (20 MB for a 24-layer encoder) and no rule
+    reads them."""
 
     def __init__(self, model):
         self._tensors = {i.name: i for i in model.graph.initializer}
-        self._nodes = {node.output[0]: node for node in model.graph.node
-                       if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
-                       and node.output}
         self._values = {}
+        for node in model.graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                value = constant_node_value(node)
+                if value is not None:
+                    self._values[node.output[0]] = value
 
     def __getitem__(self, name):
         if name not in self._values:
-            if name in self._nodes:
-                value = constant_node_value(self._nodes[name])
-            elif name in self._tensors:
-                value = numpy_helper.to_array(self._tensors[name])
-            else:
-                raise KeyError(name)
-            self._values[name] = value
-        if self._values[name] is None:  # a Constant of sparse or string value
-            raise KeyError(name)
+            self._values[name] = numpy_helper.to_array(self._tensors[name])
         return self._values[name]
 
+    def __contains__(self, name):
+        return name in self._values or name in self._tensors
+
     def __iter__(self):
-        return (name for name in {**self._tensors, **self._nodes}
-                if name not in self._nodes or self.get(name) is not None)
+        return iter(set(self._tensors) | set(self._values))
 
     def __len__(self):
-        return sum(1 for _ in self)
+        return len(set(self._tensors) | set(self._values))
 
 
 def _constants(model):
@@ -295,7 +289,12 @@ def backward(model, wrt, outputs=None, types=None):
                          ".convert_version upgrades a model).")
     # a copy: the builder records the gradients' types in it; a model that
     # gained outputs (``named``) has values the caller's types lack
-    types = infer_value_types(model) if types is None or named else dict(types)
+    if types is None:
+        types = infer_value_types(model)
+    else:
+        types = dict(types)
+        if named:
+            types.update(_node_output_types(model, named, types))
     sources = {i.name for i in graph.initializer} | {i.name for i in graph.input}
     unknown = [w for w in wrt if w not in sources]
     if unknown:
@@ -316,6 +315,7 @@ def backward(model, wrt, outputs=None, types=None):
     _check_rules(path, upstream)
 
     g = GraphBuilder(opset, _all_names(model), types)
+    g.know_nodes(nodes)
     grads, grad_output_names = {}, []
     for out in outputs:
         name = g.unique_name(f"{out}_grad")
@@ -325,6 +325,7 @@ def backward(model, wrt, outputs=None, types=None):
     reverse_pass(g, path, grads, upstream, _constants(model))
     grad_names = [_final_gradient(g, grads, w) for w in wrt]
     fold_output_identities(g.nodes, grad_names)
+    remove_unread_nodes(g.nodes, grad_names)
     return BackwardGraph(g, list(wrt), list(outputs), grad_output_names,
                          grad_names, types, model if named else None)
 
@@ -340,17 +341,45 @@ def _grad_output_type(types, out):
     return elem_type, shape
 
 
+def _node_output_types(model, indices, types):
+    """``name -> (elem_type, shape)`` of the outputs of the nodes at
+    ``indices`` of ``model``'s graph that ``types`` lacks, by onnx's
+    inference of each node alone from the types of its inputs in ``types``
+    (not a second inference of the whole model: 0.1 s on a 24-layer
+    encoder); the whole model's when a node's inputs are not all typed or
+    its inference fails."""
+    graph, result = model.graph, {}
+    for index in sorted(set(indices)):
+        node = graph.node[index]
+        try:
+            inputs = {name: helper.make_tensor_type_proto(
+                types[name][0], None if types[name][1] is None
+                else list(types[name][1]))
+                for name in node.input if name}
+            schema = onnx.defs.get_schema(node.op_type, opset_of(model, node.domain)
+                                          or 1, node.domain)
+            inferred = onnx.shape_inference.infer_node_outputs(
+                schema, node, inputs, opset_imports=list(model.opset_import))
+        except Exception:  # noqa: BLE001 - any failure: the slow, sure way
+            return infer_value_types(model)
+        for name, proto in inferred.items():
+            info = type_of_value_info(helper.make_value_info(name, proto))
+            if info is not None and name not in types:
+                result[name] = info
+    return result
+
+
 def _with_saved_outputs(model):
-    """``(model, False)``, or a copy naming the optional outputs rules read
-    (``saved_outputs``) and True."""
+    """``(model, [])``, or a copy naming the optional outputs rules read
+    (``saved_outputs``) and the indices of the nodes it named them on."""
     missing = []
     for index, node in enumerate(model.graph.node):
         rule = get_vjp_rule(node.op_type, node.domain)
-        for i in (rule.saved_outputs if rule else ()):
+        for i in (rule.saved_output_indices(node) if rule else ()):
             if i >= len(node.output) or not node.output[i]:
                 missing.append((index, i))
     if not missing:
-        return model, False
+        return model, []
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     used = _all_names(model)
@@ -364,7 +393,7 @@ def _with_saved_outputs(model):
             name = f"{node.name or node.op_type}_saved{i}_{k}"
         used.add(name)
         node.output[i] = name
-    return copy, True
+    return copy, [index for index, _ in missing]
 
 
 def _final_gradient(g, grads, w):
@@ -454,6 +483,22 @@ def fold_output_identities(nodes, outputs):
             readers.setdefault(out, []).extend(moved)
     if removed:
         nodes[:] = [n for n in nodes if id(n) not in removed]
+
+
+def remove_unread_nodes(nodes, outputs):
+    """Drop from ``nodes`` (in place, topological order) the nodes none of
+    whose outputs is in ``outputs`` or read by a later node (its inputs or
+    the subgraphs it holds): what a rule emitted and a simplification made
+    useless (:meth:`~onnxtrain.graph.GraphBuilder.transpose`)."""
+    read = set(outputs)
+    kept = []
+    for node in reversed(nodes):
+        if not any(o in read for o in node.output if o):
+            continue
+        kept.append(node)
+        read.update(_node_inputs(node))
+    if len(kept) < len(nodes):
+        nodes[:] = kept[::-1]
 
 
 def trainable_initializers(model, candidates=None, types=None):

@@ -30,16 +30,24 @@ class VJPRule:
         True for multidirectional-broadcasting ops (Add, Mul...): every
         gradient the rule returns has the shape of output 0 and the backward
         pass reduces it to the input's shape with ``sum_to``.
-    saved_outputs : tuple of int
+    saved_outputs : tuple of int or callable
         Optional outputs the rule reads (Dropout's mask): the backward pass
-        names them when the model leaves them out.
+        names them when the model leaves them out. A callable takes the
+        node and returns the indices (LayerNormalization's statistics, only
+        when the node may output them in float32).
     """
 
     op_type: str
     domain: str
     fn: Callable
     unbroadcast: bool = False
-    saved_outputs: tuple = ()
+    saved_outputs: object = ()
+
+    def saved_output_indices(self, node):
+        """Indices of the optional outputs of ``node`` the rule reads."""
+        if callable(self.saved_outputs):
+            return tuple(self.saved_outputs(node))
+        return self.saved_outputs
 
 
 _RULES: dict = {}
@@ -53,8 +61,9 @@ def _normalize_domain(domain):
 def register_vjp(op_type, domain="", unbroadcast=False, saved_outputs=()):
     """Decorator registering the VJP rule of ``op_type`` in ``domain``.
 
-    ``saved_outputs``: indices of optional outputs the rule reads; the
-    backward pass gives them names when a node leaves them out.
+    ``saved_outputs``: indices of optional outputs the rule reads (or a
+    function of the node returning them); the backward pass gives them
+    names when a node leaves them out.
 
     Raises
     ------
@@ -67,7 +76,8 @@ def register_vjp(op_type, domain="", unbroadcast=False, saved_outputs=()):
         if key in _RULES or key in _NONDIFFERENTIABLE:
             raise ValueError(f"A VJP rule for {key} is already registered.")
         _RULES[key] = VJPRule(op_type, key[0], fn, unbroadcast,
-                              tuple(saved_outputs))
+                              saved_outputs if callable(saved_outputs)
+                              else tuple(saved_outputs))
         return fn
 
     return decorator

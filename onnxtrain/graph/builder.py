@@ -120,6 +120,8 @@ class GraphBuilder:
         self._prefix = prefix
         self._constants = {}
         self._next_suffix = {}
+        self._producers = {}  # output name -> node emitted here
+        self._known = {}  # output name -> node of know_nodes
 
     # names -----------------------------------------------------------------
     @property
@@ -196,7 +198,18 @@ class GraphBuilder:
             op_type, ["" if i is None else i for i in inputs], outputs,
             name=self.unique_name(f"{op_type}_node"), domain=domain, **attrs)
         self.nodes.append(node)
+        for out in outputs:
+            self._producers[out] = node
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def know_nodes(self, nodes):
+        """Record ``nodes`` (of the graph the built nodes join, e.g. the
+        forward pass) as the producers of their outputs, for the
+        simplifications of :meth:`transpose`."""
+        for node in nodes:
+            for out in node.output:
+                if out:
+                    self._known[out] = node
 
     def const(self, value, elem_type):
         """Return the name of an initializer holding ``value`` in ``elem_type``.
@@ -208,13 +221,22 @@ class GraphBuilder:
         65504, smallest 6e-8) an epsilon of 1e-9 stays positive and a mask
         value of -1e9 stays finite instead of turning into 0 and -inf.
         """
+        # a Python scalar seen before needs no array (repr tells -0.0 from 0.0)
+        scalar = (elem_type, type(value), repr(value)) if type(value) in (
+            int, float, bool) else None
+        if scalar in self._constants:
+            return self._constants[scalar]
         array = _saturating_array(value, elem_type_to_numpy(elem_type))
         key = (elem_type, array.shape, array.tobytes())
+        if scalar is not None and key in self._constants:
+            self._constants[scalar] = self._constants[key]
         if key not in self._constants:
             name = self.unique_name("const")
             self.initializers.append(numpy_helper.from_array(array, name))
             self.set_type(name, elem_type, array.shape)
             self._constants[key] = name
+            if scalar is not None:
+                self._constants[scalar] = name
         return self._constants[key]
 
     def scatter_add(self, op_type, data, indices, updates, elem_type, **attrs):
@@ -289,9 +311,40 @@ class GraphBuilder:
         return self.op("Cast", x, to=int(elem_type))
 
     def transpose_last_two(self, x, rank):
-        """Swap the last two axes of a tensor of static ``rank``."""
+        """Swap the last two axes of a tensor of static ``rank`` (see
+        :meth:`transpose`)."""
         perm = list(range(rank))
         perm[-2], perm[-1] = perm[-1], perm[-2]
+        return self.transpose(x, perm)
+
+    def transpose(self, x, perm):
+        """Transpose ``x`` by ``perm``, without a node where its producer
+        allows:
+
+        - ``x = Transpose(y, p)`` with ``p`` then ``perm`` the identity: y
+          (the reverse pass of ``x @ W^T``, as exporters write a linear
+          layer, transposes W^T back);
+        - ``x = Gemm(A, B)`` emitted here, without C, and ``perm = [1, 0]``:
+          the Gemm of B and A with the transpositions swapped, since
+          (A' B')^T = B'^T A'^T (the weight gradient of such a layer); the
+          first Gemm is left for the caller to drop if nothing else reads
+          it (the reverse pass does).
+        """
+        perm = [int(p) for p in perm]
+        emitted = self._producers.get(x)
+        node = emitted or self._known.get(x)
+        if node is not None and node.domain in ("", "ai.onnx"):
+            if node.op_type == "Transpose":
+                inner = _perm_of(node, len(perm))
+                if all(inner[p] == i for i, p in enumerate(perm)):
+                    return node.input[0]
+            elif node.op_type == "Gemm" and perm == [1, 0] and emitted \
+                    and (len(node.input) < 3 or not node.input[2]):
+                attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+                return self.op("Gemm", node.input[1], node.input[0],
+                               alpha=float(attrs.get("alpha", 1.0)),
+                               transA=1 - int(attrs.get("transB", 0)),
+                               transB=1 - int(attrs.get("transA", 0)))
         return self.op("Transpose", x, perm=perm)
 
     # output ----------------------------------------------------------------
@@ -299,6 +352,14 @@ class GraphBuilder:
         """A GraphProto from the collected nodes and initializers."""
         return helper.make_graph(self.nodes, name, inputs, outputs,
                                  list(initializers) + self.initializers)
+
+
+def _perm_of(node, rank):
+    """The perm of a Transpose node of output ``rank`` (default: reversed)."""
+    for att in node.attribute:
+        if att.name == "perm":
+            return [int(p) for p in att.ints]
+    return list(range(rank))[::-1]
 
 
 def make_model(graph, opset_imports, ir_version=None, producer="onnxtrain"):

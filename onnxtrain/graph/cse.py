@@ -66,24 +66,34 @@ def eliminate_common_subexpressions(nodes, keep=()):
     keep = set(keep) | _names_read_in_subgraphs(nodes)
     rename, first, kept = {}, {}, []
     for node in nodes:
-        if any(name in rename for name in node.input):
-            copy = NodeProto()
-            copy.CopyFrom(node)
-            del copy.input[:]
-            copy.input.extend(rename.get(name, name) for name in node.input)
-            node = copy
-        if node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx") or \
-                any(a.type in _GRAPH_TYPES for a in node.attribute):
-            kept.append(node)
-            continue
-        key = (node.op_type, tuple(node.input), len(node.output),
-               tuple(a.SerializeToString()
-                     for a in sorted(node.attribute, key=lambda a: a.name)))
-        earlier = first.get(key)
+        inputs = tuple(rename.get(name, name) for name in node.input)
+        key = _key(node, inputs)
+        earlier = None if key is None else first.get(key)
         if earlier is not None and not keep.intersection(node.output) and all(
                 e or not o for e, o in zip(earlier.output, node.output)):
             rename.update((o, e) for o, e in zip(node.output, earlier.output) if o)
             continue
-        first.setdefault(key, node)
+        if inputs != tuple(node.input):  # a copy reading the names kept
+            copy = NodeProto()
+            copy.CopyFrom(node)
+            del copy.input[:]
+            copy.input.extend(inputs)
+            node = copy
+        if key is not None:
+            first.setdefault(key, node)
         kept.append(node)
     return kept
+
+
+def _key(node, inputs):
+    """What equal computations share (op, inputs, attributes), None for a
+    node never merged (random, another domain, holding subgraphs)."""
+    if node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx"):
+        return None
+    attributes = ()
+    if len(node.attribute):
+        if any(a.type in _GRAPH_TYPES for a in node.attribute):
+            return None
+        attributes = tuple(a.SerializeToString()
+                           for a in sorted(node.attribute, key=lambda a: a.name))
+    return node.op_type, inputs, len(node.output), attributes

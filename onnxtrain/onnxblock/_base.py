@@ -23,9 +23,10 @@ import onnx
 from onnx import helper
 
 from .._files import load_onnx_file
-from ..graph import FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of
+from ..graph import (FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of,
+                     type_of_value_info)
 
-__all__ = ["base", "empty_base", "current_base", "BaseState",
+__all__ = ["base", "owned_base", "empty_base", "current_base", "BaseState",
            "ModelAccessor", "DEFAULT_OPSET"]
 
 #: Default-domain opset of :func:`empty_base` when none is given (read by
@@ -57,7 +58,18 @@ class BaseState:
         self._seen = {"node": 0, "initializer": 0, "input": 0, "output": 0,
                       "value_info": 0}
         self._retypable = {}
+        self._declare_types()
         self.sync()
+
+    def _declare_types(self):
+        """Record the types the model declares (graph inputs, outputs and
+        value_info with a shape): a block reading them (a loss on the
+        model's output) needs no shape inference."""
+        graph = self.model.graph
+        for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            info = type_of_value_info(vi)
+            if info is not None and info[0] and info[1] is not None:
+                self.builder.set_type(vi.name, *info)
 
     # names -------------------------------------------------------------
     def sync(self):
@@ -71,9 +83,13 @@ class BaseState:
         used = self.builder._used
         for field in ("initializer", "input", "output", "value_info"):
             entries = getattr(graph, field)
+            if len(entries) == self._seen[field]:  # the usual case: no slice
+                continue
             for entry in entries[self._seen[field]:]:
                 used.add(entry.name)
             self._seen[field] = len(entries)
+        if len(graph.node) == self._seen["node"]:
+            return
         for node in graph.node[self._seen["node"]:]:
             used.update(n for n in node.output if n)
             if node.name:
@@ -302,7 +318,21 @@ def base(model):
         the accessor also forwards attribute access to it
         (``accessor.graph``).
     """
-    state = BaseState(load_model(model))
+    with owned_base(load_model(model)) as accessor:
+        yield accessor
+
+
+@contextlib.contextmanager
+def owned_base(model):
+    """:func:`base` on ``model`` itself, which the blocks edit in place: for
+    a caller's private copy (``generate_artifacts`` loads one), whose
+    weights a second copy would only duplicate.
+
+    Yields
+    ------
+    ModelAccessor
+    """
+    state = BaseState(model)
     token = _CURRENT.set(state)
     try:
         yield ModelAccessor(state.model)

@@ -18,9 +18,10 @@ from onnx import helper
 from ..autodiff import backward
 from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
-                     infer_value_types)
+                     infer_value_types, opset_of)
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
+from ..graph.identities import remove_identity_dropouts
 from ..models import check_weights_reach_outputs
 from ..training_mode import (batchnorm_buffers, running_statistics,
                              with_running_statistics_updates)
@@ -85,11 +86,14 @@ def _sequence_value_infos(model, names):
             if vi.name in names and vi.type.HasField("sequence_type")}
 
 
-def set_graph_outputs(state, names):
-    """Make ``names`` the graph outputs of the base model (typed by shape
-    inference)."""
+def set_graph_outputs(state, names, types=None):
+    """Make ``names`` the graph outputs of the base model, typed by
+    ``types`` (the model's :func:`~onnxtrain.graph.infer_value_types`) when
+    given and it knows them, else by shape inference."""
     graph = state.model.graph
-    types = {n: state.value_type(n) for n in names}
+    known = types or {}
+    types = {n: known[n] if known.get(n, (0, None))[1] is not None
+             else state.value_type(n) for n in names}
     missing = [n for n in names if types[n] is None]
     sequences = _sequence_value_infos(state.model, missing) if missing else {}
     missing = [n for n in missing if n not in sequences]
@@ -175,18 +179,21 @@ def _gradient_nodes(model, wrt, loss, types, buffer_types):
     """Gradient and accumulation nodes of ``loss`` w.r.t. ``wrt`` (may be
     empty: then only the ``lazy_reset_grad`` input, unused, is made).
 
-    Returns (nodes, initializers, buffer inputs, lazy_reset_grad input,
-    accumulated outputs)."""
+    Returns (forward nodes, gradient nodes, initializers, buffer inputs,
+    lazy_reset_grad input, accumulated outputs). The forward nodes are
+    ``model``'s, or the reverse pass's copies naming the optional outputs
+    the rules read (Dropout's mask)."""
     if not wrt:
         lazy_vi = helper.make_tensor_value_info(LAZY_RESET_GRAD,
                                                 onnx.TensorProto.BOOL, [])
-        return [], [], [], lazy_vi, []
+        return list(model.graph.node), [], [], [], lazy_vi, []
     bg = backward(model, wrt, outputs=[loss], types=types)
     g = bg.builder
     seed_with_ones(g, loss, bg.grad_output_names[0], types[loss][0])
     buffers, lazy_vi, acc_outputs = _accumulate(g, wrt, bg.grad_names,
                                                 buffer_types)
-    return g.nodes, g.initializers, buffers, lazy_vi, acc_outputs
+    forward = list((bg.model or model).graph.node)
+    return forward, g.nodes, g.initializers, buffers, lazy_vi, acc_outputs
 
 
 def build_training_models(state, output_names, trainable, frozen):
@@ -214,20 +221,29 @@ def build_training_models(state, output_names, trainable, frozen):
         that does not depend on the trainable parameters, or names
         (``lazy_reset_grad``, buffers) already taken.
     """
-    set_graph_outputs(state, output_names)
+    # one shape inference of the base model with its loss serves the
+    # outputs' types and the reverse pass (0.1 s each on a 24-layer encoder)
+    types = infer_value_types(state.model)
+    set_graph_outputs(state, output_names, types)
     base = state.model
     trainable, frozen = classify_running_statistics(base, trainable, frozen)
     inits = _check_parameters(base.graph, trainable, frozen)
     model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
     # the training graph only: the eval model keeps the Conv nodes
-    model = lower_small_convs(model, trainable)
+    lowered = lower_small_convs(model, trainable, None if updated else types)
+    if updated or lowered is not model:  # values the base model lacks
+        model = lowered
+        types = infer_value_types(model)
+    # Dropouts of probability 0 copy their input: no node, no gradient rule
+    # (the types stay those of every value left); the model is this
+    # function's copy
+    model = remove_identity_dropouts(model, opset_of(model) or 1, in_place=True)
     graph = model.graph
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
     input_grads = [i.name for i in graph.input
                    if i.name in set(trainable) and i.name not in inits]
     trainable = [p for p in params if p in set(trainable)]
     loss = output_names[0]
-    types = infer_value_types(model)
     if types.get(loss, (0,))[0] not in FLOAT_TYPES:
         raise ValueError(f"The loss {loss!r} must be a float tensor.")
     if trainable:
@@ -236,7 +252,7 @@ def build_training_models(state, output_names, trainable, frozen):
                                     f"the loss {loss!r}", types)
     buffer_types = {p: (inits[p].data_type, list(inits[p].dims)) for p in trainable}
     buffer_types.update({n: (types[n][0], _clean(types[n][1])) for n in input_grads})
-    nodes, grad_inits, buffers, lazy_vi, acc_outputs = _gradient_nodes(
+    forward, nodes, grad_inits, buffers, lazy_vi, acc_outputs = _gradient_nodes(
         model, trainable + input_grads, loss, types, buffer_types)
 
     param_types = {p: (inits[p].data_type, tuple(inits[p].dims)) for p in params}
@@ -248,7 +264,7 @@ def build_training_models(state, output_names, trainable, frozen):
 
     # one node per value (the reverse pass repeats shape arithmetic)
     train_nodes = eliminate_common_subexpressions(
-        list(graph.node) + nodes,
+        forward + nodes,
         keep=[o.name for o in outputs + acc_outputs + update_outputs])
     train_graph = helper.make_graph(
         train_nodes, f"{graph.name}_training",

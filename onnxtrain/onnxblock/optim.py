@@ -135,16 +135,23 @@ def _clip_sequence(state, sequence, max_norm):
 class _Emitter:
     """The base model's state seen as an update-rule emitter
     (:meth:`onnxtrain.update_rules.UpdateRule.update`): it names the
-    outputs itself."""
+    outputs itself. Nodes and constants go to the state's builder and join
+    the model at :meth:`flush` (or at the state's next emission), not one
+    by one (5,500 nodes for the AdamW updates of a 24-layer encoder)."""
 
     def __init__(self, state):
         self.state = state
+        state.sync()
 
     def op(self, op_type, *inputs, outputs=None, **attributes):
-        return self.state.op(op_type, *inputs, **attributes)
+        return self.state.builder.op(op_type, *inputs, **attributes)
 
     def const(self, value, elem_type):
-        return self.state.const(value, elem_type)
+        return self.state.builder.const(value, elem_type)
+
+    def flush(self):
+        """Move the pending nodes and constants into the model."""
+        self.state._flush()
 
 
 class _OptimizerBlock(Block):
@@ -200,6 +207,7 @@ class _OptimizerBlock(Block):
                                                param_states, scalars[elem])
             new_params.append(new_param)
             new_states.append(tuple(new_state))
+        emitter.flush()
         return new_params, new_states
 
     def _scalars(self, rule, emitter, elem, learning_rate, step):
@@ -466,5 +474,7 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
         "parameters": [s[0] for s in specs],
         "states": list(optimizer.state_names),
         "hyperparameters": optimizer.hyperparameters()})
-    onnx.checker.check_model(result, full_check=True)
+    # the structure (tests check the types too: full_check, 0.02 s on the
+    # 391 updates of a 24-layer encoder)
+    onnx.checker.check_model(result)
     return result

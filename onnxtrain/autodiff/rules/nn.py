@@ -1,5 +1,28 @@
 """VJP rule of Dropout (the mask of the forward run is reused)."""
+import numpy as np
+
 from ..registry import register_vjp
+
+
+def _scalar(value):
+    return None if value is None else np.asarray(value).reshape(-1)[0]
+
+
+def _constant_scale(ctx, ratio, training):
+    """What multiplies the kept elements' gradient when ``ratio`` (omitted:
+    0.5) and ``training`` are constants: None when dy passes unchanged
+    (training off, or a ratio of 0, which keeps every element), else
+    1 / (1 - ratio) with 1 - ratio rounded to float32, as onnxruntime's
+    kernel divides by it for every element type (a float64 Dropout of ratio
+    0.4 divides by float32(0.6)). Raises LookupError when either is
+    computed at run time."""
+    on = _scalar(ctx.constant_value(training))
+    rate = 0.5 if ratio is None else _scalar(ctx.constant_value(ratio))
+    if on is None or rate is None:
+        raise LookupError(ratio if rate is None else training)
+    if not on or rate == 0:
+        return None
+    return 1 / np.float64(np.float32(1) - np.float32(rate))
 
 
 @register_vjp("Dropout", saved_outputs=(1,))
@@ -12,6 +35,18 @@ def _dropout(ctx, gy, g_mask=None):
     if training is None:
         return gy
     mask = ctx.outputs[1]
+    try:
+        scale = _constant_scale(ctx, ctx.input(1), training)
+    except LookupError:
+        return _runtime_scale_vjp(ctx, gy, mask, training)
+    if scale is None:
+        return gy
+    return ctx.op("Where", mask, ctx.op("Mul", gy, ctx.const(scale)),
+                  ctx.const(0)), None, None
+
+
+def _runtime_scale_vjp(ctx, gy, mask, training):
+    """dx = where(mask, dy, 0) * (training ? 1 / (1 - ratio) : 1)."""
     ratio = ctx.input(1)
     ratio = ctx.const(0.5) if ratio is None else ctx.g.cast(ratio, ctx.dtype)
     scale = ctx.op("Div", ctx.const(1), ctx.op("Sub", ctx.const(1), ratio))

@@ -35,6 +35,12 @@ def _batch_statistics_backward(ctx, x, gy, scale, axes, eps):
     ``scale`` broadcasting against x (LayerNormalization's varies within a
     group)."""
     _, inv_std, xhat = _statistics(ctx, x, axes, eps)
+    return normalized_backward(ctx, gy, scale, xhat, inv_std, axes)
+
+
+def normalized_backward(ctx, gy, scale, xhat, inv_std, axes):
+    """dx, and xhat, of y = scale * xhat + bias where xhat = (x - mean(x)) *
+    inv_std normalizes ``x`` over ``axes`` (see the module docstring)."""
     g_hat = ctx.op("Mul", gy, scale)
     mean_g = ctx.g.reduce("ReduceMean", g_hat, axes, keepdims=1)
     mean_gx = ctx.g.reduce("ReduceMean", ctx.op("Mul", g_hat, xhat), axes, keepdims=1)

@@ -6,7 +6,36 @@ from ..registry import register_vjp
 
 
 def _reshape_back(ctx, gy):
-    return ctx.g.reshape_like(gy, ctx.inputs[0])
+    target = _constant_target(ctx.shape(ctx.inputs[0]), ctx.shape(ctx.outputs[0]))
+    if target is None:  # the input's run-time shape
+        return ctx.g.reshape_like(gy, ctx.inputs[0])
+    return ctx.op("Reshape", gy, ctx.g.int64s(target))
+
+
+def _constant_target(x_shape, y_shape):
+    """A constant Reshape target taking a tensor of shape ``y_shape`` back
+    to ``x_shape`` (no Shape node), or None: the static dims (above 0), 0
+    (copy the dim) for a symbolic dim that ``y_shape`` has at the same
+    axis, and -1 for one other dim when every other one is static."""
+    if x_shape is None:
+        return None
+    target, unknown = [], []
+    for axis, dim in enumerate(x_shape):
+        if isinstance(dim, int):
+            if dim <= 0:
+                return None
+            target.append(dim)
+        elif dim is not None and y_shape is not None and axis < len(y_shape) \
+                and y_shape[axis] == dim:
+            target.append(0)
+        else:
+            unknown.append(axis)
+            target.append(-1)
+    if not unknown:
+        return target
+    if len(unknown) == 1 and 0 not in target:
+        return target
+    return None
 
 
 for _op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
@@ -18,7 +47,7 @@ def _transpose(ctx, gy):
     perm = ctx.attr("perm")
     if perm is None:  # default: reverse the axes
         perm = list(range(ctx.rank(ctx.inputs[0], "Transpose")))[::-1]
-    return ctx.op("Transpose", gy, perm=[int(i) for i in np.argsort(perm)])
+    return ctx.g.transpose(gy, [int(i) for i in np.argsort(perm)])
 
 
 def _concat_size(ctx, x, axis):
