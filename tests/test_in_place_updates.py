@@ -129,17 +129,30 @@ def test_accumulated_gradients_are_written_into_their_buffer(tmp_path):
 
 
 def test_optimizer_state_arrays_given_are_not_written(tmp_path):
-    state, module, optimizer = open_training(
-        make_artifacts(tmp_path, onnxblock.optim.AdamW()))
-    given = {n: dict(state.optimizer_state.states[n]) for n in TRAINABLE}
-    copies = {n: {k: np.array(v, copy=True) for k, v in d.items()}
-              for n, d in given.items()}
-    x, t1, _ = batch(8, np.float64, seed=1)
-    module(x, t1)
-    optimizer.step()
-    for name in TRAINABLE:
-        for key, array in given[name].items():
-            np.testing.assert_array_equal(array, copies[name][key])
+    from onnxtrain import api
+    from onnxtrain.api.state import OptimizerState
+    paths = make_artifacts(tmp_path, onnxblock.optim.AdamW())
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state, paths["eval_model"])
+    rng = np.random.default_rng(0)
+    given = {n: {k: np.abs(rng.standard_normal(state.parameters[n].data.shape))
+                 for k in ("exp_avg", "exp_avg_sq")} for n in TRAINABLE}
+    copies = {n: {k: v.copy() for k, v in d.items()} for n, d in given.items()}
+    state.optimizer_state = OptimizerState(states=given)  # e.g. a resumed training
+    values = {n: state.parameters[n].data for n in TRAINABLE}
+    for flat in (True, False):
+        optimizer = api.Optimizer(paths["optimizer_model"], module)
+        if not flat:
+            optimizer._flat = None
+            optimizer._runner = SessionRunner(onnx.load(paths["optimizer_model"]))
+        x, t1, _ = batch(8, np.float64, seed=1)
+        module(x, t1)
+        optimizer.step()
+        module.lazy_reset_grad()
+        for name in TRAINABLE:
+            for key, array in given[name].items():
+                np.testing.assert_array_equal(array, copies[name][key])
+            assert not np.array_equal(state.parameters[name].data, values[name])
 
 
 # one update over flat buffers (api/_flat.py) ---------------------------------

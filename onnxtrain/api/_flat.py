@@ -113,6 +113,19 @@ class FlatBuffers:
                           for n, a, b, shape in zip(names, offsets[:-1], offsets[1:], shapes)}
                       for k in kinds}
 
+    def attach(self, params, states):
+        """Move the parameters' current values and states into their views
+        now (their own arrays are then freed) and give every parameter its
+        gradient view as the buffer the module's first training call writes
+        into (``Parameter._grad_buffer``): no gradient is allocated twice."""
+        for name in self.names:
+            param = params.raw(name)
+            if param._value is not None:
+                param._value = self._install("value", name, param._value)
+            param._grad_buffer = self.views["grad"][name]
+            for key in self.state_names:
+                states[name][key] = self._install(key, name, states[name][key])
+
     def sync(self, params, states):
         """Make every parameter's value and gradient and every state the
         view of its buffer, copying in the values held elsewhere (a

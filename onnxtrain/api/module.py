@@ -531,7 +531,9 @@ class Module:
         parameter, written over by every call, not a new one per call). In
         the accumulating model, only where the accumulation may write over
         the buffer it reads (:func:`~onnxtrain.graph.aliasing.writes_after_reads`),
-        else a new one."""
+        else a new one. A parameter without a gradient yet writes into its
+        ``_grad_buffer`` when an Optimizer gave it one (its view of the flat
+        gradient buffer, :mod:`onnxtrain.api._flat`)."""
         if mode not in self._in_place:
             graph = self._models[mode].graph
             pairs = zip(layout["buffers"], layout["gradients"])
@@ -539,9 +541,12 @@ class Module:
                 else {out for _, out in writes_after_reads(graph, pairs)}
         into = {}
         for name, out in zip(layout["trainable"], layout["gradients"]):
-            grad = self._state.parameters.raw(name)._grad
-            if grad is not None and out in self._in_place[mode]:
-                into[out] = grad
+            param = self._state.parameters.raw(name)
+            if param._grad is not None:
+                if out in self._in_place[mode]:
+                    into[out] = param._grad
+            elif param._grad_buffer is not None:  # not an input of this call
+                into[out] = param._grad_buffer
         return into
 
     def _overwrites_gradients(self, layout):

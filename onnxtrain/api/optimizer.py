@@ -112,6 +112,7 @@ class Optimizer:
             return
         self._flat = FlatBuffers([p.name for p in params], [p.shape for p in params],
                                  specs[0][1], self._layout["states"])
+        self._flat.attach(state.parameters, state.optimizer_state.states)
         self._flat_runner = SessionRunner(flat, self._module._device,
                                           self._module._session_options())
 

@@ -47,6 +47,8 @@ class Parameter:
         self._dtype, self._shape = array.dtype, array.shape
         self._value = array
         self._grad = None
+        # where the first gradient is written (an Optimizer's flat buffer view)
+        self._grad_buffer = None
         self._zero_grad = False  # set by a Module training this parameter
         self._requires_grad = bool(requires_grad)
 
