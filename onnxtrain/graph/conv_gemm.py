@@ -21,9 +21,10 @@ matrix's transpose for the input (no Pad or scatter: the Slice-per-tap
 im2col this replaced spent 26% of a resnet18 step in the Pads of its
 adjoint). The values are the Conv's up to rounding.
 
-:func:`im2col_slices` builds the same columns with one unit-step Slice
-per tap, for the weight gradient of the Convs left to onnxruntime
-(``autodiff/rules/conv.py``), where nothing differentiates them.
+:func:`im2col_rows` builds the same columns as rows, by one Gather of
+the padded input in (N, H, W, C) layout, for the weight gradient of the
+Convs left to onnxruntime (``autodiff/rules/conv.py``), where nothing
+differentiates them.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from onnx import helper
 from .builder import GraphBuilder
 from .shapes import infer_value_types
 
-__all__ = ["lower_small_convs", "gather_matrix", "im2col_slices", "MAX_OUTPUT_PIXELS"]
+__all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "MAX_OUTPUT_PIXELS"]
 
 #: Output sizes (Ho * Wo) up to which a Conv is lowered: above, onnxruntime's
 #: per-image GEMM is wide enough (measured at 4x4 outputs: Conv 1.1 ms,
@@ -97,32 +98,28 @@ def gather_matrix(kernel, strides, pads, size, out):
     return p
 
 
-def im2col_slices(g, x, n_channels, kernel, strides, pads, size, out):
-    """im2col of ``x`` (N, C, H, W; C, H, W static) as a (C K, N Ho Wo)
-    tensor, channel-major, one unit-step Slice per tap: ``x`` transposed to
-    (C, N, H, W), padded with zeros to split every spatial axis by its
-    stride, tap (i, j) read at (i // s, i % s, j // s, j % s) of the split
-    axes. Cheap memory moves, for the weight gradient of a Conv (the
-    backward differentiates none of these nodes)."""
-    xt = g.op("Transpose", x, perm=[1, 0, 2, 3])  # (C, N, H, W)
-    (sh, sw), (kh, kw) = strides, kernel
-    hp = -(-(size[0] + pads[0] + pads[2]) // sh) * sh
-    wp = -(-(size[1] + pads[1] + pads[3]) // sw) * sw
-    ends = [hp - size[0] - pads[0], wp - size[1] - pads[1]]
-    if any(pads[:2]) or any(ends):
-        xt = g.op("Pad", xt, g.int64s([0, 0, pads[0], pads[1], 0, 0] + ends))
-    xt = g.op("Reshape", xt, g.int64s([n_channels, -1, hp // sh, sh, wp // sw, sw]))
-    pieces = []
-    for i in range(kh):
-        for j in range(kw):
-            start = [i // sh, i % sh, j // sw, j % sw]
-            tap = g.op("Slice", xt, g.int64s(start),
-                       g.int64s([start[0] + out[0], start[1] + 1,
-                                 start[2] + out[1], start[3] + 1]),
-                       g.int64s([2, 3, 4, 5]))
-            pieces.append(g.op("Reshape", tap, g.int64s([n_channels, 1, -1])))
-    cols = pieces[0] if len(pieces) == 1 else g.op("Concat", *pieces, axis=1)
-    return g.op("Reshape", cols, g.int64s([n_channels * kh * kw, -1]))
+def im2col_rows(g, x, n_channels, kernel, strides, pads, size, out):
+    """im2col of ``x`` (N, C, H, W; C, H, W static, N any) as a
+    (N Ho Wo, K C) tensor, row (n, oh, ow), column (tap, channel): ``x``
+    transposed to (N, H, W, C), padded with zeros, its pixels flattened,
+    then one Gather of the pixels each output pixel's taps read, every
+    gathered item a contiguous run of C values. Memory moves only, for the
+    weight gradient of a Conv (the backward differentiates none of these
+    nodes). Measured on resnet18's convolutions at batch 32 against one
+    unit-step Slice per tap (channel-major columns, the form it replaced):
+    layer1 1.53 -> 0.76 ms, layer2 1.63 -> 0.67, the 7x7 stem 10.3 -> 2.2
+    (im2col and the weight-gradient GEMM together)."""
+    (kh, kw), (sh, sw) = kernel, strides
+    hp, wp = size[0] + pads[0] + pads[2], size[1] + pads[1] + pads[3]
+    xt = g.op("Transpose", x, perm=[0, 2, 3, 1])  # (N, H, W, C)
+    if any(pads):
+        xt = g.op("Pad", xt, g.int64s([0, pads[0], pads[1], 0, 0, pads[2], pads[3], 0]))
+    xt = g.op("Reshape", xt, g.int64s([0, hp * wp, n_channels]))
+    taps = np.array([(a * sh + i) * wp + b * sw + j
+                     for a in range(out[0]) for b in range(out[1])
+                     for i in range(kh) for j in range(kw)], dtype=np.int64)
+    rows = g.op("Gather", xt, g.int64s(taps), axis=1)  # (N, L K, C)
+    return g.op("Reshape", rows, g.int64s([-1, kh * kw * n_channels]))
 
 
 def _lower(g, node, plan, n_channels, m_out):

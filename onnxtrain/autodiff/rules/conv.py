@@ -13,13 +13,13 @@ With stride s, dilation d and padding (b, e) on every spatial axis:
 - dB is dY summed over every axis but the channels.
 
 A 2-D Conv of one group without dilation and with static C, H, W takes
-dW as one GEMM instead, dY (M, N L) times the transposed im2col of X
-(``graph/conv_gemm.im2col_slices``): the same sum, in the form
+dW as one GEMM instead, dY (M, N L) times the im2col rows of X
+(``graph/conv_gemm.im2col_rows``): the same sum, in the form
 onnxruntime runs fastest.
 """
 from onnx import TensorProto
 
-from ...graph.conv_gemm import im2col_slices
+from ...graph.conv_gemm import im2col_rows
 from ..registry import register_vjp
 
 
@@ -140,11 +140,13 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     if min(out) < 1:
         return None
     m_out, n_channels = w_shape[0], w_shape[1]
-    cols = im2col_slices(ctx.g, x, n_channels, kernel, strides, pads, size, out)
+    rows = im2col_rows(ctx.g, x, n_channels, kernel, strides, pads, size, out)
     g2 = ctx.op("Transpose", gy, perm=[1, 0, 2, 3])
     g2 = ctx.op("Reshape", g2, ctx.g.int64s([m_out, -1]))
-    gw = ctx.op("Gemm", g2, cols, transB=1)
-    return ctx.op("Reshape", gw, ctx.g.int64s(w_shape))
+    # (M, K C): the taps major, the channels minor, as the rows' columns
+    gw = ctx.op("Reshape", ctx.op("MatMul", g2, rows),
+                ctx.g.int64s([m_out, kernel[0], kernel[1], n_channels]))
+    return ctx.op("Transpose", gw, perm=[0, 3, 1, 2])
 
 
 def _conv_transpose_pads(ctx, x, kernel, strides, dilations):
