@@ -90,8 +90,12 @@ def test_lowered_backward_has_no_pad_scatter():
 
 
 # (N, C, H, W, M, kernel, stride, pad): Convs left to onnxruntime (64 and
-# more output pixels) whose weight gradient is im2col and one GEMM
+# more output pixels) whose weight gradient is im2col and one GEMM, and
+# whose input gradient is one GEMM too at stride 1
 WEIGHT_GEMM_CASES = [(2, 3, 8, 8, 4, 3, 1, 1),
+                     (2, 3, 9, 8, 4, 3, 1, 0),    # no padding, odd size
+                     (2, 3, 8, 9, 4, 5, 1, 2),    # 5x5
+                     (2, 3, 8, 8, 4, 1, 1, 0),    # 1x1
                      (2, 2, 9, 8, 3, 3, 2, 1),    # stride 2, odd size
                      (3, 3, 16, 16, 2, 7, 2, 3),  # resnet's 7x7 stem
                      (2, 4, 16, 16, 3, 1, 2, 0)]  # 1x1 downsample
@@ -106,11 +110,13 @@ def test_conv_weight_gradient_as_one_gemm(case):
     # exact up to float32 rounding
     model = _model(c, h, w, m, k, s, p, True, dtype=np.float32)
     assert conv_gemm.lower_small_convs(model, ["W", "B"]) is model  # not lowered
-    backward = build_gradient_models(model, ["W", "B"]).backward_model
+    backward = build_gradient_models(model, ["X", "W", "B"]).backward_model
     ops = [node.op_type for node in backward.graph.node]
-    # one GEMM over the rows one Gather makes (no Slice per tap)
-    assert ops.count("MatMul") == 1 and ops.count("Gather") == 1, ops
-    assert "Conv" not in ops and "Slice" not in ops, ops
+    # dW: one GEMM over the rows one Gather makes (no Slice per tap); dX at
+    # stride 1: one more, on the rows of dY (no ConvTranspose)
+    gemms = 1 if s > 1 else 2
+    assert ops.count("MatMul") == gemms and ops.count("Gather") == gemms, ops
+    assert "Conv" not in ops and ("ConvTranspose" in ops) == (s > 1), ops
     x = np.random.default_rng(1).normal(size=(n, c, h, w)).astype(np.float32)
     feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     check_gradients(model, ["X", "W", "B"], dict(feeds, X=x), eps=0.5, tol=1e-4)

@@ -109,11 +109,14 @@ def _conv(ctx, gy):
     kernel, strides, dilations, begins, ends = conv_geometry(ctx, x, w)
     gx = gw = None
     if ctx.needs_grad[0]:
-        full = ctx.op("ConvTranspose", gy, w, strides=strides,
-                      dilations=dilations, group=ctx.attr("group", 1),
-                      kernel_shape=kernel,
-                      output_padding=[s - 1 for s in strides])
-        gx = crop_spatial(ctx, full, begins, x, rank)
+        gx = _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
+                                   begins + ends)
+        if gx is None:
+            full = ctx.op("ConvTranspose", gy, w, strides=strides,
+                          dilations=dilations, group=ctx.attr("group", 1),
+                          kernel_shape=kernel,
+                          output_padding=[s - 1 for s in strides])
+            gx = crop_spatial(ctx, full, begins, x, rank)
     if ctx.needs_grad[1]:
         gw = _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                     begins + ends)
@@ -129,12 +132,10 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     when the Conv is not such a one. onnxruntime runs the Conv form (X by
     dY) as one thin GEMM per input channel, N = kernel taps wide: about
     50 ms of a profiled resnet18 step against 19 ms for these GEMMs."""
-    x_shape, w_shape = ctx.shape(x), ctx.shape(w)
-    if x_shape is None or w_shape is None or len(x_shape) != 4 or \
-            not all(isinstance(d, int) for d in list(x_shape[1:]) + list(w_shape)) or \
-            ctx.attr("group", 1) != 1 or any(d != 1 for d in dilations):
+    static = _static_2d(ctx, x, w, strides, dilations)
+    if static is None:
         return None
-    size = list(x_shape[2:])
+    size, w_shape = static[0][1:], static[1]
     out = [(size[i] + pads[i] + pads[i + 2] - kernel[i]) // strides[i] + 1
            for i in range(2)]
     if min(out) < 1:
@@ -147,6 +148,44 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     gw = ctx.op("Reshape", ctx.op("MatMul", g2, rows),
                 ctx.g.int64s([m_out, kernel[0], kernel[1], n_channels]))
     return ctx.op("Transpose", gw, perm=[0, 3, 1, 2])
+
+
+def _static_2d(ctx, x, w, strides, dilations):
+    """(x's static (C, H, W), w's shape) of a 2-D Conv of one group without
+    dilation, with static channels, sizes and weight; None otherwise."""
+    x_shape, w_shape = ctx.shape(x), ctx.shape(w)
+    if x_shape is None or w_shape is None or len(x_shape) != 4 or \
+            not all(isinstance(d, int) for d in list(x_shape[1:]) + list(w_shape)) or \
+            ctx.attr("group", 1) != 1 or any(d != 1 for d in dilations) or \
+            len(strides) != 2:
+        return None
+    return list(x_shape[1:]), list(w_shape)
+
+
+def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
+    """dX of a stride-1 Conv (see :func:`_static_2d`) as one GEMM: the
+    correlation of dY, padded by K - 1 - pad, with the flipped weight,
+    dX (N H W, C) = im2col rows of dY (N H W, K M) @ W flipped (K M, C),
+    then back to (N, C, H, W); None for other Convs (ConvTranspose then).
+    Measured at batch 32 against ConvTranspose and its crop: resnet18's
+    layer1 1.65 -> 0.71 ms, layer2 2.63 -> 0.68."""
+    static = _static_2d(ctx, x, w, strides, dilations)
+    if static is None or any(s != 1 for s in strides):
+        return None
+    (n_channels, h, w_size), (m_out, _, kh, kw) = static
+    flipped = [kh - 1 - pads[0], kw - 1 - pads[1], kh - 1 - pads[2], kw - 1 - pads[3]]
+    out = [h + pads[0] + pads[2] - kh + 1, w_size + pads[1] + pads[3] - kw + 1]
+    if min(flipped) < 0 or min(out) < 1:
+        return None
+    rows = im2col_rows(ctx.g, gy, m_out, kernel, [1, 1], flipped, out, [h, w_size])
+    wt = ctx.op("Transpose", w, perm=[2, 3, 0, 1])  # (kh, kw, M, C)
+    lowest = ctx.g.int64s([-(2 ** 62)] * 2)
+    wt = ctx.op("Slice", wt, ctx.g.int64s([-1, -1]), lowest, ctx.g.int64s([0, 1]),
+                ctx.g.int64s([-1, -1]))
+    wt = ctx.op("Reshape", wt, ctx.g.int64s([kh * kw * m_out, n_channels]))
+    gx = ctx.op("Reshape", ctx.op("MatMul", rows, wt),
+                ctx.g.int64s([-1, h, w_size, n_channels]))
+    return ctx.op("Transpose", gx, perm=[0, 3, 1, 2])
 
 
 def _conv_transpose_pads(ctx, x, kernel, strides, dilations):
