@@ -14,7 +14,9 @@ With stride s, dilation d and padding (b, e) on every spatial axis:
 
 A 2-D Conv of one group without dilation and with static C, H, W takes
 dW as one GEMM instead, dY (M, N L) times the im2col rows of X
-(``graph/conv_gemm.im2col_rows``): the same sum, in the form
+(``graph/conv_gemm.im2col_rows``), and at stride 1 dX as one GEMM too,
+the im2col rows of dY padded by K - 1 - pad times the flipped weight (the
+correlation that ConvTranspose computes): the same sums, in the forms
 onnxruntime runs fastest.
 """
 from onnx import TensorProto
