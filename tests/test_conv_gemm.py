@@ -140,3 +140,29 @@ def test_convs_left_alone():
     grouped = _model(4, 2, 2, 4, 3, 1, 1, False, group=2)
     assert conv_gemm.lower_small_convs(grouped, ["W"]) is grouped
     assert conv_gemm.lower_small_convs(small, ["W", "B"]) is not small
+
+
+@pytest.mark.parametrize("pads, kernel, strides, auto_pad", [
+    ([0, 1, 1, 2], [3, 3], [1, 1], None),     # asymmetric
+    (None, [3, 2], [1, 1], "SAME_UPPER"),     # non-square kernel, auto padding
+    ([1, 0, 2, 1], [3, 3], [2, 1], None),     # asymmetric, strides (2, 1)
+])
+def test_conv_gradients_as_gemms_with_uneven_geometry(pads, kernel, strides, auto_pad):
+    from onnxtrain.autodiff import build_gradient_models
+    rng = np.random.default_rng(0)
+    attrs = dict(kernel_shape=kernel, strides=strides)
+    attrs.update(pads=pads) if pads else attrs.update(auto_pad=auto_pad)
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], **attrs)
+    w = numpy_helper.from_array(rng.normal(size=[4, 3] + kernel).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("X", 1, ["N", 3, 7, 6])],
+        [helper.make_tensor_value_info("Y", 1, ["N", 4, "H", "W"])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    ops = [n.op_type for n in
+           build_gradient_models(model, ["X", "W"]).backward_model.graph.node]
+    assert ops.count("Gather") == (2 if strides == [1, 1] else 1), ops
+    assert ("ConvTranspose" in ops) == (strides != [1, 1]), ops
+    x = rng.normal(size=(2, 3, 7, 6)).astype(np.float32)
+    check_gradients(model, ["X", "W"], {"X": x, "W": numpy_helper.to_array(w)},
+                    eps=0.5, tol=1e-4)
