@@ -4,7 +4,6 @@ leaves unread (autodiff/backward.py): a linear layer exported as
 X @ Transpose(W) gets its gradients without a Transpose; values against
 central differences and numpy."""
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 

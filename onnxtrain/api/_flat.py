@@ -3,10 +3,12 @@
 The optimizer model of ``generate_artifacts`` repeats the update's ops for
 every parameter: the AdamW model of a 2-layer encoder runs about 560 small
 kernels per step, each costing a few microseconds whatever its size. When
-the given model is exactly the one :func:`build_optimizer_model` writes
-for its metadata's optimizer (the whole graph compared, constants
-included: a clipped, edited or foreign model is run as it is), :class:`Optimizer` runs the same update
-built for one parameter holding them all. Every parameter, gradient and
+the given model is exactly the one
+:func:`~onnxtrain.onnxblock.optim.build_optimizer_model` writes for its
+metadata's optimizer (the whole graph compared, constants included: a
+clipped, edited or foreign model is run as it is),
+:class:`~onnxtrain.api.Optimizer` runs the same update built for one
+parameter holding them all. Every parameter, gradient and
 optimizer state is then a view of one flat buffer per kind, so that no
 copy joins or splits them: the module writes each gradient into its view,
 the update writes the parameters and states in place (PyTorch's

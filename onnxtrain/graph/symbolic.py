@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
 from onnx import numpy_helper
 
 __all__ = ["refine_symbolic_dims", "broadcast_dims"]
