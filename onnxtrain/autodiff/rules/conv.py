@@ -167,8 +167,9 @@ def _static_2d(ctx, x, w, strides, dilations):
 def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     """dX of a stride-1 Conv (see :func:`_static_2d`) as one GEMM: the
     correlation of dY, padded by K - 1 - pad, with the flipped weight,
-    dX (N H W, C) = im2col rows of dY (N H W, K M) @ W flipped (K M, C),
-    then back to (N, C, H, W); None for other Convs (ConvTranspose then).
+    dX (N H W, C) = im2col rows of dY, taps in reverse order (N H W, K M)
+    @ W as (K M, C), then back to (N, C, H, W); None for other Convs
+    (ConvTranspose then).
     Measured at batch 32 against ConvTranspose and its crop: resnet18's
     layer1 1.65 -> 0.71 ms, layer2 2.63 -> 0.68."""
     static = _static_2d(ctx, x, w, strides, dilations)
@@ -179,11 +180,10 @@ def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     out = [h + pads[0] + pads[2] - kh + 1, w_size + pads[1] + pads[3] - kw + 1]
     if min(flipped) < 0 or min(out) < 1:
         return None
-    rows = im2col_rows(ctx.g, gy, m_out, kernel, [1, 1], flipped, out, [h, w_size])
+    # the taps of dY's rows in reverse order meet the weight unflipped
+    rows = im2col_rows(ctx.g, gy, m_out, kernel, [1, 1], flipped, out, [h, w_size],
+                       flip=True)
     wt = ctx.op("Transpose", w, perm=[2, 3, 0, 1])  # (kh, kw, M, C)
-    lowest = ctx.g.int64s([-(2 ** 62)] * 2)
-    wt = ctx.op("Slice", wt, ctx.g.int64s([-1, -1]), lowest, ctx.g.int64s([0, 1]),
-                ctx.g.int64s([-1, -1]))
     wt = ctx.op("Reshape", wt, ctx.g.int64s([kh * kw * m_out, n_channels]))
     gx = ctx.op("Reshape", ctx.op("MatMul", rows, wt),
                 ctx.g.int64s([-1, h, w_size, n_channels]))
