@@ -114,19 +114,21 @@ class FlatBuffers:
         self.views = {k: {n: to_ortvalue(self.flat[k][a:b].reshape(shape))
                           for n, a, b, shape in zip(names, offsets[:-1], offsets[1:], shapes)}
                       for k in kinds}
+        # the flat model's inputs and the outputs written over them
+        inputs = {FLAT_NAME: "value", f"{FLAT_NAME}_grad": "grad"}
+        inputs.update((f"{FLAT_NAME}.{key}", key) for key in self.state_names)
+        self.feeds = {name: self.whole[kind] for name, kind in inputs.items()}
+        self.into = {f"{name}.updated": self.whole[kind]
+                     for name, kind in inputs.items() if kind != "grad"}
 
     def attach(self, params, states):
-        """Move the parameters' current values and states into their views
-        now (their own arrays are then freed) and give every parameter its
-        gradient view as the buffer the module's first training call writes
-        into (``Parameter._grad_buffer``): no gradient is allocated twice."""
+        """:meth:`sync` now (the parameters' and states' own arrays are then
+        freed) and give every parameter its gradient view as the buffer the
+        module's first training call writes into (``Parameter._grad_buffer``):
+        no gradient is allocated twice."""
         for name in self.names:
-            param = params.raw(name)
-            if param._value is not None:
-                param._value = self._install("value", name, param._value)
-            param._grad_buffer = self.views["grad"][name]
-            for key in self.state_names:
-                states[name][key] = self._install(key, name, states[name][key])
+            params.raw(name)._grad_buffer = self.views["grad"][name]
+        self.sync(params, states)
 
     def sync(self, params, states):
         """Make every parameter's value and gradient and every state the
@@ -143,7 +145,11 @@ class FlatBuffers:
                 states[name][key] = self._install(key, name, states[name][key])
 
     def _install(self, kind, name, value):
+        """The view of ``kind`` for ``name`` holding ``value`` (None, a
+        parameter of a nominal checkpoint not loaded yet, stays None)."""
         view = self.views[kind][name]
+        if value is None:
+            return None
         if value is not view:
             np.copyto(view.numpy(), to_numpy(value))
         return view

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import onnx
 
+from ..graph.scopes import subgraph_outer_reads
+
 __all__ = ["without_accumulation"]
 
 
@@ -39,7 +41,7 @@ def without_accumulation(model, layout):
     for node in graph.node:
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
-    inner = _subgraph_reads(graph)
+    inner = set().union(*map(subgraph_outer_reads, graph.node))
     drop, rename, copies = set(), {}, []
     for where in selects:
         grad, added, out = where.input[1], where.input[2], where.output[0]
@@ -73,15 +75,3 @@ def without_accumulation(model, layout):
     del new.graph.input[:]
     new.graph.input.extend(kept)
     return new
-
-
-def _subgraph_reads(graph):
-    """Names read by the nodes of the subgraphs (If, Loop, Scan bodies)."""
-    names = set()
-    for node in graph.node:
-        for att in node.attribute:
-            for sub in list(att.graphs) + ([att.g] if att.HasField("g") else []):
-                for inner in sub.node:
-                    names.update(inner.input)
-                names |= _subgraph_reads(sub)
-    return names

@@ -12,6 +12,7 @@ from .._casting import cast_within_range
 from .._files import load_onnx_file
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..graph.aliasing import writes_after_reads
+from ..graph.scopes import node_reads
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
 from ._plain_step import without_accumulation
 from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
@@ -623,18 +624,6 @@ def _write_running_statistics(state, layout, values):
         state.parameters.raw(name)._value = value
 
 
-def _node_reads(node):
-    """Inputs of a node, including names its subgraphs read from outside."""
-    names = {i for i in node.input if i}
-    for att in node.attribute:
-        for graph in list(att.graphs) + ([att.g] if att.HasField("g") else []):
-            inner = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-            for sub in graph.node:
-                names |= _node_reads(sub) - inner
-                inner |= set(sub.output)
-    return names
-
-
 def _inference_model(eval_model, layout, output_names, parameters):
     graph = eval_model.graph
     produced = {o for n in graph.node for o in n.output}
@@ -648,7 +637,7 @@ def _inference_model(eval_model, layout, output_names, parameters):
     for node in reversed(graph.node):
         if needed & set(node.output):
             nodes.append(node)
-            needed |= _node_reads(node)
+            needed |= node_reads(node)
     nodes.reverse()
     params = set(layout["parameters"])
     types = infer_value_types(eval_model)

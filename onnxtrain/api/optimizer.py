@@ -9,7 +9,7 @@ from ..graph import numpy_to_elem_type
 from ..graph.aliasing import writes_after_reads
 from ..onnxblock.optim import OPTIMIZER_METADATA
 from ..runtime import SessionRunner, is_ortvalue, to_ortvalue
-from ._flat import FLAT_NAME, FlatBuffers, flat_optimizer_model
+from ._flat import FlatBuffers, flat_optimizer_model
 from .module import load_model, read_layout
 from .state import OptimizerState
 
@@ -199,12 +199,8 @@ class Optimizer:
                                "module in training mode before step().")
         flat = self._flat
         flat.sync(params, opt.states)
-        kinds = {FLAT_NAME: "value", f"{FLAT_NAME}_grad": "grad"}
-        kinds.update((f"{FLAT_NAME}.{key}", key) for key in flat.state_names)
-        feeds.update((name, flat.whole[kind]) for name, kind in kinds.items())
-        into = {f"{name}.updated": flat.whole[kind] for name, kind in kinds.items()
-                if kind != "grad"}
-        self._flat_runner(feeds, list(into), into)
+        feeds.update(flat.feeds)
+        self._flat_runner(feeds, list(flat.into), flat.into)
         opt.step += 1
 
     def set_learning_rate(self, learning_rate):

@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 from ..exceptions import MissingVJPRuleError
 from ..graph import (FLOAT_TYPES, GraphBuilder, OpsetError, infer_value_types,
                      opset_of, type_of_value_info)
+from ..graph.scopes import subgraph_outer_reads
 from .context import VJPContext, sum_to
 from .registry import get_vjp_rule, is_nondifferentiable
 
@@ -51,21 +52,6 @@ class BackwardGraph:
     model: object = field(default=None, repr=False)
 
 
-def _subgraph_outer_inputs(node):
-    """Names a node's subgraphs read from the enclosing scope."""
-    names = set()
-    for att in node.attribute:
-        graphs = list(att.graphs) + ([att.g] if att.HasField("g") else [])
-        for graph in graphs:
-            defined = {i.name for i in graph.input}
-            defined |= {i.name for i in graph.initializer}
-            for sub in graph.node:
-                names |= {i for i in sub.input if i and i not in defined}
-                names |= _subgraph_outer_inputs(sub) - defined
-                defined |= set(sub.output)
-    return names
-
-
 def implicit_inputs(node):
     """Outer-scope names a node's subgraphs read (sorted; [] without
     subgraphs): the rule of a control-flow op returns their gradients after
@@ -73,7 +59,7 @@ def implicit_inputs(node):
     if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                for a in node.attribute):
         return []
-    return sorted(_subgraph_outer_inputs(node))
+    return sorted(subgraph_outer_reads(node))
 
 
 def _node_inputs(node):

@@ -20,6 +20,8 @@ input (Identity, Reshape...) or fold it into a non-element-wise kernel
 """
 from __future__ import annotations
 
+from .scopes import node_reads
+
 __all__ = ["writes_after_reads", "ELEMENTWISE_WRITERS"]
 
 #: Arithmetic ops whose output element i reads only element i of
@@ -27,18 +29,6 @@ __all__ = ["writes_after_reads", "ELEMENTWISE_WRITERS"]
 #: no kernel of another kind when they read a graph input.
 ELEMENTWISE_WRITERS = frozenset({
     "Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Sqrt"})
-
-
-def _subgraph_reads(node):
-    """Names read by the nodes of ``node``'s subgraphs (any depth)."""
-    names = set()
-    for att in node.attribute:
-        graphs = list(att.graphs) + ([att.g] if att.HasField("g") else [])
-        for sub in graphs:
-            for inner in sub.node:
-                names.update(inner.input)
-                names |= _subgraph_reads(inner)
-    return names
 
 
 def writes_after_reads(graph, pairs):
@@ -65,7 +55,7 @@ def writes_after_reads(graph, pairs):
     for index, node in enumerate(graph.node):
         for name in node.output:
             producer[name] = index
-        reads.append(set(node.input) | _subgraph_reads(node))
+        reads.append(node_reads(node))
         for name in reads[-1]:
             readers.setdefault(name, []).append(index)
     graph_outputs = {o.name for o in graph.output}

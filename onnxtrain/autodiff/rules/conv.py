@@ -21,7 +21,7 @@ onnxruntime runs fastest.
 """
 from onnx import TensorProto
 
-from ...graph.conv_gemm import im2col_rows
+from ...graph.conv_gemm import im2col_rows, output_size
 from ..registry import register_vjp
 
 
@@ -138,8 +138,7 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     if static is None:
         return None
     size, w_shape = static[0][1:], static[1]
-    out = [(size[i] + pads[i] + pads[i + 2] - kernel[i]) // strides[i] + 1
-           for i in range(2)]
+    out = output_size(size, kernel, strides, pads)
     if min(out) < 1:
         return None
     m_out, n_channels = w_shape[0], w_shape[1]
@@ -177,7 +176,7 @@ def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
         return None
     (n_channels, h, w_size), (m_out, _, kh, kw) = static
     flipped = [kh - 1 - pads[0], kw - 1 - pads[1], kh - 1 - pads[2], kw - 1 - pads[3]]
-    out = [h + pads[0] + pads[2] - kh + 1, w_size + pads[1] + pads[3] - kw + 1]
+    out = output_size([h, w_size], kernel, [1, 1], pads)
     if min(flipped) < 0 or min(out) < 1:
         return None
     # the taps of dY's rows in reverse order meet the weight unflipped

@@ -1,0 +1,27 @@
+"""Names a node reads, its subgraphs' reads from the enclosing scope
+included (If branches, Loop and Scan bodies read outer values by name)."""
+from __future__ import annotations
+
+__all__ = ["subgraph_outer_reads", "node_reads"]
+
+
+def subgraph_outer_reads(node):
+    """set of str: the names ``node``'s subgraphs (any depth) read from the
+    scope enclosing ``node``, i.e. not defined inside them."""
+    names = set()
+    for att in node.attribute:
+        graphs = list(att.graphs) + ([att.g] if att.HasField("g") else [])
+        for graph in graphs:
+            defined = {i.name for i in graph.input}
+            defined |= {i.name for i in graph.initializer}
+            for sub in graph.node:
+                names |= {i for i in sub.input if i and i not in defined}
+                names |= subgraph_outer_reads(sub) - defined
+                defined |= set(sub.output)
+    return names
+
+
+def node_reads(node):
+    """set of str: ``node``'s non-empty inputs and
+    :func:`subgraph_outer_reads`."""
+    return {i for i in node.input if i} | subgraph_outer_reads(node)
