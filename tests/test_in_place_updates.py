@@ -258,3 +258,14 @@ def test_rank_0_parameter_keeps_its_shape_through_a_checkpoint(tmp_path):
     write_checkpoint(path, [("s", np.array(0.7, np.float32), True)], {}, None)
     value = read_checkpoint(path)["parameters"][0][1]
     assert value.shape == () and value == np.float32(0.7)
+
+
+def test_empty_parameter_keeps_its_shape_through_a_checkpoint(tmp_path):
+    from onnxtrain.api.checkpoint import read_checkpoint, write_checkpoint
+    path = str(tmp_path / "checkpoint")
+    write_checkpoint(path, [("e", np.zeros((0, 3), np.float32), True),
+                            ("w", np.arange(6, dtype=np.float32).reshape(2, 3), True)],
+                     {}, None)
+    (_, empty, _), (_, w, _) = read_checkpoint(path)["parameters"]
+    assert empty.shape == (0, 3)
+    np.testing.assert_array_equal(w, np.arange(6, dtype=np.float32).reshape(2, 3))

@@ -107,7 +107,9 @@ class _Writer:
         dtype = _dtype_str(array.dtype)
         entry = f"arrays/{self.count}.bin"
         self.count += 1
-        data = np.ascontiguousarray(array.astype(dtype, copy=False))
+        # C-contiguous as ``array``; flat, as a memoryview of no element
+        # cannot be cast from a shape with a zero in it
+        data = array.astype(dtype, copy=False).reshape(-1)
         # as ZipFile.writestr, without its bytes copy of the array
         info = zipfile.ZipInfo(entry, date_time=time.localtime(time.time())[:6])
         info.compress_type = zipfile.ZIP_STORED

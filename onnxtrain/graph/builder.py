@@ -228,15 +228,13 @@ class GraphBuilder:
             return self._constants[scalar]
         array = _saturating_array(value, elem_type_to_numpy(elem_type))
         key = (elem_type, array.shape, array.tobytes())
-        if scalar is not None and key in self._constants:
-            self._constants[scalar] = self._constants[key]
         if key not in self._constants:
             name = self.unique_name("const")
             self.initializers.append(numpy_helper.from_array(array, name))
             self.set_type(name, elem_type, array.shape)
             self._constants[key] = name
-            if scalar is not None:
-                self._constants[scalar] = name
+        if scalar is not None:
+            self._constants[scalar] = self._constants[key]
         return self._constants[key]
 
     def scatter_add(self, op_type, data, indices, updates, elem_type, **attrs):

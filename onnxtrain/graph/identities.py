@@ -13,6 +13,8 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
+from .scopes import node_reads, subgraph_outer_reads
+
 __all__ = ["remove_identity_dropouts"]
 
 
@@ -42,25 +44,6 @@ def _is_identity(node, constants, opset):
             if value.size == 1 and value[0] == off:
                 return True
     return False
-
-
-def _read_names(nodes):
-    """Every name read by ``nodes`` or by the subgraphs they hold."""
-    names, stack = set(), [list(nodes)]
-    while stack:
-        for node in stack.pop():
-            names.update(node.input)
-            for att in node.attribute:
-                graphs = list(att.graphs) + ([att.g] if att.HasField("g") else [])
-                stack.extend(list(g.node) for g in graphs)
-    return names
-
-
-def _subgraph_reads(nodes):
-    return _read_names([sub for node in nodes for att in node.attribute
-                        for g in list(att.graphs) + ([att.g] if att.HasField("g")
-                                                     else [])
-                        for sub in g.node])
 
 
 def remove_identity_dropouts(model, opset, in_place=False):
@@ -113,8 +96,8 @@ def _identity_dropouts(graph, opset):
     if not candidates:
         return {}
     outputs = {o.name for o in graph.output}
-    read = _read_names(graph.node)
-    protected = outputs | _subgraph_reads(graph.node)
+    read = set().union(*map(node_reads, graph.node))
+    protected = outputs | set().union(*map(subgraph_outer_reads, graph.node))
     rename = {}
     for node in candidates:
         mask = node.output[1] if len(node.output) > 1 else ""

@@ -104,7 +104,7 @@ class _Refiner:
             return
         for old, new in zip(current, derived):
             # a symbol of onnx's equals a known dim, or another symbol
-            if _is_unknown(old) and old is not None and new is not None \
+            if isinstance(old, str) and old.startswith("unk__") and new is not None \
                     and new != old:
                 self.subst[old] = new
         if any(d is None for d in current):
@@ -222,7 +222,7 @@ def _factors(dims):
     is unknown."""
     coef, symbols = 1, collections.Counter()
     for d in dims:
-        if _is_unknown(d) and not isinstance(d, str):
+        if d is None:
             return None
         if isinstance(d, str):
             symbols[d] += 1
