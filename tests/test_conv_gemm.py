@@ -13,7 +13,9 @@ CASES = [(3, 4, 2, 2, 5, 3, 1, 1, True),    # every tap reads data
          (2, 3, 1, 1, 4, 3, 1, 1, False),   # 1x1 input: the centre tap only
          (3, 2, 4, 4, 3, 3, 2, 1, True),    # stride 2
          (2, 3, 5, 4, 2, 3, 2, 1, False),   # stride 2, odd padded sizes
-         (2, 3, 3, 3, 4, 1, 2, 0, True)]    # 1x1 kernel, stride 2 (downsample)
+         (2, 3, 3, 3, 4, 1, 2, 0, True),    # 1x1 kernel, stride 2 (downsample)
+         (2, 3, 2, 2, 4, 3, 2, 1, True),    # 2x2 -> 1x1 at stride 2: 2x2 taps read data
+         (2, 2, 1, 3, 3, 3, 1, 1, False)]   # 1x3 input: one row of taps reads data
 
 
 def _model(n_ch, h, w, m, k, s, p, bias, group=1, dtype=np.float64):
@@ -78,6 +80,46 @@ def test_im2col_gather_matrix_against_numpy():
     # a 1x1 image padded by 1 under a 3x3 kernel: only the centre tap reads it
     centre = conv_gemm.gather_matrix([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], [1, 1])
     np.testing.assert_array_equal(centre, np.eye(9)[4:5])
+
+
+@pytest.mark.parametrize("kernel, strides, pads, size", [
+    ([3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),     # the centre tap only
+    ([3, 3], [2, 2], [1, 1, 1, 1], [2, 2]),     # taps 1..2 on each axis
+    ([5, 3], [1, 2], [2, 0, 2, 1], [2, 4]),     # uneven
+    ([3, 3], [1, 1], [1, 1, 1, 1], [4, 4]),     # every tap reads data
+    ([7, 7], [2, 2], [3, 3, 3, 3], [1, 2])])
+def test_live_taps_window(kernel, strides, pads, size):
+    # the trimmed Conv reads the same pixels, and every tap outside the
+    # window reads only padding (a zero column of the full gather matrix)
+    out = conv_gemm.output_size(size, kernel, strides, pads)
+    full = conv_gemm.gather_matrix(kernel, strides, pads, size, out)
+    first, trimmed, new_pads = conv_gemm._live_taps(kernel, strides, pads, size, out)
+    n_out = out[0] * out[1]
+    window = [(first[0] + i) * kernel[1] + first[1] + j
+              for i in range(trimmed[0]) for j in range(trimmed[1])]
+    columns = np.concatenate([np.arange(k * n_out, (k + 1) * n_out) for k in window])
+    np.testing.assert_array_equal(
+        conv_gemm.gather_matrix(trimmed, strides, new_pads, size, out), full[:, columns])
+    outside = np.ones(full.shape[1], bool)
+    outside[columns] = False
+    assert not full[:, outside].any()
+    live = {k for k in range(kernel[0] * kernel[1]) if full[:, k * n_out:(k + 1) * n_out].any()}
+    # the window is the smallest: its first and last rows and columns read data
+    rows = {k // kernel[1] for k in live}
+    cols = {k % kernel[1] for k in live}
+    assert (min(rows), max(rows) - min(rows) + 1) == (first[0], trimmed[0])
+    assert (min(cols), max(cols) - min(cols) + 1) == (first[1], trimmed[1])
+
+
+def test_dead_taps_left_out_of_the_gemm(any_size):
+    # resnet18's layer4 at 32x32 inputs: a 3x3 kernel over 1x1 images, the
+    # GEMM over the centre tap only (K = C, not 9 C)
+    lowered = conv_gemm.lower_small_convs(_model(6, 1, 1, 5, 3, 1, 1, False), ["W"])
+    inits = {i.name: numpy_helper.to_array(i) for i in lowered.graph.initializer}
+    select = [v for v in inits.values() if v.shape == (9, 1)]
+    assert len(select) == 1 and select[0][4, 0] == 1 and select[0].sum() == 1
+    # and no MatMul by the identity gather matrix of a 1x1 kernel on 1x1 images
+    assert [n.op_type for n in lowered.graph.node].count("MatMul") == 2
 
 
 def test_lowered_backward_has_no_pad_scatter():

@@ -21,6 +21,14 @@ matrix's transpose for the input (no Pad or scatter: the Slice-per-tap
 im2col this replaced spent 26% of a resnet18 step in the Pads of its
 adjoint). The values are the Conv's up to rounding.
 
+Taps that read only padding for every output pixel are left out of the
+product (:func:`_live_taps`): at 32x32 inputs, resnet18's layer4 runs 3x3
+kernels over 1x1 images, 8 taps of 9 multiplying zeros in the forward
+GEMM and in both gradients' GEMMs. The weight's live taps are picked by a
+constant 0/1 matrix product (its adjoint, a product too, gives the dead
+taps their zero gradient). Measured: resnet18 api 13.1 -> 15.6 steps/s
+(medians of 5 alternating runs).
+
 :func:`im2col_rows` builds the same columns as rows, by one Gather of
 the padded input in (N, H, W, C) layout, for the weight gradient of the
 Convs left to onnxruntime (``autodiff/rules/conv.py``), where nothing
@@ -82,9 +90,29 @@ def _plan(node, types, weights, inits):
     out = output_size(size, kernel, strides, pads)
     if min(out) < 1 or out[0] * out[1] > MAX_OUTPUT_PIXELS or shape[1] != w.dims[1]:
         return None
+    first, kernel, pads = _live_taps(kernel, strides, pads, size, out)
     if size[0] * size[1] * kernel[0] * kernel[1] * out[0] * out[1] > MAX_GATHER_SIZE:
         return None
-    return kernel, strides, pads, size, out, x_type[0]
+    return kernel, strides, pads, size, out, x_type[0], first
+
+
+def _live_taps(kernel, strides, pads, size, out):
+    """(first tap, kernel, pads) of the smallest window of kernel taps that
+    reads any input pixel: a tap whose every output pixel reads padding
+    multiplies zeros (resnet18's layer4 at 32x32 inputs: a 3x3 kernel over
+    1x1 images, 8 of 9 taps). The Conv over the taps from ``first`` with the
+    begin pads less ``first`` has the same output; the weight's other taps
+    get a zero gradient, exactly their gradient in the full Conv."""
+    first, trimmed, begins = [], [], []
+    for axis in range(2):
+        live = [i for i in range(kernel[axis])
+                if any(0 <= a * strides[axis] + i - pads[axis] < size[axis]
+                       for a in range(out[axis]))]
+        first.append(live[0])
+        trimmed.append(live[-1] - live[0] + 1)
+        begins.append(pads[axis] - live[0])
+    # the end pads only set the output size, kept as computed
+    return first, trimmed, begins + list(pads[2:])
 
 
 def gather_matrix(kernel, strides, pads, size, out):
@@ -133,19 +161,30 @@ def im2col_rows(g, x, n_channels, kernel, strides, pads, size, out, flip=False):
     return g.op("Reshape", rows, g.int64s([-1, kh * kw * n_channels]))
 
 
-def _lower(g, node, plan, n_channels, m_out):
-    kernel, strides, pads, size, out, elem_type = plan
+def _lower(g, node, plan, n_channels, m_out, w_kernel):
+    kernel, strides, pads, size, out, elem_type, first = plan
     x, w = node.input[:2]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     n_taps, n_out = kernel[0] * kernel[1], out[0] * out[1]
     # im2col as one matrix product: (N, C, H W) @ P = (N, C, K L)
-    xf = g.op("Reshape", x, g.int64s([0, n_channels, size[0] * size[1]]))
-    cols = g.op("MatMul", xf, g.const(gather_matrix(kernel, strides, pads, size, out),
-                                      elem_type))
+    cols = g.op("Reshape", x, g.int64s([0, n_channels, size[0] * size[1]]))
+    gather = gather_matrix(kernel, strides, pads, size, out)
+    if gather.shape[0] != gather.shape[1] or (gather != np.eye(len(gather))).any():
+        cols = g.op("MatMul", cols, g.const(gather, elem_type))
     # (N, C K, L) -> (C K, N, L) -> (C K, N L): one GEMM over the batch
     cols = g.op("Reshape", cols, g.int64s([0, n_channels * n_taps, n_out]))
     cols = g.op("Transpose", cols, perm=[1, 0, 2])
     cols = g.op("Reshape", cols, g.int64s([n_channels * n_taps, -1]))
+    if list(kernel) != list(w_kernel):
+        # the taps reading only padding left out: the weight's (M C, K) taps
+        # times a 0/1 selection (K, K'), whose adjoint is one GEMM too (a
+        # Slice's, a Pad, runs 4x slower at (512, 512, 3, 3))
+        select = np.zeros((w_kernel[0] * w_kernel[1], n_taps))
+        for i in range(kernel[0]):
+            for j in range(kernel[1]):
+                select[(first[0] + i) * w_kernel[1] + first[1] + j, i * kernel[1] + j] = 1
+        w = g.op("Reshape", w, g.int64s([m_out * n_channels, len(select)]))
+        w = g.op("MatMul", w, g.const(select, elem_type))
     w2 = g.op("Reshape", w, g.int64s([m_out, n_channels * n_taps]))
     y = g.op("MatMul", w2, cols)  # (M, N L)
     if bias is not None:
@@ -194,7 +233,7 @@ def lower_small_convs(model, weights, types=None):
             nodes.append(node)
             continue
         dims = inits[node.input[1]].dims
-        _lower(g, node, plan, dims[1], dims[0])
+        _lower(g, node, plan, dims[1], dims[0], dims[2:])
         nodes.extend(g.nodes)
         g.nodes.clear()
         lowered = True
