@@ -17,7 +17,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
 from .._small import full_repr
-from ..graph import elem_type_to_numpy, infer_value_types
+from ..graph import compact_model, elem_type_to_numpy, infer_value_types
 from ..initializers import bias_weights, glorot_uniform_weights
 from ..losses import resolve_learning_loss
 from ..models import load_model, replace_initializers, select_weights
@@ -160,7 +160,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         cached = getattr(self, "_model_cache", None)
         if cached is None or cached[0] is not self.model_onnx:
             _, training = self._make_training_model(load_model(self.model_onnx))
-            cached = self._model_cache = (self.model_onnx, training, {})
+            # kept for the estimator's life: without the rewrites' freed tensors
+            cached = self._model_cache = (self.model_onnx, compact_model(training), {})
         return cached[1]
 
     def _float_dtype(self):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import elem_type_to_numpy
+from ..graph import compact_model, elem_type_to_numpy
 from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
                        to_ortvalue)
 from ..training_graphs import TrainingGraphs, final_activation
@@ -85,6 +85,7 @@ class StepRunner:
                  types=None):
         model = _without_initializer_inputs(model)
         running, self.buffer_names, initial = with_running_statistics_updates(model)
+        running = compact_model(running)  # see compact_model: kept by the engine
         outputs = None if loss_models and not self.buffer_names else [
             model.graph.output[0].name]
         self.graphs = TrainingGraphs(

@@ -374,6 +374,20 @@ def make_model(graph, opset_imports, ir_version=None, producer="onnxtrain"):
     return model
 
 
+def compact_model(model):
+    """``model`` copied into memory of its own size, for a model kept long.
+
+    The upb protobuf runtime frees a message's memory only with the whole
+    message: the tensors a rewrite removes or replaces (``del
+    graph.initializer[:]`` then ``extend``) stay allocated as long as the
+    model lives. resnet18's training model, 45 MB serialized, held 86 MB;
+    this copy (one serialization and one parse, about 0.1 s) holds 43 MB.
+    A model of 2 GB or more (the protobuf limit) is returned as it is."""
+    if model.ByteSize() >= 2 ** 31 - 1:
+        return model
+    return onnx.load_model_from_string(model.SerializeToString())
+
+
 def default_ir_version(opset_imports):
     """IR version matching the default-domain opset of ``opset_imports``."""
     version = 9
