@@ -111,6 +111,13 @@ def test_live_taps_window(kernel, strides, pads, size):
     assert (min(cols), max(cols) - min(cols) + 1) == (first[1], trimmed[1])
 
 
+def test_no_live_tap_keeps_the_kernel():
+    # a 1-pixel row padded by 2 at stride 3: both output rows read padding
+    # only (the output is the bias); the kernel is kept as it is
+    assert conv_gemm._live_taps([1, 1], [3, 1], [2, 0, 2, 0], [1, 1], [2, 1]) == \
+        ([0, 0], [1, 1], [2, 0, 2, 0])
+
+
 def test_dead_taps_left_out_of_the_gemm(any_size):
     # resnet18's layer4 at 32x32 inputs: a 3x3 kernel over 1x1 images, the
     # GEMM over the centre tap only (K = C, not 9 C)

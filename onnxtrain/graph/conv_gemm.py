@@ -108,6 +108,8 @@ def _live_taps(kernel, strides, pads, size, out):
         live = [i for i in range(kernel[axis])
                 if any(0 <= a * strides[axis] + i - pads[axis] < size[axis]
                        for a in range(out[axis]))]
+        if not live:  # every output pixel reads padding only: left as it is
+            return [0, 0], list(kernel), list(pads)
         first.append(live[0])
         trimmed.append(live[-1] - live[0] + 1)
         begins.append(pads[axis] - live[0])
