@@ -28,3 +28,25 @@ def test_compact_model_is_an_equal_copy():
     values = {i.name: numpy_helper.to_array(i) for i in compact.graph.initializer}
     np.testing.assert_array_equal(values["B"], np.full(4, 2.0, np.float32))
     np.testing.assert_array_equal(values["W"], np.arange(12).reshape(3, 4))
+
+
+def test_without_initializer_values_keeps_names_types_dims():
+    from onnxtrain.graph import without_initializer_values
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float64).reshape(3, 4), "W")
+    b = numpy_helper.from_array(np.ones(4, dtype=np.float64), "B")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["xw"]),
+         helper.make_node("Add", ["xw", "B"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", 11, ["N", 3])],
+        [helper.make_tensor_value_info("Y", 11, ["N", 4])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    light = without_initializer_values(model, ["W"])
+    tensors = {i.name: i for i in light.graph.initializer}
+    assert list(tensors) == ["W", "B"]
+    assert (tensors["W"].data_type, list(tensors["W"].dims)) == (11, [3, 4])
+    assert not tensors["W"].raw_data and not tensors["W"].double_data
+    np.testing.assert_array_equal(numpy_helper.to_array(tensors["B"]), np.ones(4))
+    # the caller's model keeps its values
+    np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[0]),
+                                  np.arange(12).reshape(3, 4))
+    assert light.graph.node == model.graph.node

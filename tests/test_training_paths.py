@@ -238,3 +238,32 @@ def test_fused_sgd_step_applies_the_learning_rate_once(with_if, elem_type, folde
     assert_allclose(w_new, weights["W"] - 0.05 * X.T @ residual, rtol=rtol, atol=rtol)
     assert_allclose(b_new, weights["B"] - 0.05 * residual.sum(axis=0, keepdims=True),
                     rtol=rtol, atol=rtol)
+
+
+def test_engine_keeps_its_model_without_the_weight_values(regression):
+    # the engine's model serves only to build the split and prediction
+    # graphs (weights as inputs): the trained weights' values live in
+    # engine.weights, not a second time in the model
+    X, y, onx = regression
+    est = OrtGradientForwardBackwardOptimizer(onx, max_iter=3, random_state=0,
+                                              training_path="split",
+                                              learning_rate=0.02).fit(X, y)
+    engine = est._trainer.engine
+    inits = {i.name: i for i in engine.model.graph.initializer}
+    for name, value in zip(engine.weights_to_train, engine.weights):
+        tensor = inits[name]
+        assert not tensor.raw_data and not tensor.float_data
+        assert tuple(tensor.dims) == tuple(value.shape())
+    # the split path trained and predicts from engine.weights
+    trained = {i.name: onnx.numpy_helper.to_array(i)
+               for i in est.get_trained_onnx().graph.initializer}
+    for name, value in zip(engine.weights_to_train, engine.weights):
+        assert_allclose(trained[name], value.numpy())
+    first = {i.name: onnx.numpy_helper.to_array(i) for i in onx.graph.initializer}
+    assert any(not np.allclose(first[n], trained[n]) for n in engine.weights_to_train)
+    from onnxruntime import InferenceSession
+    sess = InferenceSession(est.get_trained_onnx().SerializeToString(),
+                            providers=["CPUExecutionProvider"])
+    assert_allclose(est.predict(X).reshape(-1),
+                    sess.run(None, {sess.get_inputs()[0].name: X})[0].reshape(-1),
+                    rtol=1e-5, atol=1e-6)

@@ -87,10 +87,14 @@ class _Constants(Mapping):
     """``name -> numpy value`` of a model's initializers and Constant nodes,
     an initializer converted when a rule first reads it: the weights are
     most of a model's bytes (20 MB for a 24-layer encoder) and no rule
-    reads them."""
+    reads them. The initializers in ``variables`` (the weights being
+    differentiated) are not constants: their values change as they train,
+    and a caller may keep the model without them."""
 
-    def __init__(self, model):
-        self._tensors = {i.name: i for i in model.graph.initializer}
+    def __init__(self, model, variables=()):
+        variables = set(variables)
+        self._tensors = {i.name: i for i in model.graph.initializer
+                         if i.name not in variables}
         self._values = {}
         for node in model.graph.node:
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -113,8 +117,8 @@ class _Constants(Mapping):
         return len(set(self._tensors) | set(self._values))
 
 
-def _constants(model):
-    return _Constants(model)
+def _constants(model, variables=()):
+    return _Constants(model, variables)
 
 
 def _dependents(nodes, wrt, types):
@@ -308,7 +312,7 @@ def backward(model, wrt, outputs=None, types=None):
         g.set_type(name, *_grad_output_type(types, out))
         grad_output_names.append(name)
         grads[out] = [name]
-    reverse_pass(g, path, grads, upstream, _constants(model))
+    reverse_pass(g, path, grads, upstream, _constants(model, wrt))
     grad_names = [_final_gradient(g, grads, w) for w in wrt]
     fold_output_identities(g.nodes, grad_names)
     remove_unread_nodes(g.nodes, grad_names)

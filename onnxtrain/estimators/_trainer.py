@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import compact_model, elem_type_to_numpy
+from ..graph import elem_type_to_numpy, without_initializer_values
 from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
                        to_ortvalue)
 from ..training_graphs import TrainingGraphs, final_activation
@@ -85,7 +85,6 @@ class StepRunner:
                  types=None):
         model = _without_initializer_inputs(model)
         running, self.buffer_names, initial = with_running_statistics_updates(model)
-        running = compact_model(running)  # see compact_model: kept by the engine
         outputs = None if loss_models and not self.buffer_names else [
             model.graph.output[0].name]
         self.graphs = TrainingGraphs(
@@ -95,7 +94,11 @@ class StepRunner:
         self.engine = OrtGradientForwardBackward(
             running, weights, device, outputs,
             types=None if self.buffer_names else types,
-            gradient_models=lambda: self.graphs.split(running, outputs))
+            gradient_models=lambda: self.graphs.split(self.engine.model, outputs))
+        # the engine keeps its model only to build the split and prediction
+        # graphs, where the trained weights are inputs: their values (now in
+        # engine.weights) left out, 43 MB for resnet18
+        self.engine.model = without_initializer_values(running, weights)
         self.buffers = [to_ortvalue(initial[b], self.engine.device)
                         for b in self.buffer_names]
         self._new_buffers = None

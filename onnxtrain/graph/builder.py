@@ -388,6 +388,22 @@ def compact_model(model):
     return onnx.load_model_from_string(model.SerializeToString())
 
 
+def without_initializer_values(model, names):
+    """A compact copy of ``model`` (:func:`compact_model`) whose initializers
+    ``names`` keep their name, type and dims but not their values: for a
+    model kept only to build graphs that take those initializers as inputs,
+    their values living elsewhere (an engine's weights)."""
+    names = set(names)
+    light = onnx.load_model_from_string(model.SerializeToString())
+    for init in light.graph.initializer:
+        if init.name in names:
+            for field in ("raw_data", "float_data", "double_data", "int32_data",
+                          "int64_data", "uint64_data", "string_data", "external_data",
+                          "data_location"):
+                init.ClearField(field)
+    return compact_model(light)
+
+
 def default_ir_version(opset_imports):
     """IR version matching the default-domain opset of ``opset_imports``."""
     version = 9

@@ -137,6 +137,19 @@ class OrtGradientForwardBackward:
                     self._models = models
         return self._models
 
+    @property
+    def model(self):
+        """The model the engine was made from, which the split and inference
+        graphs are built from, the trained weights as inputs: their values
+        in it are not read after construction (they are :attr:`weights`),
+        so a caller may set a copy without them
+        (:func:`onnxtrain.graph.without_initializer_values`)."""
+        return self._model
+
+    @model.setter
+    def model(self, value):
+        self._model = value
+
     @models.setter
     def models(self, value):
         self._models = value
