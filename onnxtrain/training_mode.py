@@ -17,8 +17,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper, numpy_helper
 
-from .autodiff.backward import implicit_inputs
 from .graph import GraphBuilder, infer_value_types, opset_of
+from .graph.scopes import without_unread
 
 __all__ = ["running_statistics", "batchnorm_buffers", "updated_name",
            "with_running_statistics_updates", "inference_mode"]
@@ -305,13 +305,7 @@ def inference_mode(model, drop_outputs=()):
 def _prune(graph):
     """Remove the nodes no graph output needs, and the initializers no kept
     node reads."""
-    needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(graph.node):
-        if needed & set(node.output):
-            kept.append(node)
-            needed |= {i for i in node.input if i} | set(implicit_inputs(node))
-    kept.reverse()
+    kept, needed = without_unread(list(graph.node), [o.name for o in graph.output])
     del graph.node[:]
     graph.node.extend(kept)
     inputs = {i.name for i in graph.input}

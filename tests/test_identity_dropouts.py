@@ -47,6 +47,16 @@ def test_dropouts_that_copy_their_input_are_removed(ratio, training):
                                   np.maximum(x * W, 0))
 
 
+def test_dropout_ratio_from_a_value_float_constant_is_removed():
+    # a Constant node written with value_float (not a tensor value)
+    model = _model(0.4, True)
+    ratio = helper.make_node("Constant", [], ["ratio_c"], value_float=0.0)
+    model.graph.node.insert(0, ratio)
+    model.graph.node[2].input[1] = "ratio_c"
+    out = remove_identity_dropouts(model, 17)
+    assert "Dropout" not in [n.op_type for n in out.graph.node]
+
+
 def test_dropouts_that_drop_or_whose_mask_is_read_stay():
     for model in (_model(0.4, True), _model(0.0, True, mask_output=True),
                   _model(0.0, True, opset=11)):

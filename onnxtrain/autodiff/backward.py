@@ -4,14 +4,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from ..exceptions import MissingVJPRuleError
 from ..graph import (FLOAT_TYPES, GraphBuilder, OpsetError, infer_value_types,
                      opset_of, type_of_value_info)
-from ..graph.scopes import subgraph_outer_reads
+from ..graph.builder import constant_node_value  # noqa: F401 (rules import it here)
+from ..graph.scopes import subgraph_outer_reads, without_unread
 from .context import VJPContext, sum_to
 from .registry import get_vjp_rule, is_nondifferentiable
 
@@ -69,18 +69,6 @@ def _node_inputs(node):
 def _is_float(types, name):
     info = types.get(name)
     return info is None or info[0] in FLOAT_TYPES
-
-
-def constant_node_value(node):
-    """numpy value of a Constant node (None for sparse or string values)."""
-    for att in node.attribute:
-        if att.name == "value":
-            return numpy_helper.to_array(att.t)
-        if att.name in ("value_float", "value_floats"):
-            return np.asarray(helper.get_attribute_value(att), dtype=np.float32)
-        if att.name in ("value_int", "value_ints"):
-            return np.asarray(helper.get_attribute_value(att), dtype=np.int64)
-    return None
 
 
 class _Constants(Mapping):
@@ -480,15 +468,9 @@ def remove_unread_nodes(nodes, outputs):
     whose outputs is in ``outputs`` or read by a later node (its inputs or
     the subgraphs it holds): what a rule emitted and a simplification made
     useless (:meth:`~onnxtrain.graph.GraphBuilder.transpose`)."""
-    read = set(outputs)
-    kept = []
-    for node in reversed(nodes):
-        if not any(o in read for o in node.output if o):
-            continue
-        kept.append(node)
-        read.update(_node_inputs(node))
+    kept, _ = without_unread(nodes, outputs)
     if len(kept) < len(nodes):
-        nodes[:] = kept[::-1]
+        nodes[:] = kept
 
 
 def trainable_initializers(model, candidates=None, types=None):

@@ -17,8 +17,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..graph import GraphBuilder, clean_shape, infer_value_types
+from ..graph.scopes import node_reads, without_unread
 from .backward import (_accumulate, _check_rules, _dependents, _path_nodes,
-                       implicit_inputs, reverse_pass)
+                       reverse_pass)
 
 __all__ = ["differentiate_expansion", "differentiate_nodes", "outer_reads",
            "prune_unread", "record_types", "sub_builder"]
@@ -47,14 +48,8 @@ def outer_reads(nodes):
 def prune_unread(nodes, start, stop):
     """Drop the nodes of ``nodes[start:stop]`` (in place) whose outputs no
     later node reads, directly or from one of its subgraphs."""
-    needed = {i for n in nodes[stop:]
-              for i in list(n.input) + implicit_inputs(n)}
-    kept = []
-    for node in reversed(nodes[start:stop]):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(list(node.input) + implicit_inputs(node))
-    nodes[start:stop] = kept[::-1]
+    needed = set().union(*map(node_reads, nodes[stop:]))
+    nodes[start:stop] = without_unread(nodes[start:stop], needed)[0]
 
 
 def record_types(g, nodes, inputs, outputs, constants=None, refine=False,

@@ -374,6 +374,18 @@ def make_model(graph, opset_imports, ir_version=None, producer="onnxtrain"):
     return model
 
 
+def constant_node_value(node):
+    """numpy value of a Constant node (None for sparse or string values)."""
+    for att in node.attribute:
+        if att.name == "value":
+            return numpy_helper.to_array(att.t)
+        if att.name in ("value_float", "value_floats"):
+            return np.asarray(helper.get_attribute_value(att), dtype=np.float32)
+        if att.name in ("value_int", "value_ints"):
+            return np.asarray(helper.get_attribute_value(att), dtype=np.int64)
+    return None
+
+
 def compact_model(model):
     """``model`` copied into memory of its own size, for a model kept long.
 

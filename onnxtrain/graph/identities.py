@@ -10,22 +10,25 @@ them too.
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .builder import constant_node_value
 from .scopes import node_reads, subgraph_outer_reads
 
 __all__ = ["remove_identity_dropouts"]
 
 
 def _constant_values(graph):
-    """name -> numpy value of the initializers and Constant nodes' tensors."""
+    """name -> the initializers (TensorProto, converted when read) and the
+    Constant nodes' values (numpy, any of their value attributes)."""
     values = {i.name: i for i in graph.initializer}
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            for att in node.attribute:
-                if att.name == "value":
-                    values[node.output[0]] = att.t
+            value = constant_node_value(node)
+            if value is not None:
+                values[node.output[0]] = value
     return values
 
 
@@ -40,7 +43,8 @@ def _is_identity(node, constants, opset):
     for name, off in ((training, False), (ratio, 0)):
         tensor = constants.get(name) if name else None
         if tensor is not None:
-            value = numpy_helper.to_array(tensor).reshape(-1)
+            value = (numpy_helper.to_array(tensor) if isinstance(tensor, onnx.TensorProto)
+                     else np.asarray(tensor)).reshape(-1)
             if value.size == 1 and value[0] == off:
                 return True
     return False

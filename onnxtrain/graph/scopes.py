@@ -2,7 +2,7 @@
 included (If branches, Loop and Scan bodies read outer values by name)."""
 from __future__ import annotations
 
-__all__ = ["subgraph_outer_reads", "node_reads"]
+__all__ = ["subgraph_outer_reads", "node_reads", "without_unread"]
 
 
 def subgraph_outer_reads(node):
@@ -25,3 +25,18 @@ def node_reads(node):
     """set of str: ``node``'s non-empty inputs and
     :func:`subgraph_outer_reads`."""
     return {i for i in node.input if i} | subgraph_outer_reads(node)
+
+
+def without_unread(nodes, needed):
+    """``(kept, read)``: the nodes of ``nodes`` (topological order) that
+    write a name of ``needed`` or one a later kept node reads
+    (:func:`node_reads`), in their order, and the names those nodes read
+    with ``needed``. One backward sweep; ``nodes`` is not modified."""
+    read = set(needed)
+    kept = []
+    for node in reversed(nodes):
+        if any(o in read for o in node.output if o):
+            kept.append(node)
+            read |= node_reads(node)
+    kept.reverse()
+    return kept, read
