@@ -1,21 +1,28 @@
-"""graph.compact_model: the copy a long-kept model is stored as (the upb
-protobuf runtime keeps a rewritten model's removed tensors allocated)."""
+"""graph.compact_model and graph.without_initializer_values: the copies a
+long-kept model is stored as (the upb protobuf runtime keeps a rewritten
+model's removed tensors allocated)."""
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxtrain.graph import compact_model
+from onnxtrain.graph import compact_model, without_initializer_values
 
 
-def test_compact_model_is_an_equal_copy():
-    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4), "W")
-    b = numpy_helper.from_array(np.ones(4, dtype=np.float32), "B")
+def _linear_model(dtype):
+    """Y = X @ W + B, W (3, 4) = 0..11, B = 1."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    w = numpy_helper.from_array(np.arange(12, dtype=dtype).reshape(3, 4), "W")
+    b = numpy_helper.from_array(np.ones(4, dtype=dtype), "B")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["X", "W"], ["xw"]),
          helper.make_node("Add", ["xw", "B"], ["Y"])], "g",
-        [helper.make_tensor_value_info("X", 1, ["N", 3])],
-        [helper.make_tensor_value_info("Y", 1, ["N", 4])], [w, b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        [helper.make_tensor_value_info("X", elem, ["N", 3])],
+        [helper.make_tensor_value_info("Y", elem, ["N", 4])], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_compact_model_is_an_equal_copy():
+    model = _linear_model(np.float32)
     # the rewrite pattern that leaves the old tensors allocated
     kept = [i for i in model.graph.initializer if i.name != "B"]
     del model.graph.initializer[:]
@@ -31,15 +38,7 @@ def test_compact_model_is_an_equal_copy():
 
 
 def test_without_initializer_values_keeps_names_types_dims():
-    from onnxtrain.graph import without_initializer_values
-    w = numpy_helper.from_array(np.arange(12, dtype=np.float64).reshape(3, 4), "W")
-    b = numpy_helper.from_array(np.ones(4, dtype=np.float64), "B")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["xw"]),
-         helper.make_node("Add", ["xw", "B"], ["Y"])], "g",
-        [helper.make_tensor_value_info("X", 11, ["N", 3])],
-        [helper.make_tensor_value_info("Y", 11, ["N", 4])], [w, b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = _linear_model(np.float64)
     light = without_initializer_values(model, ["W"])
     tensors = {i.name: i for i in light.graph.initializer}
     assert list(tensors) == ["W", "B"]
