@@ -36,7 +36,9 @@ def save_onnx_graph(obj, folder, prefix=None, suffix=None):
     dict
         attribute -> file name (or bytes), or a dict for the attributes
         holding several graphs or objects; attributes with no graph are
-        left out.
+        left out, as is a graph kept without the values of some of its
+        initializers (a training engine's model, whose trained weights'
+        values live in the engine: that file would not load).
 
     Raises
     ------
@@ -65,6 +67,8 @@ def _save(obj, folder, prefix, suffix, seen):
 
 def _save_value(owner, key, value, folder, prefix, suffix, seen):
     if isinstance(value, onnx.ModelProto):
+        if not _has_every_value(value):
+            return None
         return _write(value, owner, key, folder, prefix, suffix)
     if isinstance(value, (list, tuple)):
         results = {i: _save_value(owner, f"{key}{i}", v, folder, prefix, suffix, seen)
@@ -74,6 +78,19 @@ def _save_value(owner, key, value, folder, prefix, suffix, seen):
             and hasattr(value, "__dict__") and id(value) not in seen):
         return _save(value, folder, prefix, f"{suffix}.{key}", seen)
     return None
+
+
+def _has_every_value(model):
+    """Whether every initializer of ``model``'s main graph holding elements
+    has a value (not a tensor of dims only, as
+    :func:`onnxtrain.graph.without_initializer_values` leaves them)."""
+    for init in model.graph.initializer:
+        if any(d == 0 for d in init.dims) or init.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        if not (init.raw_data or init.float_data or init.double_data or init.int32_data
+                or init.int64_data or init.uint64_data or init.string_data):
+            return False
+    return True
 
 
 def _write(model, owner, key, folder, prefix, suffix):

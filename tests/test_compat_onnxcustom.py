@@ -270,6 +270,15 @@ def test_save_onnx_graph(tmp_path):
     assert onnx.load(axpy) == est.learning_rate.axpy_onnx_
     assert onnx.load_from_string(as_bytes["learning_loss"]["loss_grad_onnx_"]) == \
         est.learning_loss.loss_grad_onnx_
+    # every file written loads (the engine keeps its model without the
+    # weights' values: left out)
+    def files(tree):
+        for value in tree.values():
+            yield from files(value) if isinstance(value, dict) else [value]
+    written = list(files(saved))
+    assert len(written) >= 3
+    for path in written:
+        onnx.checker.check_model(onnx.load(path))
     with pytest.warns(UserWarning, match="already exists"):
         est.save_onnx_graph(str(tmp_path), prefix="p_")
     with pytest.raises(FileNotFoundError, match="does not exist"):

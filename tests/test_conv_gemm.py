@@ -111,6 +111,43 @@ def test_live_taps_window(kernel, strides, pads, size):
     assert (min(cols), max(cols) - min(cols) + 1) == (first[1], trimmed[1])
 
 
+@pytest.mark.parametrize("size, kernel, strides, pads", [
+    ([1, 3], [3, 2], [2, 1], [1, 0, 2, 1]),   # rows trimmed, asymmetric pads
+    ([2, 1], [2, 5], [1, 3], [0, 2, 1, 2]),   # columns trimmed, stride 3
+    ([3, 2], [5, 3], [1, 1], [2, 1, 1, 1]),   # both, uneven
+])
+def test_lowered_conv_uneven_geometry(size, kernel, strides, pads, any_size):
+    rng = np.random.default_rng(0)
+    out = conv_gemm.output_size(size, kernel, strides, pads)
+
+    def model(dtype):
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        inits = [numpy_helper.from_array(rng.normal(size=[3, 2] + kernel).astype(dtype), "W"),
+                 numpy_helper.from_array(rng.normal(size=3).astype(dtype), "B")]
+        node = helper.make_node("Conv", ["X", "W", "B"], ["Y"], kernel_shape=kernel,
+                                strides=strides, pads=pads)
+        graph = helper.make_graph(
+            [node], "conv", [helper.make_tensor_value_info("X", elem, ["N", 2] + size)],
+            [helper.make_tensor_value_info("Y", elem, ["N", 3] + out)], inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+
+    first, trimmed, _ = conv_gemm._live_taps(kernel, strides, pads, size, out)
+    assert trimmed != kernel  # the case trims taps
+    x = rng.normal(size=[2, 2] + size)
+    m32 = model(np.float32)
+    lowered = conv_gemm.lower_small_convs(m32, ["W", "B"])
+    assert "Conv" not in {n.op_type for n in lowered.graph.node}
+    np.testing.assert_allclose(run(session(lowered), {"X": x.astype(np.float32)})["Y"],
+                               run(session(m32), {"X": x.astype(np.float32)})["Y"],
+                               rtol=1e-5, atol=1e-5)
+    lowered = conv_gemm.lower_small_convs(model(np.float64), ["W", "B"])
+    feeds = {i.name: numpy_helper.to_array(i) for i in lowered.graph.initializer
+             if i.name in ("W", "B")}
+    check_gradients(lowered, ["X", "W", "B"], dict(feeds, X=x))
+
+
 def test_no_live_tap_keeps_the_kernel():
     # a 1-pixel row padded by 2 at stride 3: both output rows read padding
     # only (the output is the bias); the kernel is kept as it is

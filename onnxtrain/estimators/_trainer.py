@@ -98,7 +98,8 @@ class StepRunner:
         # the engine keeps its model only to build the split and prediction
         # graphs, where the trained weights are inputs: their values (now in
         # engine.weights) left out, 43 MB for resnet18
-        self.engine.model = without_initializer_values(running, weights)
+        self.engine.model = without_initializer_values(running,
+                                                       self.engine.weights_to_train)
         self.buffers = [to_ortvalue(initial[b], self.engine.device)
                         for b in self.buffer_names]
         self._new_buffers = None

@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 import onnx
+from google.protobuf.message import EncodeError
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["GraphBuilder", "Dim", "elem_type_to_numpy", "numpy_to_elem_type",
@@ -394,19 +395,25 @@ def compact_model(model):
     graph.initializer[:]`` then ``extend``) stay allocated as long as the
     model lives. resnet18's training model, 45 MB serialized, held 86 MB;
     this copy (one serialization and one parse, about 0.1 s) holds 43 MB.
-    A model of 2 GB or more (the protobuf limit) is returned as it is."""
-    if model.ByteSize() >= 2 ** 31 - 1:
+    A model protobuf cannot serialize (2 GB or more) is returned as it is."""
+    try:
+        data = model.SerializeToString()
+    except (EncodeError, ValueError):  # upb raises EncodeError past 2 GB
         return model
-    return onnx.load_model_from_string(model.SerializeToString())
+    return onnx.load_model_from_string(data)
 
 
 def without_initializer_values(model, names):
     """A compact copy of ``model`` (:func:`compact_model`) whose initializers
     ``names`` keep their name, type and dims but not their values: for a
     model kept only to build graphs that take those initializers as inputs,
-    their values living elsewhere (an engine's weights)."""
+    their values living elsewhere (an engine's weights). A model protobuf
+    cannot serialize (2 GB or more) is returned as it is, values kept."""
     names = set(names)
-    light = onnx.load_model_from_string(model.SerializeToString())
+    try:
+        light = onnx.load_model_from_string(model.SerializeToString())
+    except (EncodeError, ValueError):
+        return model
     for init in light.graph.initializer:
         if init.name in names:
             for field in ("raw_data", "float_data", "double_data", "int32_data",

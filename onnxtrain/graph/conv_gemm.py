@@ -67,8 +67,9 @@ def _attrs(node):
 
 
 def _plan(node, types, weights, inits):
-    """(kernel, strides, pads, (H, W), (Ho, Wo), element type) of a Conv to
-    lower, or None."""
+    """(kernel, strides, pads, (H, W), (Ho, Wo), element type, first tap)
+    of a Conv to lower, or None: the kernel and pads of the window of live
+    taps starting at ``first`` (:func:`_live_taps`)."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or \
             len(node.input) < 2 or node.input[1] not in weights:
         return None
