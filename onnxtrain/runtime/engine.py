@@ -137,6 +137,11 @@ class OrtGradientForwardBackward:
                     self._models = models
         return self._models
 
+    @models.setter
+    def models(self, value):
+        self._models = value
+        self._forward_runner = self._gradient_runner = None
+
     @property
     def model(self):
         """The model the engine was made from, which the split and inference
@@ -149,11 +154,6 @@ class OrtGradientForwardBackward:
     @model.setter
     def model(self, value):
         self._model = value
-
-    @models.setter
-    def models(self, value):
-        self._models = value
-        self._forward_runner = self._gradient_runner = None
 
     def _new_runner(self, model):
         """A runner of ``model`` whose session uses the intra-op threads in
