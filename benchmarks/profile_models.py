@@ -1,6 +1,8 @@
 """Where the time of a training step of bench_models.py goes: onnxruntime's
-profiler on one (model, system), kernel time summed per operator type (and
-per node with ``--nodes``).
+profiler on one (model, system), each node's median kernel time over the
+steps (the steady state: the first steps' allocations, which once made a
+weight gradient's Reshape look 5x dearer, do not count), summed per
+operator type, and per node with ``--nodes`` (with its shapes).
 
 Run: ``python benchmarks/profile_models.py [--model resnet18]
 [--system api] [--nodes 15]``. The profiler adds its own cost to every
@@ -18,28 +20,36 @@ import os
 import sys
 import tempfile
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the onnxtrain of this checkout, not an installed one
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_models as bench  # noqa: E402
-from profile_training import _kernel_times  # noqa: E402
 
 
-def _node_times(prefix):
-    """node name -> [microseconds, calls, op type]."""
-    per_node = collections.defaultdict(lambda: [0, 0, ""])
+def _node_medians(prefix):
+    """(session file, node name) -> (median microseconds, op type, input
+    shapes, output shapes) over the runs the profiler recorded."""
+    runs = collections.defaultdict(list)
+    info = {}
     for path in glob.glob(prefix + "*.json"):
         with open(path, encoding="utf-8") as f:
             events = json.load(f)
         for event in events:
             if (event.get("cat") == "Node" and event["name"].endswith("_kernel_time")
                     and event["args"].get("op_name") != "Loop"):
-                entry = per_node[event["name"][:-len("_kernel_time")]]
-                entry[0] += event["dur"]
-                entry[1] += 1
-                entry[2] = event["args"]["op_name"]
-    return per_node
+                key = (path, event["name"][:-len("_kernel_time")])
+                runs[key].append(event["dur"])
+                args = event["args"]
+                info[key] = (args["op_name"], args.get("input_type_shape"),
+                             args.get("output_type_shape"))
+    return {key: (float(np.median(times)),) + info[key] for key, times in runs.items()}
+
+
+def _shapes(described):
+    return [list(next(iter(d.values()))) for d in described or ()]
 
 
 def main(argv=None):
@@ -72,20 +82,24 @@ def main(argv=None):
         seconds, _ = bench.run_estimator(args.model, path, params)
     gc.collect()  # sessions write their profile when they are released
     cfg = bench.MODELS[args.model]
-    steps = cfg["warmup"] + cfg["steps"]
-    per_op = _kernel_times(prefix)
-    total = sum(t for t, _ in per_op.values())
+    nodes = _node_medians(prefix)
+    per_op = collections.defaultdict(lambda: [0.0, 0])
+    for us, op, _, _ in nodes.values():
+        per_op[op][0] += us
+        per_op[op][1] += 1
+    total = sum(us for us, _ in per_op.values())
     print(f"{args.model} {args.system}: {sum(seconds) / cfg['steps'] * 1e3:.1f} ms per "
-          f"step with the profiler; kernels {total / steps / 1e3:.1f} ms per step")
-    print(f"{'op':22} {'share':>6} {'ms/step':>8} {'calls/step':>10}")
+          f"step with the profiler; median kernel time {total / 1e3:.1f} ms per step "
+          f"over {len(nodes)} kernels")
+    print(f"{'op':22} {'share':>6} {'ms/step':>8} {'kernels':>8}")
     for op, (us, n) in sorted(per_op.items(), key=lambda kv: -kv[1][0]):
-        print(f"{op:22} {us / total:6.1%} {us / steps / 1e3:8.2f} {n / steps:10.1f}")
+        print(f"{op:22} {us / total:6.1%} {us / 1e3:8.2f} {n:8d}")
     if args.nodes:
-        per_node = _node_times(prefix)
-        print(f"\n{'node':60} {'op':14} {'ms/step':>8}")
-        for node, (us, n, op) in sorted(per_node.items(),
-                                         key=lambda kv: -kv[1][0])[:args.nodes]:
-            print(f"{node[-60:]:60} {op:14} {us / steps / 1e3:8.2f}")
+        print(f"\n{'node':40} {'op':14} {'ms/step':>8}  shapes")
+        for (_, node), (us, op, ins, outs) in sorted(
+                nodes.items(), key=lambda kv: -kv[1][0])[:args.nodes]:
+            print(f"{node[-40:]:40} {op[:14]:14} {us / 1e3:8.2f}  "
+                  f"{_shapes(ins)} -> {_shapes(outs)}")
 
 
 if __name__ == "__main__":
