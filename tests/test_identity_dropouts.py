@@ -138,3 +138,30 @@ def test_in_place_removal_edits_the_model_given():
     assert out is model
     assert [n.op_type for n in model.graph.node] == ["Mul", "Relu"]
     assert list(model.graph.node[1].input) == ["h"]
+
+
+def test_estimator_trains_without_identity_dropouts():
+    # the estimators' trained graph leaves them out too; the caller's model
+    # keeps them, and the training equals that of the model without them
+    from onnxtrain import OrtGradientForwardBackwardOptimizer
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 4))
+    y = np.maximum(X * W, 0) @ np.ones(4) / 4
+    with_dropout = _model(0.0, True)
+    plain = remove_identity_dropouts(_model(0.0, True), 17)
+    # the same single output as the estimator expects: Y summed per row
+    fits = []
+    for model in (with_dropout, plain):
+        sum_node = helper.make_node("ReduceMean", ["Y"], ["out"], axes=[1], keepdims=0)
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        m.graph.node.append(sum_node)
+        del m.graph.output[:]
+        m.graph.output.append(helper.make_tensor_value_info("out", TensorProto.DOUBLE, ["N"]))
+        est = OrtGradientForwardBackwardOptimizer(m, ["W"], max_iter=3, batch_size=10,
+                                                  learning_rate=0.05, random_state=0)
+        fits.append(est.fit(X, y))
+        assert "Dropout" not in {n.op_type for n in est._training_model().graph.node}
+        assert ("Dropout" in {n.op_type for n in m.graph.node}) == (model is with_dropout)
+    np.testing.assert_allclose(fits[0].train_losses_, fits[1].train_losses_, rtol=1e-12)
+    np.testing.assert_allclose(fits[0].get_state()[0], fits[1].get_state()[0], rtol=1e-12)

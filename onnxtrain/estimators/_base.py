@@ -17,7 +17,8 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
 from .._small import full_repr
-from ..graph import compact_model, elem_type_to_numpy, infer_value_types
+from ..graph import compact_model, elem_type_to_numpy, infer_value_types, opset_of
+from ..graph.identities import remove_identity_dropouts
 from ..initializers import bias_weights, glorot_uniform_weights
 from ..losses import resolve_learning_loss
 from ..models import load_model, replace_initializers, select_weights
@@ -160,8 +161,15 @@ class BaseOrtGradientEstimator(BaseEstimator):
         cached = getattr(self, "_model_cache", None)
         if cached is None or cached[0] is not self.model_onnx:
             _, training = self._make_training_model(load_model(self.model_onnx))
-            # kept for the estimator's life: without the rewrites' freed tensors
-            cached = self._model_cache = (self.model_onnx, compact_model(training), {})
+            ours = training is not self.model_onnx  # else the caller's, not edited
+            # Dropouts that copy their input (probability 0, as exporters
+            # write them) leave the graph trained, as they leave the
+            # artifacts' training model (graph/identities.py)
+            training = remove_identity_dropouts(training, opset_of(training) or 1,
+                                                in_place=ours)
+            if ours:  # kept for the estimator's life: without the rewrites' freed tensors
+                training = compact_model(training)
+            cached = self._model_cache = (self.model_onnx, training, {})
         return cached[1]
 
     def _float_dtype(self):
