@@ -149,13 +149,13 @@ def test_estimator_trains_without_identity_dropouts():
     y = np.maximum(X * W, 0) @ np.ones(4) / 4
     with_dropout = _model(0.0, True)
     plain = remove_identity_dropouts(_model(0.0, True), 17)
-    # the same single output as the estimator expects: Y summed per row
+    # one output per row, as the estimator expects: Y's row means
     fits = []
     for model in (with_dropout, plain):
-        sum_node = helper.make_node("ReduceMean", ["Y"], ["out"], axes=[1], keepdims=0)
+        mean_node = helper.make_node("ReduceMean", ["Y"], ["out"], axes=[1], keepdims=0)
         m = onnx.ModelProto()
         m.CopyFrom(model)
-        m.graph.node.append(sum_node)
+        m.graph.node.append(mean_node)
         del m.graph.output[:]
         m.graph.output.append(helper.make_tensor_value_info("out", TensorProto.DOUBLE, ["N"]))
         est = OrtGradientForwardBackwardOptimizer(m, ["W"], max_iter=3, batch_size=10,

@@ -159,15 +159,16 @@ class Optimizer:
         params = module._state.parameters
         feeds = {"learning_rate": np.array(opt.learning_rate, dtype=np.float64),
                  "step": np.array(opt.step + 1, dtype=np.int64)}
+        missing = [n for n in self._layout["parameters"] if params.raw(n)._grad is None]
+        if missing:
+            raise RuntimeError(f"Parameter {missing[0]!r} has no gradient: run the "
+                               "module in training mode before step().")
         if self._flat is not None:
             self._flat_step(feeds)
             return
         outputs, into = [], {}
         for name in self._layout["parameters"]:
             param = params.raw(name)
-            if param._grad is None:
-                raise RuntimeError(f"Parameter {name!r} has no gradient: run the "
-                                   "module in training mode before step().")
             feeds[name] = module._device_value(param)
             feeds[f"{name}_grad"] = param._grad
             outputs.append(f"{name}.updated")
@@ -193,10 +194,6 @@ class Optimizer:
     def _flat_step(self, feeds):
         """One run of the flat update (the caller holds the module's lock)."""
         params, opt = self._module._state.parameters, self._state
-        missing = [n for n in self._layout["parameters"] if params.raw(n)._grad is None]
-        if missing:
-            raise RuntimeError(f"Parameter {missing[0]!r} has no gradient: run the "
-                               "module in training mode before step().")
         flat = self._flat
         flat.sync(params, opt.states)
         feeds.update(flat.feeds)

@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 from ..exceptions import MissingVJPRuleError
 from ..graph import (FLOAT_TYPES, GraphBuilder, OpsetError, infer_value_types,
                      opset_of, type_of_value_info)
-from ..graph.builder import constant_node_value  # noqa: F401 (rules import it here)
+from ..graph.builder import constant_node_value
 from ..graph.scopes import subgraph_outer_reads, without_unread
 from .context import VJPContext, sum_to
 from .registry import get_vjp_rule, is_nondifferentiable
@@ -104,9 +104,6 @@ class _Constants(Mapping):
     def __len__(self):
         return len(set(self._tensors) | set(self._values))
 
-
-def _constants(model, variables=()):
-    return _Constants(model, variables)
 
 
 def _dependents(nodes, wrt, types):
@@ -300,7 +297,7 @@ def backward(model, wrt, outputs=None, types=None):
         g.set_type(name, *_grad_output_type(types, out))
         grad_output_names.append(name)
         grads[out] = [name]
-    reverse_pass(g, path, grads, upstream, _constants(model, wrt))
+    reverse_pass(g, path, grads, upstream, _Constants(model, wrt))
     grad_names = [_final_gradient(g, grads, w) for w in wrt]
     fold_output_identities(g.nodes, grad_names)
     remove_unread_nodes(g.nodes, grad_names)

@@ -15,7 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from .builder import constant_node_value
-from .scopes import node_reads, subgraph_outer_reads
+from .scopes import subgraph_outer_reads
 
 __all__ = ["remove_identity_dropouts"]
 
@@ -100,8 +100,9 @@ def _identity_dropouts(graph, opset):
     if not candidates:
         return {}
     outputs = {o.name for o in graph.output}
-    read = set().union(*map(node_reads, graph.node))
-    protected = outputs | set().union(*map(subgraph_outer_reads, graph.node))
+    inner = set().union(*map(subgraph_outer_reads, graph.node))
+    read = inner.union(*(node.input for node in graph.node))
+    protected = outputs | inner
     rename = {}
     for node in candidates:
         mask = node.output[1] if len(node.output) > 1 else ""

@@ -51,8 +51,8 @@ import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
 from ...graph import FLOAT_TYPES, clean_shape
-from ..backward import (_accumulate, constant_node_value,
-                        fold_output_identities, implicit_inputs)
+from ...graph.builder import constant_node_value
+from ..backward import _accumulate, fold_output_identities, implicit_inputs
 from ..expansion import (differentiate_nodes, outer_reads, prune_unread,
                          record_types, sub_builder)
 from ..registry import register_vjp

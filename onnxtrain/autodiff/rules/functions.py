@@ -19,7 +19,8 @@ import onnx.defs
 from onnx import AttributeProto, helper, numpy_helper, version_converter
 from onnx.reference import ReferenceEvaluator
 
-from ..backward import constant_node_value, implicit_inputs
+from ...graph.builder import constant_node_value
+from ..backward import implicit_inputs
 from ..expansion import differentiate_expansion, record_types
 from ..registry import register_vjp
 
