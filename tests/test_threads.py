@@ -10,6 +10,7 @@ from onnxtrain import OrtGradientForwardBackwardOptimizer
 from onnxtrain.estimators import OrtGradientForwardBackwardClassifier
 from onnxtrain.neural_network import MLPClassifier, MLPRegressor
 from onnxtrain.runtime.fused import SMALL_STEP_FLOPS
+from onnxtrain.runtime.sessions import default_session_options
 from onnxtrain.runtime.threads import (current_session_threads, joblib_thread_budget,
                                        session_threads)
 
@@ -156,3 +157,22 @@ def test_unpickled_estimator_rebuilds_its_sessions_with_n_threads(mlp_onnx,
     weights = copy.get_state()  # rebuilds the trainer
     assert _threads(copy._trainer.engine._forward) == 2
     np.testing.assert_array_equal(weights[0], est.get_state()[0])
+
+
+def _spinning(runner):
+    options = runner.session.get_session_options()
+    return (options.get_session_config_entry("session.intra_op.allow_spinning"),
+            options.get_session_config_entry("session.force_spinning_stop"))
+
+
+def test_sessions_spin_within_a_run_and_stop_after_it(mlp_onnx, regression_data):
+    X, y = regression_data
+    est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), max_iter=1, n_threads=2,
+                                              training_path="split").fit(X, y)
+    # between the kernels of one run the threads spin; the spin stops
+    # when the run returns (no core burnt between two training steps)
+    assert _spinning(est._trainer.engine._forward) == ("1", "1")
+    assert _spinning(est._trainer.update) == ("1", "1")
+    options = default_session_options(2, spinning=False)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.intra_op_num_threads == 2

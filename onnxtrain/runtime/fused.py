@@ -44,9 +44,7 @@ class FusedRunner:
         runs on one thread (waking a thread pool for every small kernel
         costs more than it saves) unless ``n_threads`` is given.
     long_runs : bool, default=False
-        True for loop graphs, whose one run holds many steps: the intra-op
-        threads may spin between the kernels of that run (measured: +10% on
-        W4); step graphs run many short runs and never spin between them.
+        True for loop graphs, whose one run holds many steps.
     n_threads : int, default=None
         An explicit intra-op thread count (an estimator's ``n_threads``): the
         session uses it whatever ``flops_per_step``. None: one thread for a
@@ -66,8 +64,7 @@ class FusedRunner:
         n_threads = check_n_threads(n_threads)
         small = n_threads is None and flops_per_step is not None \
             and flops_per_step < SMALL_STEP_FLOPS
-        options = default_session_options(1 if small else n_threads,
-                                          spinning=long_runs and not small)
+        options = default_session_options(1 if small else n_threads)
         self.long_runs = long_runs
         self.session = make_session(step.model, self.device, options)
         self.parameter_names = [n for w, group in zip(step.weights, step.states)
