@@ -31,7 +31,7 @@ from onnx import TensorProto, helper
 
 from .autodiff import build_fused_model, build_gradient_models
 from .graph.conv_gemm import lower_small_convs
-from .graph.cse import eliminate_common_subexpressions
+from .graph.cse import eliminate_common_subexpressions, merge_equal_constants
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 from .training_mode import updated_name, with_running_statistics_updates
@@ -207,13 +207,13 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
             backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
             "learning_rate", taken | {n for node in loss_nodes + update_nodes
                                       for n in node.output})
-    nodes = eliminate_common_subexpressions(
+    interface = [v.name for v in inputs + outputs]
+    nodes, constants = merge_equal_constants(
         list(fused.graph.node[:n_forward]) + loss_nodes + backward_nodes
-        + update_nodes, keep=[o.name for o in outputs])
-    graph = helper.make_graph(
-        nodes, "training_step",
-        inputs, outputs,
-        list(fused.graph.initializer) + loss_inits + update_inits)
+        + update_nodes, list(fused.graph.initializer) + loss_inits + update_inits,
+        keep=interface)
+    nodes = eliminate_common_subexpressions(nodes, keep=interface)
+    graph = helper.make_graph(nodes, "training_step", inputs, outputs, constants)
     step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
     data = [x.name for x in features] + [target_name] + (
         [weight_name] if weighted else [])

@@ -220,7 +220,10 @@ def _momentum_update(g, node, types, elem_type):
                          "model (onnx.shape_inference).")
     axes = [0] + list(range(2, len(shape)))
     batch_mean = g.reduce("ReduceMean", x, axes)
-    centered = g.op("Sub", x, batch_mean)
+    # the centering of the BatchNormalization gradient rule
+    # (autodiff/rules/normalization.py), shared by common-subexpression
+    # elimination
+    centered = g.op("Sub", x, g.per_channel(batch_mean, shape))
     batch_var = g.reduce("ReduceMean", g.op("Mul", centered, centered), axes)
     count = g.cast(g.op("Div", g.op("Size", x), g.op("Size", scale)), elem_type)
     unbiased = g.op("Mul", g.reshape_like(batch_var, var), g.op(

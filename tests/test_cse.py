@@ -63,3 +63,37 @@ def test_graph_outputs_random_ops_and_subgraph_reads_stay():
     masks = [helper.make_node("MaxPool", ["X"], ["m1", ""], kernel_shape=[2]),
              helper.make_node("MaxPool", ["X"], ["m2", "idx"], kernel_shape=[2])]
     assert len(eliminate_common_subexpressions(masks)) == 2
+
+
+def test_equal_small_constants_are_read_under_one_name():
+    from onnx import numpy_helper
+    from onnxtrain.graph.cse import SMALL_CONSTANT, merge_equal_constants
+
+    def const(name, value, dtype=np.float32):
+        return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+
+    initializers = [const("two", 2.0), const("two_again", 2.0),  # merged
+                    const("two_f64", 2.0, np.float64),            # other type
+                    const("row", [[2.0, 2.0, 2.0]]),              # other shape
+                    const("kept", 2.0),                           # an interface name
+                    const("w1", np.ones((SMALL_CONSTANT + 1, 1))),  # too big to compare
+                    const("w2", np.ones((SMALL_CONSTANT + 1, 1)))]
+    nodes = [helper.make_node("Mul", ["X", "two"], ["a"]),
+             helper.make_node("Mul", ["X", "two_again"], ["b"]),  # = a once merged
+             helper.make_node("Mul", ["X", "kept"], ["c"]),
+             helper.make_node("Add", ["a", "b"], ["s"]),
+             helper.make_node("Add", ["s", "c"], ["Y"])]
+    merged, constants = merge_equal_constants(nodes, initializers, keep=["kept"])
+    assert [list(n.input) for n in merged[:3]] == [["X", "two"], ["X", "two"], ["X", "kept"]]
+    assert list(nodes[1].input) == ["X", "two_again"]  # the caller's node unchanged
+    assert [t.name for t in constants] == ["two", "two_f64", "row", "kept", "w1", "w2"]
+    kept = eliminate_common_subexpressions(merged, keep=["Y"])
+    assert [n.output[0] for n in kept] == ["a", "c", "s", "Y"]
+    model = _model(nodes, ["Y"])
+    model.graph.initializer.extend(initializers[:2] + initializers[4:5])
+    x = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    expected = run(session(model), {"X": x})["Y"]
+    new = _with_nodes(model, kept)
+    del new.graph.initializer[:]
+    new.graph.initializer.extend(t for t in constants if t.name in ("two", "kept"))
+    np.testing.assert_array_equal(run(session(new), {"X": x})["Y"], expected)

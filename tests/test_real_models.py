@@ -48,12 +48,12 @@ def _one_torch_thread():
 class CNN(torch.nn.Module):
     """Conv -> BatchNorm -> Relu -> MaxPool -> Dropout -> Linear, 10 classes."""
 
-    def __init__(self, p=0.0):
+    def __init__(self, p=0.0, size=8):
         super().__init__()
         self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
         self.bn = torch.nn.BatchNorm2d(4)
         self.drop = torch.nn.Dropout(p)
-        self.fc = torch.nn.Linear(4 * 4 * 4, 10)
+        self.fc = torch.nn.Linear(4 * (size // 2) ** 2, 10)
 
     def forward(self, x):
         h = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
@@ -334,10 +334,15 @@ def test_cnn_with_batchnorm_trains_as_torch_through_artifacts(tmp_path):
                - np.mean(expected.argmax(1) == y_test)) <= 0.01
 
 
-def test_one_step_gradients_statistics_and_eval_match_torch(tmp_path):
-    X, y, X_test, _ = _digits()
+@pytest.mark.parametrize("size", [8, 4])
+def test_one_step_gradients_statistics_and_eval_match_torch(tmp_path, size):
+    # at 4x4 (16 pixels) the BatchNorm's per-channel operands are expanded
+    # over the feature map, in the gradient and in the running statistics'
+    # update (GraphBuilder.per_channel)
+    X, y, X_test, _ = (np.ascontiguousarray(a[:, :, :size, :size]) if a.ndim == 4
+                       else a for a in _digits())
     torch.manual_seed(1)
-    net = CNN()
+    net = CNN(size=size)
     model = _export(net, [torch.from_numpy(X[:2])], ["x"])
     state, module, optimizer = _cnn_artifacts(tmp_path, model)
     module.train()

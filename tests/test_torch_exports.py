@@ -27,13 +27,13 @@ torch = pytest.importorskip("torch")
 class SmallCNN(torch.nn.Module):
     """Conv -> BatchNorm (training) -> Relu -> MaxPool -> Dropout -> Linear."""
 
-    def __init__(self):
+    def __init__(self, size=8):
         super().__init__()
         self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
         self.bn = torch.nn.BatchNorm2d(4)
         self.pool = torch.nn.MaxPool2d(2)
         self.drop = torch.nn.Dropout(0.25)
-        self.fc = torch.nn.Linear(4 * 4 * 4, 3)
+        self.fc = torch.nn.Linear(4 * (size // 2) ** 2, 3)
 
     def forward(self, x, mask=None):
         h = self.pool(torch.relu(self.bn(self.conv(x))))
@@ -102,14 +102,22 @@ def _dropout_mask(model, gm, forward):
     return forward[node.output[1]]
 
 
-def test_cnn_gradients_match_torch_autograd():
+@pytest.mark.parametrize("size", [8, 4, 2])
+def test_cnn_gradients_match_torch_autograd(size):
     torch.manual_seed(0)
-    net = SmallCNN().train()
-    x = torch.randn(3, 2, 8, 8)
+    net = SmallCNN(size).train()
+    x = torch.randn(3, 2, size, size)
     model = _export(net, x, "x")
     weights = _parameters(net)
     grad_y = np.random.default_rng(0).uniform(-1, 1, (3, 3)).astype(np.float32)
     gm, forward, grads = _onnx_vjp(model, weights, {"x": x.numpy()}, grad_y)
+    # BatchNorm's per-channel operands are expanded over feature maps of 2
+    # to 16 pixels (GraphBuilder.per_channel), its statistics as they are
+    graph = gm.backward_model.graph
+    constants = {i.name: onnx.numpy_helper.to_array(i).tolist() for i in graph.initializer}
+    expanded = [n for n in graph.node if n.op_type == "Expand"
+                and constants.get(n.input[1]) == [4, size, size]]
+    assert (len(expanded) > 0) == (size < 8)
     mask = _dropout_mask(model, gm, forward)
     assert 0 < mask.mean() < 1  # a real training-mode draw
     net.zero_grad()

@@ -17,9 +17,14 @@ subgraphs, random operators (``Dropout``, ``Random*``, ``Multinomial``,
 """
 from __future__ import annotations
 
-from onnx import AttributeProto, NodeProto
+import numpy as np
+from onnx import AttributeProto, NodeProto, TensorProto, numpy_helper
 
-__all__ = ["eliminate_common_subexpressions"]
+__all__ = ["eliminate_common_subexpressions", "merge_equal_constants"]
+
+#: Initializers of at most this many elements are compared by value in
+#: :func:`merge_equal_constants` (shapes, axes, scalars; never weights).
+SMALL_CONSTANT = 64
 
 #: Operators whose equal calls give different values.
 RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomNormalLike",
@@ -83,6 +88,59 @@ def eliminate_common_subexpressions(nodes, keep=()):
             first.setdefault(key, node)
         kept.append(node)
     return kept
+
+
+def merge_equal_constants(nodes, initializers, keep=()):
+    """The nodes reading one name for each value of the small constants.
+
+    Builders name their own constants: the reverse pass and the running
+    statistics' update each hold a ``[C, H, W]`` shape for the same
+    Expand, so that :func:`eliminate_common_subexpressions`, which compares
+    input names, would keep both Expands and the Subs after them. Run
+    before it, this reads the first of the equal constants (same element
+    type, shape and values, at most :data:`SMALL_CONSTANT` elements) in
+    place of the others.
+
+    Parameters
+    ----------
+    nodes : list of onnx.NodeProto
+        Not modified: a node whose inputs are renamed is a copy.
+    initializers : list of onnx.TensorProto
+        The graph's initializers (not modified).
+    keep : iterable of str
+        Names never merged away (graph inputs and outputs); names read in
+        subgraphs are kept too.
+
+    Returns
+    -------
+    nodes : list of onnx.NodeProto
+    initializers : list of onnx.TensorProto
+        Without the constants no node reads any more.
+    """
+    keep = set(keep) | _names_read_in_subgraphs(nodes)
+    first, alias = {}, {}
+    for tensor in initializers:
+        if tensor.name in keep or tensor.data_location == TensorProto.EXTERNAL or \
+                int(np.prod(tensor.dims, dtype=np.int64)) > SMALL_CONSTANT:
+            continue
+        key = (tensor.data_type, tuple(tensor.dims),
+               numpy_helper.to_array(tensor).tobytes())
+        if key in first:
+            alias[tensor.name] = first[key]
+        else:
+            first[key] = tensor.name
+    if not alias:
+        return list(nodes), list(initializers)
+    renamed = []
+    for node in nodes:
+        if any(name in alias for name in node.input):
+            copy = NodeProto()
+            copy.CopyFrom(node)
+            del copy.input[:]
+            copy.input.extend(alias.get(name, name) for name in node.input)
+            node = copy
+        renamed.append(node)
+    return renamed, [t for t in initializers if t.name not in alias]
 
 
 def _key(node, inputs):

@@ -20,7 +20,7 @@ from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types, opset_of)
 from ..graph.conv_gemm import lower_small_convs
-from ..graph.cse import eliminate_common_subexpressions
+from ..graph.cse import eliminate_common_subexpressions, merge_equal_constants
 from ..graph.identities import remove_identity_dropouts
 from ..models import check_weights_reach_outputs
 from ..training_mode import (batchnorm_buffers, running_statistics,
@@ -263,13 +263,15 @@ def build_training_models(state, output_names, trainable, frozen):
     update_outputs = list(graph.output)[len(base.graph.output):]
 
     # one node per value (the reverse pass repeats shape arithmetic)
-    train_nodes = eliminate_common_subexpressions(
-        forward + nodes,
-        keep=[o.name for o in outputs + acc_outputs + update_outputs])
+    interface = [v.name for v in inputs + buffers + [lazy_vi] + outputs
+                 + acc_outputs + update_outputs]
+    train_nodes, train_constants = merge_equal_constants(
+        forward + nodes, constants + grad_inits, keep=interface)
+    train_nodes = eliminate_common_subexpressions(train_nodes, keep=interface)
     train_graph = helper.make_graph(
         train_nodes, f"{graph.name}_training",
         inputs + buffers + [lazy_vi],
-        outputs + acc_outputs + update_outputs, constants + grad_inits)
+        outputs + acc_outputs + update_outputs, train_constants)
     training = _model_like(model, train_graph)
     eval_inputs, eval_constants = move_to_inputs(
         base.graph, params, param_types, keep_initializer_inputs=False)

@@ -21,13 +21,28 @@ def _per_channel(ctx, v, rank):
     return ctx.g.unsqueeze(v, list(range(1, rank - 1)))
 
 
+def _spread(ctx, v, x, axes):
+    """``v``, one value per group of statistics over ``axes`` of ``x``, as
+    an elementwise operand against ``x``: expanded over small feature maps
+    when the groups are channels (:meth:`GraphBuilder.per_channel
+    <onnxtrain.graph.GraphBuilder.per_channel>`, batch normalization), as
+    is."""
+    shape = ctx.shape(x)
+    if shape is None or list(axes) != [0] + list(range(2, len(shape))):
+        return v
+    return ctx.g.per_channel(v, shape)
+
+
 def _statistics(ctx, x, axes, eps):
-    """(centered, inv_std, xhat) of ``x`` over ``axes`` (kept as size 1)."""
+    """(centered, inv_std, xhat) of ``x`` over ``axes`` (kept as size 1);
+    the centering is the one of the running statistics' update
+    (:func:`onnxtrain.training_mode.with_running_statistics_updates`), which
+    common-subexpression elimination then shares."""
     mean = ctx.g.reduce("ReduceMean", x, axes, keepdims=1)
-    centered = ctx.op("Sub", x, mean)
+    centered = ctx.op("Sub", x, _spread(ctx, mean, x, axes))
     var = ctx.g.reduce("ReduceMean", ctx.op("Mul", centered, centered), axes)
     inv_std = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", var, ctx.const(eps))))
-    return centered, inv_std, ctx.op("Mul", centered, inv_std)
+    return centered, inv_std, ctx.op("Mul", centered, _spread(ctx, inv_std, x, axes))
 
 
 def _batch_statistics_backward(ctx, x, gy, scale, axes, eps):
@@ -64,8 +79,9 @@ def _group_scale_backward(ctx, x, gy, scale, axes, eps, per_group=None):
     k = ctx.op("Mul", scale, inv_std)
     k_m = ctx.op("Div", k, _group_size(ctx, x, inv_std if per_group is None
                                        else per_group, axes))
-    shift = ctx.op("Mul", xhat, ctx.op("Mul", s2, k_m))
-    gx = ctx.op("Sub", ctx.op("Sub", ctx.op("Mul", gy, k), shift), ctx.op("Mul", s1, k_m))
+    shift = ctx.op("Mul", xhat, _spread(ctx, ctx.op("Mul", s2, k_m), x, axes))
+    gx = ctx.op("Sub", ctx.op("Sub", ctx.op("Mul", gy, _spread(ctx, k, x, axes)), shift),
+                _spread(ctx, ctx.op("Mul", s1, k_m), x, axes))
     return gx, s2, s1
 
 
