@@ -72,6 +72,23 @@ def test_dims_that_do_not_cancel_stay_unknown():
     assert types["r"][1][1] == 2  # N * 4 * 6 / (N * 4 * 3)
 
 
+@pytest.mark.parametrize("attribute", ["value_ints", "value"])
+def test_a_shape_written_by_a_constant_node_is_tracked(attribute):
+    # the tail [4, -1, 3] as a Constant node, its ints as value_ints (as
+    # some exporters write shapes) or as a tensor: the -1 is 2 either way
+    model = _heads_model()
+    tail = [4, -1, 3]
+    value = (helper.make_tensor("t", TensorProto.INT64, [3], tail)
+             if attribute == "value" else tail)
+    kept = [i for i in model.graph.initializer if i.name != "tail"]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["tail"],
+                                                **{attribute: value}))
+    types = infer_value_types(model)
+    assert types["r"][1] == ("N", 4, 2, 3)
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_gradients_through_the_heads_without_runtime_reductions(n):
     model = _heads_model()

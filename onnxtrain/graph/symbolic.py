@@ -32,6 +32,8 @@ import collections
 
 from onnx import numpy_helper
 
+from .builder import constant_node_value
+
 __all__ = ["refine_symbolic_dims", "broadcast_dims"]
 
 #: Ops whose output has the numpy broadcast of their inputs' shapes.
@@ -117,8 +119,12 @@ class _Refiner:
     def _track_tensor(self, name, tensor):
         if tensor.data_type not in (6, 7) or len(tensor.dims) > 1:  # int32, int64
             return
-        array = numpy_helper.to_array(tensor)
-        if array.size <= _MAX_TRACKED:
+        self._track_array(name, numpy_helper.to_array(tensor))
+
+    def _track_array(self, name, array):
+        """Track an integer scalar or vector of at most :data:`_MAX_TRACKED`
+        values."""
+        if array.dtype.kind in "iu" and array.ndim <= 1 and array.size <= _MAX_TRACKED:
             self.values[name] = (array.ndim == 0,
                                  tuple(int(v) for v in array.reshape(-1)))
 
@@ -147,9 +153,10 @@ class _Refiner:
                 self._learn(node.output[0], _broadcast_shapes(shapes))
 
     def _op_Constant(self, node):
-        for att in node.attribute:
-            if att.name == "value":
-                self._track_tensor(node.output[0], att.t)
+        # a tensor ``value`` or ``value_int(s)`` (shapes written as ints)
+        value = constant_node_value(node)
+        if value is not None:
+            self._track_array(node.output[0], value)
 
     def _op_Shape(self, node):
         shape = self.shape(node.input[0])
