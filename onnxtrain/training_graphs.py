@@ -31,7 +31,7 @@ from onnx import TensorProto, helper
 
 from .autodiff import build_fused_model, build_gradient_models
 from .graph.conv_gemm import lower_small_convs
-from .graph.cse import eliminate_common_subexpressions, merge_equal_constants
+from .graph.cse import eliminate_common_subexpressions
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 from .training_mode import updated_name, with_running_statistics_updates
@@ -208,11 +208,10 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
             "learning_rate", taken | {n for node in loss_nodes + update_nodes
                                       for n in node.output})
     interface = [v.name for v in inputs + outputs]
-    nodes, constants = merge_equal_constants(
+    nodes, constants = eliminate_common_subexpressions(
         list(fused.graph.node[:n_forward]) + loss_nodes + backward_nodes
-        + update_nodes, list(fused.graph.initializer) + loss_inits + update_inits,
-        keep=interface)
-    nodes = eliminate_common_subexpressions(nodes, keep=interface)
+        + update_nodes, keep=interface,
+        initializers=list(fused.graph.initializer) + loss_inits + update_inits)
     graph = helper.make_graph(nodes, "training_step", inputs, outputs, constants)
     step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
     data = [x.name for x in features] + [target_name] + (

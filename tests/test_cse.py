@@ -67,7 +67,7 @@ def test_graph_outputs_random_ops_and_subgraph_reads_stay():
 
 def test_equal_small_constants_are_read_under_one_name():
     from onnx import numpy_helper
-    from onnxtrain.graph.cse import SMALL_CONSTANT, merge_equal_constants
+    from onnxtrain.graph.cse import SMALL_CONSTANT
 
     def const(name, value, dtype=np.float32):
         return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
@@ -83,12 +83,16 @@ def test_equal_small_constants_are_read_under_one_name():
              helper.make_node("Mul", ["X", "kept"], ["c"]),
              helper.make_node("Add", ["a", "b"], ["s"]),
              helper.make_node("Add", ["s", "c"], ["Y"])]
-    merged, constants = merge_equal_constants(nodes, initializers, keep=["kept"])
-    assert [list(n.input) for n in merged[:3]] == [["X", "two"], ["X", "two"], ["X", "kept"]]
+    kept, constants = eliminate_common_subexpressions(
+        nodes, keep=["Y", "kept"], initializers=initializers)
+    # Mul(X, two_again) merged into Mul(X, two); "kept" is an interface name
+    assert [n.output[0] for n in kept] == ["a", "c", "s", "Y"]
+    assert [list(n.input) for n in kept] == [["X", "two"], ["X", "kept"], ["a", "a"],
+                                             ["s", "c"]]
     assert list(nodes[1].input) == ["X", "two_again"]  # the caller's node unchanged
     assert [t.name for t in constants] == ["two", "two_f64", "row", "kept", "w1", "w2"]
-    kept = eliminate_common_subexpressions(merged, keep=["Y"])
-    assert [n.output[0] for n in kept] == ["a", "c", "s", "Y"]
+    # without initializers: the names differ, nothing merges
+    assert len(eliminate_common_subexpressions(nodes, keep=["Y"])) == 5
     model = _model(nodes, ["Y"])
     model.graph.initializer.extend(initializers[:2] + initializers[4:5])
     x = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)

@@ -17,13 +17,15 @@ subgraphs, random operators (``Dropout``, ``Random*``, ``Multinomial``,
 """
 from __future__ import annotations
 
-import numpy as np
+import math
+
 from onnx import AttributeProto, NodeProto, TensorProto, numpy_helper
 
-__all__ = ["eliminate_common_subexpressions", "merge_equal_constants"]
+__all__ = ["eliminate_common_subexpressions"]
 
 #: Initializers of at most this many elements are compared by value in
-#: :func:`merge_equal_constants` (shapes, axes, scalars; never weights).
+#: :func:`eliminate_common_subexpressions` (shapes, axes, scalars; never
+#: weights).
 SMALL_CONSTANT = 64
 
 #: Operators whose equal calls give different values.
@@ -51,7 +53,7 @@ def _names_read_in_subgraphs(nodes):
     return names
 
 
-def eliminate_common_subexpressions(nodes, keep=()):
+def eliminate_common_subexpressions(nodes, keep=(), initializers=None):
     """``nodes`` (in topological order) without the nodes that recompute
     a value an earlier node computes.
 
@@ -60,16 +62,30 @@ def eliminate_common_subexpressions(nodes, keep=()):
     nodes : list of onnx.NodeProto
         Not modified: a node whose inputs are renamed is a copy.
     keep : iterable of str
-        Names that must stay produced by their own node (graph outputs).
+        Names that must stay produced by their own node (graph outputs),
+        and initializers never merged away (graph inputs).
+    initializers : list of onnx.TensorProto, default=None
+        The graph's initializers (not modified). Given, equal small
+        constants (same element type, shape and values, at most
+        :data:`SMALL_CONSTANT` elements) are read under the first one's
+        name, so that the nodes reading them merge too: builders name
+        their own constants (the reverse pass and the running statistics'
+        update each hold a ``[C, H, W]`` shape for the same Expand, which
+        kept both Expands and the Subs after them).
 
     Returns
     -------
     list of onnx.NodeProto
         The kept nodes, reading the first node's outputs in place of the
         outputs of each node removed.
+    list of onnx.TensorProto
+        With ``initializers`` only: those still read (the merged constants
+        left out).
     """
     keep = set(keep) | _names_read_in_subgraphs(nodes)
-    rename, first, kept = {}, {}, []
+    rename = {} if initializers is None else _equal_constants(initializers, keep)
+    merged = set(rename)
+    first, kept = {}, []
     for node in nodes:
         inputs = tuple(rename.get(name, name) for name in node.input)
         key = _key(node, inputs)
@@ -87,60 +103,29 @@ def eliminate_common_subexpressions(nodes, keep=()):
         if key is not None:
             first.setdefault(key, node)
         kept.append(node)
-    return kept
+    if initializers is None:
+        return kept
+    return kept, [t for t in initializers if t.name not in merged]
 
 
-def merge_equal_constants(nodes, initializers, keep=()):
-    """The nodes reading one name for each value of the small constants.
-
-    Builders name their own constants: the reverse pass and the running
-    statistics' update each hold a ``[C, H, W]`` shape for the same
-    Expand, so that :func:`eliminate_common_subexpressions`, which compares
-    input names, would keep both Expands and the Subs after them. Run
-    before it, this reads the first of the equal constants (same element
-    type, shape and values, at most :data:`SMALL_CONSTANT` elements) in
-    place of the others.
-
-    Parameters
-    ----------
-    nodes : list of onnx.NodeProto
-        Not modified: a node whose inputs are renamed is a copy.
-    initializers : list of onnx.TensorProto
-        The graph's initializers (not modified).
-    keep : iterable of str
-        Names never merged away (graph inputs and outputs); names read in
-        subgraphs are kept too.
-
-    Returns
-    -------
-    nodes : list of onnx.NodeProto
-    initializers : list of onnx.TensorProto
-        Without the constants no node reads any more.
-    """
-    keep = set(keep) | _names_read_in_subgraphs(nodes)
+def _equal_constants(initializers, keep):
+    """``name -> first name`` for the small initializers equal to an
+    earlier one, names in ``keep`` left alone."""
     first, alias = {}, {}
     for tensor in initializers:
         if tensor.name in keep or tensor.data_location == TensorProto.EXTERNAL or \
-                int(np.prod(tensor.dims, dtype=np.int64)) > SMALL_CONSTANT:
+                math.prod(tensor.dims) > SMALL_CONSTANT:
             continue
-        key = (tensor.data_type, tuple(tensor.dims),
-               numpy_helper.to_array(tensor).tobytes())
+        # the builders' constants hold raw_data: its bytes are the value
+        # (numpy_helper.to_array only for the typed fields)
+        data = tensor.raw_data if tensor.HasField("raw_data") else \
+            numpy_helper.to_array(tensor).tobytes()
+        key = (tensor.data_type, tuple(tensor.dims), data)
         if key in first:
             alias[tensor.name] = first[key]
         else:
             first[key] = tensor.name
-    if not alias:
-        return list(nodes), list(initializers)
-    renamed = []
-    for node in nodes:
-        if any(name in alias for name in node.input):
-            copy = NodeProto()
-            copy.CopyFrom(node)
-            del copy.input[:]
-            copy.input.extend(alias.get(name, name) for name in node.input)
-            node = copy
-        renamed.append(node)
-    return renamed, [t for t in initializers if t.name not in alias]
+    return alias
 
 
 def _key(node, inputs):

@@ -20,7 +20,7 @@ from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types, opset_of)
 from ..graph.conv_gemm import lower_small_convs
-from ..graph.cse import eliminate_common_subexpressions, merge_equal_constants
+from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
 from ..models import check_weights_reach_outputs
 from ..training_mode import (batchnorm_buffers, running_statistics,
@@ -265,9 +265,8 @@ def build_training_models(state, output_names, trainable, frozen):
     # one node per value (the reverse pass repeats shape arithmetic)
     interface = [v.name for v in inputs + buffers + [lazy_vi] + outputs
                  + acc_outputs + update_outputs]
-    train_nodes, train_constants = merge_equal_constants(
-        forward + nodes, constants + grad_inits, keep=interface)
-    train_nodes = eliminate_common_subexpressions(train_nodes, keep=interface)
+    train_nodes, train_constants = eliminate_common_subexpressions(
+        forward + nodes, keep=interface, initializers=constants + grad_inits)
     train_graph = helper.make_graph(
         train_nodes, f"{graph.name}_training",
         inputs + buffers + [lazy_vi],
