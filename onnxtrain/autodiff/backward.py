@@ -106,16 +106,33 @@ class _Constants(Mapping):
 
 
 
+class _Upstream(dict):
+    """value name -> bit mask of the ``wrt`` names it depends on (bit ``i``
+    for ``wrt[i]``): the union at each node is an integer ``or``, not a set
+    union (a 24-layer encoder's values depend on up to 391 weights)."""
+
+    def __init__(self, wrt):
+        super().__init__()
+        self.wrt = list(wrt)
+
+    def names(self, value):
+        """The set of ``wrt`` names ``value`` depends on."""
+        mask = self.get(value, 0)
+        return {w for i, w in enumerate(self.wrt) if mask >> i & 1}
+
+
 def _dependents(nodes, wrt, types):
-    """Values depending on ``wrt`` through differentiable float paths, and,
-    for each of them, the ``wrt`` names upstream."""
-    upstream = {w: {w} for w in wrt}
+    """Values depending on ``wrt`` through differentiable float paths
+    (an :class:`_Upstream`: which ``wrt`` names are upstream of each)."""
+    upstream = _Upstream(wrt)
+    for i, w in enumerate(upstream.wrt):
+        upstream[w] = upstream.get(w, 0) | 1 << i
     for node in nodes:
         if is_nondifferentiable(node.op_type, node.domain):
             continue
-        ups = set()
+        ups = 0
         for name in _node_inputs(node):
-            ups |= upstream.get(name, set())
+            ups |= upstream.get(name, 0)
         if ups:
             for out in node.output:
                 if out and _is_float(types, out):
@@ -144,7 +161,7 @@ def _check_rules(path, upstream):
     for node in path:
         if get_vjp_rule(node.op_type, node.domain) is None:
             weights = sorted(set().union(
-                *(upstream.get(i, set()) for i in _node_inputs(node))))
+                *(upstream.names(i) for i in _node_inputs(node))))
             missing.append(
                 f"op_type={node.op_type!r} domain={node.domain or 'ai.onnx'!r} "
                 f"node={node.name!r} (weights upstream: {weights})")
@@ -503,5 +520,5 @@ def trainable_initializers(model, candidates=None, types=None):
     upstream = _dependents(nodes, names, types)
     reached = set()
     for out in outputs:
-        reached |= upstream.get(out, set())
+        reached |= upstream.names(out)
     return [n for n in names if n in reached]

@@ -21,15 +21,21 @@ __all__ = ["remove_identity_dropouts"]
 
 
 def _constant_values(graph):
-    """name -> the initializers (TensorProto, converted when read) and the
-    Constant nodes' values (numpy, any of their value attributes)."""
+    """name -> the initializers (TensorProto) and the Constant nodes
+    (NodeProto), both converted when a Dropout reads them (an export holds
+    thousands of Constant nodes and a few Dropouts)."""
     values = {i.name: i for i in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            value = constant_node_value(node)
-            if value is not None:
-                values[node.output[0]] = value
+    values.update((node.output[0], node) for node in graph.node
+                  if node.op_type == "Constant" and node.domain in ("", "ai.onnx"))
     return values
+
+
+def _value(constant):
+    """numpy value of an initializer or a Constant node (None when it has
+    none onnxtrain reads: sparse, string)."""
+    if isinstance(constant, onnx.TensorProto):
+        return numpy_helper.to_array(constant)
+    return constant_node_value(constant)
 
 
 def _is_identity(node, constants, opset):
@@ -41,10 +47,10 @@ def _is_identity(node, constants, opset):
     if not training:
         return True
     for name, off in ((training, False), (ratio, 0)):
-        tensor = constants.get(name) if name else None
-        if tensor is not None:
-            value = (numpy_helper.to_array(tensor) if isinstance(tensor, onnx.TensorProto)
-                     else np.asarray(tensor)).reshape(-1)
+        constant = constants.get(name) if name else None
+        value = None if constant is None else _value(constant)
+        if value is not None:
+            value = np.asarray(value).reshape(-1)
             if value.size == 1 and value[0] == off:
                 return True
     return False
