@@ -181,13 +181,15 @@ def _gradient_nodes(model, wrt, loss, types, buffer_types):
 
     Returns (forward nodes, gradient nodes, initializers, buffer inputs,
     lazy_reset_grad input, accumulated outputs). The forward nodes are
-    ``model``'s, or the reverse pass's copies naming the optional outputs
-    the rules read (Dropout's mask)."""
+    ``model``'s (the caller's own copy), on which the reverse pass names the
+    optional outputs the rules read (Dropout's mask, LayerNormalization's
+    statistics)."""
     if not wrt:
         lazy_vi = helper.make_tensor_value_info(LAZY_RESET_GRAD,
                                                 onnx.TensorProto.BOOL, [])
         return list(model.graph.node), [], [], [], lazy_vi, []
-    bg = backward(model, wrt, outputs=[loss], types=types)
+    # the model is build_training_models' own copy
+    bg = backward(model, wrt, outputs=[loss], types=types, in_place=True)
     g = bg.builder
     seed_with_ones(g, loss, bg.grad_output_names[0], types[loss][0])
     buffers, lazy_vi, acc_outputs = _accumulate(g, wrt, bg.grad_names,
