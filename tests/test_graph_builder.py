@@ -1,6 +1,7 @@
 """GraphBuilder.op: the nodes onnx.helper.make_node makes, attributes from a
 cache that keeps their types apart and is never changed by the nodes."""
 import numpy as np
+import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from onnxtrain.graph import GraphBuilder
@@ -36,3 +37,21 @@ def test_cached_attributes_keep_their_types_and_values():
     g.nodes[-1].attribute[0].ints[0] = 7
     g.op("Transpose", "x", perm=[1, 0])
     assert list(g.nodes[-1].attribute[0].ints) == [1, 0]
+
+
+def test_tensor_value_info_is_make_tensor_value_info():
+    from onnxtrain.graph.builder import tensor_value_info
+    for elem, shape in [(TensorProto.FLOAT, None), (TensorProto.FLOAT, []),
+                        (TensorProto.DOUBLE, [None, "N", 3]), (TensorProto.INT64, (2,))]:
+        for name in ("a", "b"):  # the second from the cache
+            got = tensor_value_info(name, elem, shape)
+            expected = helper.make_tensor_value_info(name, elem, shape)
+            assert got.SerializeToString() == expected.SerializeToString(), shape
+    # what the helper refuses (numpy dims), refused the same way
+    with pytest.raises(ValueError, match="Invalid item in shape"):
+        tensor_value_info("n", TensorProto.FLOAT, [np.int64(4), 5])
+    # the cached type is copied: editing one value info leaves the next
+    first = tensor_value_info("x", TensorProto.FLOAT, [1, 2])
+    first.type.tensor_type.shape.dim[0].dim_value = 9
+    second = tensor_value_info("y", TensorProto.FLOAT, [1, 2])
+    assert second.type.tensor_type.shape.dim[0].dim_value == 1

@@ -13,6 +13,7 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from ..graph import clean_shape, elem_type_to_numpy
+from ..graph.builder import tensor_value_info
 from .backward import backward, implicit_inputs
 
 __all__ = ["GradientModels", "build_gradient_models", "build_fused_model",
@@ -59,7 +60,7 @@ def _value_info(name, types):
     if elem_type is None:
         raise ValueError(f"The element type of {name!r} cannot be inferred; "
                          "add value_info or input shapes to the model.")
-    return helper.make_tensor_value_info(name, elem_type, shape)
+    return tensor_value_info(name, elem_type, shape)
 
 
 def move_to_inputs(graph, wrt, types, keep_initializer_inputs=True):

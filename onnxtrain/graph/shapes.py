@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from .builder import tensor_value_info
 from .symbolic import refine_symbolic_dims
 
 __all__ = ["clean_shape", "infer_value_types", "type_of_value_info"]
@@ -83,7 +84,7 @@ def _without_weights(model):
     names = {t.name for t in heavy}
     new.initializer.extend(t for t in graph.initializer if t.name not in names)
     declared = {i.name for i in graph.input}
-    new.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+    new.input.extend(tensor_value_info(t.name, t.data_type, list(t.dims))
                      for t in heavy if t.name not in declared)
     return light
 

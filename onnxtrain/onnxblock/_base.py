@@ -25,6 +25,7 @@ from onnx import helper
 from .._files import load_onnx_file
 from ..graph import (FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of,
                      type_of_value_info)
+from ..graph.builder import tensor_value_info
 
 __all__ = ["base", "owned_base", "empty_base", "current_base", "BaseState",
            "ModelAccessor", "DEFAULT_OPSET"]
@@ -153,7 +154,7 @@ class BaseState:
         self.sync()
         self.builder.reserve(name)
         self.model.graph.input.append(
-            helper.make_tensor_value_info(name, elem_type, _clean(shape)))
+            tensor_value_info(name, elem_type, _clean(shape)))
         self.builder.set_type(name, elem_type, shape)
         self._seen["input"] = len(self.model.graph.input)
         return name

@@ -19,6 +19,7 @@ from ..autodiff import backward
 from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types, opset_of)
+from ..graph.builder import tensor_value_info
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
@@ -169,8 +170,8 @@ def _accumulate(g, trainable, grad_names, types):
         out = g.reserve(accumulated_name(param))
         g.op("Where", lazy, grad, g.op("Add", buffer, grad), outputs=[out])
         elem, shape = types[param]
-        buffers.append(helper.make_tensor_value_info(buffer, elem, shape))
-        outputs.append(helper.make_tensor_value_info(out, elem, shape))
+        buffers.append(tensor_value_info(buffer, elem, shape))
+        outputs.append(tensor_value_info(out, elem, shape))
     lazy_vi = helper.make_tensor_value_info(lazy, onnx.TensorProto.BOOL, [])
     return buffers, lazy_vi, outputs
 

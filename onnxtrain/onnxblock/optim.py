@@ -22,7 +22,7 @@ import json
 import onnx
 from onnx import TensorProto, helper
 
-from ..graph import default_ir_version
+from ..graph.builder import default_ir_version, tensor_value_info
 from ..update_rules import AdamRule, SGDRule
 from ._base import DEFAULT_OPSET, current_base, empty_base
 from ._block import Block
@@ -477,7 +477,7 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
                                                          new_states, targets):
             for target, value in zip(names_out, (p,) + tuple(ss)):
                 pairs.append((target, value))
-                outputs.append(helper.make_tensor_value_info(target, elem, shape))
+                outputs.append(tensor_value_info(target, elem, shape))
         model.graph.output.extend(outputs)
         result = onnx.ModelProto()
         result.CopyFrom(model)
