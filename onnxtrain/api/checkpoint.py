@@ -165,7 +165,9 @@ def checkpoint_to_bytes(parameters, properties=None, optimizer=None,
                 "learning_rate": float(optimizer["learning_rate"]).hex(),
                 "states": {p: {s: writer.array(v) for s, v in states.items()}
                            for p, states in optimizer["states"].items()}}
-        archive.writestr(_HEADER, json.dumps(header, indent=1))
+        # compact: json's C encoder (indented JSON takes its Python one, 8 ms
+        # for the 391 parameters of a 24-layer encoder)
+        archive.writestr(_HEADER, json.dumps(header, separators=(",", ":")))
     return buffer.getvalue()
 
 
