@@ -153,10 +153,14 @@ class _Refiner:
                 self._learn(node.output[0], _broadcast_shapes(shapes))
 
     def _op_Constant(self, node):
-        # a tensor ``value`` or ``value_int(s)`` (shapes written as ints)
-        value = constant_node_value(node)
-        if value is not None:
-            self._track_array(node.output[0], value)
+        # a tensor ``value`` (its type read before its values: most of an
+        # export's Constants are float) or ``value_int(s)`` (shapes
+        # written as ints)
+        for att in node.attribute:
+            if att.name == "value":
+                self._track_tensor(node.output[0], att.t)
+            elif att.name in ("value_int", "value_ints"):
+                self._track_array(node.output[0], constant_node_value(node))
 
     def _op_Shape(self, node):
         shape = self.shape(node.input[0])
