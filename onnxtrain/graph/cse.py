@@ -85,16 +85,17 @@ def eliminate_common_subexpressions(nodes, keep=(), initializers=None):
     keep = set(keep) | _names_read_in_subgraphs(nodes)
     rename = {} if initializers is None else _equal_constants(initializers, keep)
     merged = set(rename)
-    first, kept = {}, []
+    first, kept, get = {}, [], rename.get
     for node in nodes:
-        inputs = tuple(rename.get(name, name) for name in node.input)
+        original = tuple(node.input)
+        inputs = tuple(map(get, original, original))  # renamed, or as they are
         key = _key(node, inputs)
         earlier = None if key is None else first.get(key)
         if earlier is not None and not keep.intersection(node.output) and all(
                 e or not o for e, o in zip(earlier.output, node.output)):
             rename.update((o, e) for o, e in zip(node.output, earlier.output) if o)
             continue
-        if inputs != tuple(node.input):  # a copy reading the names kept
+        if inputs != original:  # a copy reading the names kept
             copy = NodeProto()
             copy.CopyFrom(node)
             del copy.input[:]
