@@ -78,6 +78,14 @@ def test_equal_small_constants_are_read_under_one_name():
                     const("kept", 2.0),                           # an interface name
                     const("w1", np.ones((SMALL_CONSTANT + 1, 1))),  # too big to compare
                     const("w2", np.ones((SMALL_CONSTANT + 1, 1)))]
+    # typed fields (no raw_data) compare by value; strings by their text
+    initializers += [helper.make_tensor("i1", TensorProto.INT64, [2], [3, 4]),
+                     helper.make_tensor("i2", TensorProto.INT64, [2], [3, 4]),
+                     helper.make_tensor("i3", TensorProto.INT64, [2], [3, 5])]
+    initializers += [helper.make_tensor(f"s{k}", TensorProto.STRING, [1],
+                                        [f"word{k}".encode()]) for k in range(40)]
+    initializers.append(helper.make_tensor("s_again", TensorProto.STRING, [1],
+                                           [b"word3"]))
     nodes = [helper.make_node("Mul", ["X", "two"], ["a"]),
              helper.make_node("Mul", ["X", "two_again"], ["b"]),  # = a once merged
              helper.make_node("Mul", ["X", "kept"], ["c"]),
@@ -90,7 +98,9 @@ def test_equal_small_constants_are_read_under_one_name():
     assert [list(n.input) for n in kept] == [["X", "two"], ["X", "kept"], ["a", "a"],
                                              ["s", "c"]]
     assert list(nodes[1].input) == ["X", "two_again"]  # the caller's node unchanged
-    assert [t.name for t in constants] == ["two", "two_f64", "row", "kept", "w1", "w2"]
+    assert [t.name for t in constants] == (
+        ["two", "two_f64", "row", "kept", "w1", "w2", "i1", "i3"]
+        + [f"s{k}" for k in range(40)])  # i2 = i1, s_again = s3 merged
     # without initializers: the names differ, nothing merges
     assert len(eliminate_common_subexpressions(nodes, keep=["Y"])) == 5
     model = _model(nodes, ["Y"])

@@ -28,11 +28,15 @@ def test_cached_attributes_keep_their_types_and_values():
     g = GraphBuilder(17)
     g.op("LeakyRelu", "x", alpha=1)    # an INT attribute (invalid, but as asked)
     g.op("LeakyRelu", "x", alpha=1.0)  # a FLOAT one, although 1 == 1.0
+    g.op("LeakyRelu", "x", alpha=-0.0)  # not the 0.0 of the next node
+    g.op("LeakyRelu", "x", alpha=0.0)
     g.op("Transpose", "x", perm=(1, 0))
     g.op("Transpose", "x", perm=[1, 0])
     types = [n.attribute[0].type for n in g.nodes]
-    assert types == [AttributeProto.INT, AttributeProto.FLOAT,
-                     AttributeProto.INTS, AttributeProto.INTS]
+    assert types == [AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.FLOAT,
+                     AttributeProto.FLOAT, AttributeProto.INTS, AttributeProto.INTS]
+    signs = [np.copysign(1, n.attribute[0].f) for n in g.nodes[2:4]]
+    assert signs == [-1, 1]
     # editing a node's attribute leaves the next node's as asked
     g.nodes[-1].attribute[0].ints[0] = 7
     g.op("Transpose", "x", perm=[1, 0])

@@ -57,3 +57,35 @@ def test_outputs_named_on_the_nodes_make_the_renamed_model(block):
     assert not [n for n in model.graph.node if n.op_type == "Identity"]
     layout = json.loads(model.metadata_props[0].value)
     assert layout["parameters"] == ["w", "b", "dw"]
+
+
+class _OldStyleRule(optim.SGD().update_rule().__class__):
+    """A custom rule written before ``outputs`` existed: plain SGD."""
+
+    def update(self, g, elem_type, param, grad, states, scalars):
+        step = g.op("Mul", grad, scalars["learning_rate"])
+        return g.op("Sub", param, step), ()
+
+
+class _OldStyleRuleBlock(optim.SGD):
+    def update_rule(self):
+        return _OldStyleRule()
+
+
+class _OldStyleBuildBlock(optim.SGD):
+    """A custom block overriding build with the signature it had before."""
+
+    def build(self, learning_rate, step=None, parameters=None, gradients=None,
+              states=None):
+        return super().build(learning_rate, step, parameters, gradients, states)
+
+
+@pytest.mark.parametrize("block", [_OldStyleRuleBlock(), _OldStyleBuildBlock()],
+                         ids=["old-rule", "old-build"])
+def test_custom_blocks_without_outputs_get_their_outputs_renamed(block):
+    model = optim.build_optimizer_model(block, SPECS)
+    # the same model as the built-in SGD's (the same update, renamed)
+    expected = optim.build_optimizer_model(optim.SGD(), SPECS)
+    assert model.graph.SerializeToString() == expected.graph.SerializeToString()
+    assert [o.name for o in model.graph.output] == ["w.updated", "b.updated",
+                                                    "dw.updated"]

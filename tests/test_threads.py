@@ -176,3 +176,28 @@ def test_sessions_spin_within_a_run_and_stop_after_it(mlp_onnx, regression_data)
     options = default_session_options(2, spinning=False)
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.intra_op_num_threads == 2
+
+
+def test_spinning_can_be_turned_off(mlp_onnx, regression_data, monkeypatch):
+    from onnxtrain.runtime import session_spinning
+
+    def spin():
+        return default_session_options(2).get_session_config_entry(
+            "session.intra_op.allow_spinning")
+
+    assert spin() == "1"
+    with session_spinning(False):
+        assert spin() == "0"
+        X, y = regression_data
+        est = OrtGradientForwardBackwardOptimizer(
+            mlp_onnx(), max_iter=1, n_threads=2, training_path="split").fit(X, y)
+        assert _spinning(est._trainer.engine._forward) == ("0", "1")
+        with session_spinning(True):
+            assert spin() == "1"
+    assert spin() == "1"
+    for value, expected in [("0", "0"), ("off", "0"), ("1", "1"), ("", "1")]:
+        monkeypatch.setenv("ONNXTRAIN_SPINNING", value)
+        assert spin() == expected, value
+    with session_spinning(True):  # the block wins over the environment
+        monkeypatch.setenv("ONNXTRAIN_SPINNING", "0")
+        assert spin() == "1"

@@ -219,8 +219,9 @@ def reverse_pass(g, path, grads, upstream, constants):
     """Call the VJP rule of every node of ``path`` in reverse order.
 
     ``grads`` maps a value to the list of gradient parts reaching it (filled
-    in place); ``upstream`` maps the values depending on the weights to the
-    weights upstream (see :func:`dependents`); ``constants`` maps constant
+    in place); ``upstream`` holds the values depending on the weights (an
+    :class:`_Upstream` from :func:`_dependents`; only membership is read
+    here); ``constants`` maps constant
     names to numpy values. Rules that expand an op into other ops (function
     bodies) call it on their expansion.
     """

@@ -110,8 +110,11 @@ _MAX_ATTRIBUTES = 4096
 def _frozen(value):
     """A hashable key telling ``value`` from any value making another
     attribute (its Python types included: 1 and 1.0 are an INT and a
-    FLOAT); TypeError for values not cached (tensors, graphs, numpy)."""
-    if value is None or type(value) in (int, float, str, bytes, bool):
+    FLOAT; floats by their hex form: -0.0 is not 0.0); TypeError for values
+    not cached (tensors, graphs, numpy)."""
+    if type(value) is float:  # 0.0 and -0.0 are equal, not the same attribute
+        return float, value.hex()
+    if value is None or type(value) in (int, str, bytes, bool):
         return type(value), value
     if type(value) in (list, tuple):
         return "sequence", tuple(_frozen(v) for v in value)

@@ -118,9 +118,14 @@ def _equal_constants(initializers, keep):
                 math.prod(tensor.dims) > SMALL_CONSTANT:
             continue
         # the builders' constants hold raw_data: its bytes are the value
-        # (numpy_helper.to_array only for the typed fields)
-        data = tensor.raw_data if tensor.HasField("raw_data") else \
-            numpy_helper.to_array(tensor).tobytes()
+        # (numpy_helper.to_array only for the typed numeric fields; a string
+        # array's bytes would be its objects' addresses)
+        if tensor.HasField("raw_data"):
+            data = tensor.raw_data
+        elif tensor.data_type == TensorProto.STRING:
+            data = tuple(tensor.string_data)
+        else:
+            data = numpy_helper.to_array(tensor).tobytes()
         key = (tensor.data_type, tuple(tensor.dims), data)
         if key in first:
             alias[tensor.name] = first[key]

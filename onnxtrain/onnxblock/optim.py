@@ -17,6 +17,7 @@ outputs
 from __future__ import annotations
 
 import collections
+import inspect
 import json
 
 import onnx
@@ -145,11 +146,12 @@ class _Emitter:
 
     def op(self, op_type, *inputs, outputs=None, **attributes):
         if outputs is not None:
-            # the name the builder would have given is taken all the same:
+            # the names the builder would have given are taken all the same:
             # the model is, byte for byte, the one earlier versions made by
             # renaming the outputs afterwards (api.Optimizer recognizes the
             # models it can run flat by their bytes, api/_flat.py)
-            self.state.builder.unique_name(op_type.lower())
+            for _ in outputs:
+                self.state.builder.unique_name(op_type.lower())
         return self.state.builder.op(op_type, *inputs, outputs=outputs, **attributes)
 
     def const(self, value, elem_type):
@@ -158,6 +160,17 @@ class _Emitter:
     def flush(self):
         """Move the pending nodes and constants into the model."""
         self.state._flush()
+
+
+def _accepts_outputs(method):
+    """Whether ``method`` (a block's ``build``, a rule's ``update``) takes
+    the ``outputs`` keyword (a subclass written before it did not)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "outputs" or p.kind is inspect.Parameter.VAR_KEYWORD
+               for p in parameters)
 
 
 class _OptimizerBlock(Block):
@@ -205,6 +218,9 @@ class _OptimizerBlock(Block):
         states = states or [()] * len(parameters)
         outputs = outputs or [None] * len(parameters)
         rule, emitter = self.update_rule(), _Emitter(state)
+        # a rule of onnxtrain's names the outputs itself; a custom rule
+        # without the keyword gets its outputs renamed afterwards
+        names_outputs = _accepts_outputs(rule.update)
         # the scalars (rate, step, bias-corrected step size, decay) once per
         # element type, shared by every parameter's update
         scalars = {}
@@ -214,9 +230,9 @@ class _OptimizerBlock(Block):
             elem = state.elem_type(param)
             if elem not in scalars:
                 scalars[elem] = self._scalars(rule, emitter, elem, learning_rate, step)
+            named = {"outputs": names} if names and names_outputs else {}
             new_param, new_state = rule.update(emitter, elem, param, grad,
-                                               param_states, scalars[elem],
-                                               outputs=names)
+                                               param_states, scalars[elem], **named)
             new_params.append(new_param)
             new_states.append(tuple(new_state))
         emitter.flush()
@@ -470,8 +486,8 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
                 f"{name}.{s}.updated" for s in optimizer.state_names]))
         # the update nodes write the outputs themselves (an Identity copy per
         # output cost 1.3 ms of an encoder's step, profiled)
-        new_params, new_states = optimizer(lr, step, names, grads, states,
-                                           outputs=targets)
+        named = {"outputs": targets} if _accepts_outputs(optimizer.build) else {}
+        new_params, new_states = optimizer(lr, step, names, grads, states, **named)
         outputs, pairs = [], []
         for (name, elem, shape), p, ss, names_out in zip(specs, new_params,
                                                          new_states, targets):
@@ -481,7 +497,7 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
         model.graph.output.extend(outputs)
         result = onnx.ModelProto()
         result.CopyFrom(model)
-    if any(target != value for target, value in pairs):  # a custom block's
+    if any(target != value for target, value in pairs):  # a custom block or rule
         _name_outputs(result.graph, pairs)
     result.ir_version = default_ir_version(result.opset_import)
     entry = result.metadata_props.add()

@@ -6,8 +6,9 @@ from .fused import FusedRunner
 from .sessions import (SessionRunError, SessionRunner, default_session_options,
                        is_ortvalue, make_session, ortvalue_dtype, to_numpy,
                        to_ortvalue)
+from .threads import session_spinning, session_threads
 
 __all__ = ["Device", "FusedRunner", "OrtGradientForwardBackward",
            "SessionRunError", "SessionRunner", "default_session_options",
            "is_ortvalue", "make_session", "ortvalue_dtype", "parse_device",
-           "to_numpy", "to_ortvalue"]
+           "session_spinning", "session_threads", "to_numpy", "to_ortvalue"]

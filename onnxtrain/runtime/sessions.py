@@ -12,7 +12,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import OrtValue as C_OrtValue
 
 from ..graph import elem_type_to_numpy
 from .devices import parse_device
-from .threads import current_session_threads
+from .threads import current_session_spinning, current_session_threads
 
 __all__ = ["make_session", "to_ortvalue", "to_numpy", "SessionRunner",
            "SessionRunError", "default_session_options"]
@@ -25,7 +25,7 @@ class SessionRunError(RuntimeError):
     clearer one."""
 
 
-def default_session_options(intra_op_num_threads=None, spinning=True):
+def default_session_options(intra_op_num_threads=None, spinning=None):
     """Session options suited to training.
 
     Full graph optimization; the intra-op threads spin between the kernels
@@ -41,9 +41,12 @@ def default_session_options(intra_op_num_threads=None, spinning=True):
     Parameters
     ----------
     intra_op_num_threads : int, default=None
-    spinning : bool, default=True
-        Measured on resnet18's training step (2 cores, 1,368 kernels of
-        often a few microseconds, whose threads otherwise sleep and wake
+    spinning : bool, default=None
+        None: :func:`~onnxtrain.runtime.threads.current_session_spinning`
+        (True unless a :func:`~onnxtrain.runtime.threads.session_spinning`
+        block or the ``ONNXTRAIN_SPINNING`` environment variable turns it
+        off). Measured on resnet18's training step (2 cores, 1,368 kernels
+        of often a few microseconds, whose threads otherwise sleep and wake
         between kernels): 15.9 -> 18.7 steps/s on an idle machine, but
         12.7 -> 8.9 while another process kept a core busy (PyTorch eager,
         whose OpenMP threads spin too, fell 18.2 -> 5.7 there).
@@ -54,6 +57,8 @@ def default_session_options(intra_op_num_threads=None, spinning=True):
     """
     if intra_op_num_threads is None:
         intra_op_num_threads = current_session_threads()
+    if spinning is None:
+        spinning = current_session_spinning()
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = (
         onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL)
