@@ -166,13 +166,22 @@ def _spinning(runner):
 
 
 def test_sessions_spin_within_a_run_and_stop_after_it(mlp_onnx, regression_data):
+    from onnxtrain.runtime.sessions import SPIN_MIN_NODES, _node_count
     X, y = regression_data
     est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), max_iter=1, n_threads=2,
-                                              training_path="split").fit(X, y)
-    # between the kernels of one run the threads spin; the spin stops
-    # when the run returns (no core burnt between two training steps)
-    assert _spinning(est._trainer.engine._forward) == ("1", "1")
-    assert _spinning(est._trainer.update) == ("1", "1")
+                                              training_path="fused").fit(X, y)
+    (runner,) = [r for key, r in est._trainer._fused.items() if key[0] == "runner"]
+    assert _node_count(runner.step.model.graph) >= SPIN_MIN_NODES
+    # between the kernels of a training step the threads spin; the spin
+    # stops when the run returns (no core burnt between two steps)
+    assert _spinning(runner) == ("1", "1")
+    # a graph of a few nodes (the MLP's forward) does not spin: stopping the
+    # spin would cost more than it saves
+    split = OrtGradientForwardBackwardOptimizer(mlp_onnx(), max_iter=1, n_threads=2,
+                                                training_path="split").fit(X, y)
+    forward = split._trainer.engine._forward
+    assert _node_count(split._trainer.engine.models.forward_model.graph) < SPIN_MIN_NODES
+    assert _spinning(forward) == ("0", "1")
     options = default_session_options(2, spinning=False)
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.intra_op_num_threads == 2
@@ -190,8 +199,9 @@ def test_spinning_can_be_turned_off(mlp_onnx, regression_data, monkeypatch):
         assert spin() == "0"
         X, y = regression_data
         est = OrtGradientForwardBackwardOptimizer(
-            mlp_onnx(), max_iter=1, n_threads=2, training_path="split").fit(X, y)
-        assert _spinning(est._trainer.engine._forward) == ("0", "1")
+            mlp_onnx(), max_iter=1, n_threads=2, training_path="fused").fit(X, y)
+        (runner,) = [r for key, r in est._trainer._fused.items() if key[0] == "runner"]
+        assert _spinning(runner) == ("0", "1")
         with session_spinning(True):
             assert spin() == "1"
     assert spin() == "1"

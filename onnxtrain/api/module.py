@@ -309,15 +309,15 @@ class Module:
                                "eval_model_uri to Module.")
         return "eval"
 
-    def _session_options(self):
-        """Session options with the module's ``n_threads``."""
-        return default_session_options(self._n_threads)
+    def _session_options(self, model=None):
+        """Session options with the module's ``n_threads``, for ``model``."""
+        return default_session_options(self._n_threads, model=model)
 
     def _runner(self, mode):
         with self._lock:
             if mode not in self._runners:
                 runner = SessionRunner(self._models[mode], self._device,
-                                       self._session_options())
+                                       self._session_options(self._models[mode]))
                 if _has_string_inputs(self._models[mode]):
                     runner = _HostRunner(runner)
                 self._runners[mode] = runner

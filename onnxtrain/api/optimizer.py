@@ -90,7 +90,7 @@ class Optimizer:
             self._init_flat(model, state)
         if self._flat is None:
             self._runner = SessionRunner(model, module._device,
-                                         module._session_options())
+                                         module._session_options(model))
         # outputs written over their inputs' memory, as PyTorch's optimizers
         # update in place: one copy of each parameter and state, not two
         pairs = [(n, f"{n}.updated") for n in self._layout["parameters"]]
@@ -114,7 +114,7 @@ class Optimizer:
                                  specs[0][1], self._layout["states"])
         self._flat.attach(state.parameters, state.optimizer_state.states)
         self._flat_runner = SessionRunner(flat, self._module._device,
-                                          self._module._session_options())
+                                          self._module._session_options(flat))
 
     def _init_states(self, state):
         states = state.optimizer_state.states

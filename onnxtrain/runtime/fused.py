@@ -64,7 +64,7 @@ class FusedRunner:
         n_threads = check_n_threads(n_threads)
         small = n_threads is None and flops_per_step is not None \
             and flops_per_step < SMALL_STEP_FLOPS
-        options = default_session_options(1 if small else n_threads)
+        options = default_session_options(1 if small else n_threads, model=step.model)
         self.long_runs = long_runs
         self.session = make_session(step.model, self.device, options)
         self.parameter_names = [n for w, group in zip(step.weights, step.states)

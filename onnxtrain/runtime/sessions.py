@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import onnx
 import onnxruntime
 from onnx import TensorProto
 from onnxruntime import OrtValue
@@ -25,7 +26,25 @@ class SessionRunError(RuntimeError):
     clearer one."""
 
 
-def default_session_options(intra_op_num_threads=None, spinning=None):
+#: Graphs of fewer nodes (subgraphs counted) run with sleeping intra-op
+#: threads: spinning pays off over many kernels per run, and stopping the
+#: spin costs ~7 us per run (a scikit-learn MLP's prediction graph has 3 to
+#: 10 nodes, a training step dozens to thousands).
+SPIN_MIN_NODES = 32
+
+
+def _node_count(graph):
+    count = len(graph.node)
+    for node in graph.node:
+        for att in node.attribute:
+            if att.type == onnx.AttributeProto.GRAPH:
+                count += _node_count(att.g)
+            elif att.type == onnx.AttributeProto.GRAPHS:
+                count += sum(_node_count(g) for g in att.graphs)
+    return count
+
+
+def default_session_options(intra_op_num_threads=None, spinning=None, model=None):
     """Session options suited to training.
 
     Full graph optimization; the intra-op threads spin between the kernels
@@ -45,11 +64,14 @@ def default_session_options(intra_op_num_threads=None, spinning=None):
         None: :func:`~onnxtrain.runtime.threads.current_session_spinning`
         (True unless a :func:`~onnxtrain.runtime.threads.session_spinning`
         block or the ``ONNXTRAIN_SPINNING`` environment variable turns it
-        off). Measured on resnet18's training step (2 cores, 1,368 kernels
+        off), and False for a ``model`` of fewer than
+        :data:`SPIN_MIN_NODES` nodes. Measured on resnet18's training step (2 cores, 1,368 kernels
         of often a few microseconds, whose threads otherwise sleep and wake
         between kernels): 15.9 -> 18.7 steps/s on an idle machine, but
         12.7 -> 8.9 while another process kept a core busy (PyTorch eager,
         whose OpenMP threads spin too, fell 18.2 -> 5.7 there).
+    model : onnx.ModelProto, default=None
+        The model the session will run (for ``spinning=None``).
 
     Returns
     -------
@@ -58,7 +80,8 @@ def default_session_options(intra_op_num_threads=None, spinning=None):
     if intra_op_num_threads is None:
         intra_op_num_threads = current_session_threads()
     if spinning is None:
-        spinning = current_session_spinning()
+        spinning = current_session_spinning() and (
+            model is None or _node_count(model.graph) >= SPIN_MIN_NODES)
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = (
         onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL)
@@ -76,7 +99,7 @@ def make_session(model, device="cpu", options=None):
     """An InferenceSession running ``model`` (ModelProto) on ``device``."""
     device = parse_device(device)
     return onnxruntime.InferenceSession(
-        model.SerializeToString(), options or default_session_options(),
+        model.SerializeToString(), options or default_session_options(model=model),
         providers=device.providers)
 
 
