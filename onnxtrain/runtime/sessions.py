@@ -65,11 +65,12 @@ def default_session_options(intra_op_num_threads=None, spinning=None, model=None
         (True unless a :func:`~onnxtrain.runtime.threads.session_spinning`
         block or the ``ONNXTRAIN_SPINNING`` environment variable turns it
         off), and False for a ``model`` of fewer than
-        :data:`SPIN_MIN_NODES` nodes. Measured on resnet18's training step (2 cores, 1,368 kernels
-        of often a few microseconds, whose threads otherwise sleep and wake
-        between kernels): 15.9 -> 18.7 steps/s on an idle machine, but
-        12.7 -> 8.9 while another process kept a core busy (PyTorch eager,
-        whose OpenMP threads spin too, fell 18.2 -> 5.7 there).
+        :data:`SPIN_MIN_NODES` nodes. Measured on resnet18's training step
+        (2 cores, 1,368 kernels of often a few microseconds, whose threads
+        otherwise sleep and wake between kernels): 15.9 -> 18.7 steps/s on
+        an idle machine, but 12.7 -> 8.9 while another process kept a core
+        busy (PyTorch eager, whose OpenMP threads spin too, fell 18.2 -> 5.7
+        there).
     model : onnx.ModelProto, default=None
         The model the session will run (for ``spinning=None``).
 
