@@ -148,7 +148,8 @@ def session_spinning(enabled):
     kernels from waiting for sleeping threads (resnet18 on 2 cores: 15.9 ->
     18.7 steps/s), but costs a core another process may need (12.7 -> 8.9
     steps/s with a core kept busy). The threads stop spinning when a run
-    returns in either case.
+    returns in either case, and graphs of fewer than
+    :data:`~onnxtrain.runtime.sessions.SPIN_MIN_NODES` nodes never spin.
     """
     token = _SPINNING.set(bool(enabled))
     try:
