@@ -7,6 +7,8 @@ import warnings
 
 import onnx
 
+from .graph.builder import VALUE_FIELDS
+
 __all__ = ["save_onnx_graph"]
 
 #: Shorter file names, as onnxcustom shortened them.
@@ -87,8 +89,7 @@ def _has_every_value(model):
     for init in model.graph.initializer:
         if any(d == 0 for d in init.dims) or init.data_location == onnx.TensorProto.EXTERNAL:
             continue
-        if not (init.raw_data or init.float_data or init.double_data or init.int32_data
-                or init.int64_data or init.uint64_data or init.string_data):
+        if not any(getattr(init, field) for field in VALUE_FIELDS):
             return False
     return True
 

@@ -381,12 +381,12 @@ def _with_saved_outputs(model, in_place=False):
         return model, []
     used = _all_names(model)
     if in_place:
-        copy = model
+        named = model
     else:
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
+        named = onnx.ModelProto()
+        named.CopyFrom(model)
     for index, i in missing:
-        node = copy.graph.node[index]
+        node = named.graph.node[index]
         while len(node.output) <= i:
             node.output.append("")
         name, k = f"{node.name or node.op_type}_saved{i}", 0
@@ -395,7 +395,7 @@ def _with_saved_outputs(model, in_place=False):
             name = f"{node.name or node.op_type}_saved{i}_{k}"
         used.add(name)
         node.output[i] = name
-    return copy, [index for index, _ in missing]
+    return named, [index for index, _ in missing]
 
 
 def _final_gradient(g, grads, w):

@@ -9,6 +9,7 @@ opset 13 and as an input from opset 13 on).
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import onnx
@@ -25,6 +26,10 @@ FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE,
 #: A dimension: an int (static), a str (symbolic name) or None (unknown).
 Dim = "int | str | None"
 
+
+#: The fields of a TensorProto holding its values in the file itself.
+VALUE_FIELDS = ("raw_data", "float_data", "double_data", "int32_data", "int64_data",
+                "uint64_data", "string_data")
 
 #: Largest spatial size (H W) at which :meth:`GraphBuilder.per_channel`
 #: expands a per-channel operand (microbenchmarked: a gain up to 4x4, level
@@ -104,7 +109,8 @@ def _check_op_exists(op_type, opset):
 
 #: ``(name, frozen value) -> AttributeProto`` of :func:`_attribute`.
 _ATTRIBUTES = {}
-_MAX_ATTRIBUTES = 4096
+#: Entries of each cache (attributes, tensor types) before it is emptied.
+_MAX_CACHED = 4096
 
 
 def _frozen(value):
@@ -131,7 +137,7 @@ def _attribute(name, value):
         return helper.make_attribute(name, value)
     cached = _ATTRIBUTES.get(key)
     if cached is None:
-        if len(_ATTRIBUTES) >= _MAX_ATTRIBUTES:
+        if len(_ATTRIBUTES) >= _MAX_CACHED:
             _ATTRIBUTES.clear()
         cached = _ATTRIBUTES[key] = helper.make_attribute(name, value)
     return cached
@@ -163,7 +169,7 @@ def tensor_value_info(name, elem_type, shape):
         return helper.make_tensor_value_info(name, elem_type, shape)
     proto = _TENSOR_TYPES.get(key)
     if proto is None:
-        if len(_TENSOR_TYPES) >= _MAX_ATTRIBUTES:
+        if len(_TENSOR_TYPES) >= _MAX_CACHED:
             _TENSOR_TYPES.clear()
         proto = _TENSOR_TYPES[key] = helper.make_tensor_type_proto(elem_type, shape)
     info = onnx.ValueInfoProto()
@@ -378,10 +384,7 @@ class GraphBuilder:
         if shape is None or len(shape) < 3 or \
                 not all(isinstance(d, int) and d > 0 for d in shape[1:]):
             return v
-        spatial = 1
-        for d in shape[2:]:
-            spatial *= d
-        if not 2 <= spatial <= SMALL_SPATIAL_SIZE:
+        if not 2 <= math.prod(shape[2:]) <= SMALL_SPATIAL_SIZE:
             return v
         return self.op("Expand", v, self.int64s(list(shape[1:])))
 
@@ -525,9 +528,7 @@ def without_initializer_values(model, names):
     light.CopyFrom(model)
     for init in light.graph.initializer:
         if init.name in names:
-            for field in ("raw_data", "float_data", "double_data", "int32_data",
-                          "int64_data", "uint64_data", "string_data", "external_data",
-                          "data_location"):
+            for field in VALUE_FIELDS + ("external_data", "data_location"):
                 init.ClearField(field)
     return compact_model(light)
 

@@ -21,6 +21,8 @@ import math
 
 from onnx import AttributeProto, NodeProto, TensorProto, numpy_helper
 
+from .scopes import subgraph_outer_reads
+
 __all__ = ["eliminate_common_subexpressions"]
 
 #: Initializers of at most this many elements are compared by value in
@@ -33,24 +35,6 @@ RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomNormalLike",
                         "RandomUniform", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})
 _GRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
-
-
-def _subgraphs(node):
-    for attr in node.attribute:
-        if attr.type == AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def _names_read_in_subgraphs(nodes):
-    names, stack = set(), [g for node in nodes for g in _subgraphs(node)]
-    while stack:
-        graph = stack.pop()
-        for node in graph.node:
-            names.update(node.input)
-            stack.extend(_subgraphs(node))
-    return names
 
 
 def eliminate_common_subexpressions(nodes, keep=(), initializers=None):
@@ -82,7 +66,7 @@ def eliminate_common_subexpressions(nodes, keep=(), initializers=None):
         With ``initializers`` only: those still read (the merged constants
         left out).
     """
-    keep = set(keep) | _names_read_in_subgraphs(nodes)
+    keep = set(keep).union(*map(subgraph_outer_reads, nodes))
     rename = {} if initializers is None else _equal_constants(initializers, keep)
     merged = set(rename)
     first, kept, get = {}, [], rename.get

@@ -71,6 +71,12 @@ class OrtGradientForwardBackward:
         items to update them (see :meth:`set_weights`).
     input_names, output_names : list of str
         User inputs of the model and the outputs ``forward`` returns.
+    model : onnx.ModelProto
+        The model the engine was made from, which the split and inference
+        graphs are built from, the trained weights as inputs: their values
+        in it are not read after construction (they are ``weights``), so a
+        caller may set a copy without them
+        (:func:`onnxtrain.graph.without_initializer_values`).
     forward_model, gradient_model, inference_model : onnx.ModelProto
         The models the engine runs (see
         :class:`onnxtrain.autodiff.GradientModels`); ``forward(...,
@@ -96,7 +102,7 @@ class OrtGradientForwardBackward:
         model = load_model(model_onnx)
         check_weight_names(weights_to_train)
         self.weights_to_train = select_weights(model, weights_to_train, types)
-        self._model, self._outputs, self._types = model, outputs, types
+        self.model, self._outputs, self._types = model, outputs, types
         self._build_models = gradient_models
         # built on first use: a trainer running fused graphs, or predicting
         # only, never builds the split graphs nor their sessions
@@ -131,7 +137,7 @@ class OrtGradientForwardBackward:
                         models = self._build_models()
                     else:
                         models = build_gradient_models(
-                            self._model, self.weights_to_train, self._outputs,
+                            self.model, self.weights_to_train, self._outputs,
                             self._types)
                     models.inference_model = self.inference_model
                     self._models = models
@@ -141,19 +147,6 @@ class OrtGradientForwardBackward:
     def models(self, value):
         self._models = value
         self._forward_runner = self._gradient_runner = None
-
-    @property
-    def model(self):
-        """The model the engine was made from, which the split and inference
-        graphs are built from, the trained weights as inputs: their values
-        in it are not read after construction (they are :attr:`weights`),
-        so a caller may set a copy without them
-        (:func:`onnxtrain.graph.without_initializer_values`)."""
-        return self._model
-
-    @model.setter
-    def model(self, value):
-        self._model = value
 
     def _new_runner(self, model):
         """A runner of ``model`` whose session uses the intra-op threads in
@@ -191,9 +184,9 @@ class OrtGradientForwardBackward:
         needs no reverse pass."""
         if self._inference_model is None:
             inits = {i.name: (i.data_type, tuple(i.dims))
-                     for i in self._model.graph.initializer}
+                     for i in self.model.graph.initializer}
             self._inference_model = inference_mode(weights_as_inputs(
-                self._model, self.weights_to_train, inits))
+                self.model, self.weights_to_train, inits))
         return self._inference_model
 
     # compatibility with onnxcustom's TrainingAgent wrapper (seed 004)
