@@ -269,3 +269,115 @@ def test_empty_parameter_keeps_its_shape_through_a_checkpoint(tmp_path):
     (_, empty, _), (_, w, _) = read_checkpoint(path)["parameters"]
     assert empty.shape == (0, 3)
     np.testing.assert_array_equal(w, np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+# ------------------------------------------- the estimators' fused step
+# (training_graphs.update_in_place: the update inside an If on the loss)
+
+@pytest.fixture(scope="module")
+def mlp_fit():
+    """A fused-step fit of an MLP with momentum (weights and velocities)."""
+    import warnings
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+    from onnxtrain import to_onnx
+    from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
+    from onnxtrain.optim import LearningRateSGDNesterov
+    rng = np.random.RandomState(0)
+    X = rng.randn(64, 5).astype(np.float32)
+    y = np.tanh(X @ rng.randn(5)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        skl = MLPRegressor(hidden_layer_sizes=(8,), max_iter=1).fit(X, y)
+    est = OrtGradientForwardBackwardOptimizer(
+        to_onnx(skl, X[:1]), max_iter=2, batch_size=16, random_state=0,
+        training_path="fused", learning_rate=LearningRateSGDNesterov(
+            0.05, learning_rate="constant", nesterov=False))
+    return X, y, est.fit(X, y)
+
+
+def _step_feeds(step, X, y):
+    return {step.data_inputs[0]: X, step.data_inputs[1]: y.reshape(-1, 1)}
+
+
+def _scalars():
+    return {"learning_rate": 0.05, "step": 1.0, "penalty_scale": 1 / 16}
+
+
+def test_fused_step_writes_weights_and_states_over_their_inputs(mlp_fit):
+    X, y, est = mlp_fit
+    trainer = est._trainer
+    flat, step = trainer.fused_graph("flat step", False), trainer.fused_graph("step", False)
+    outputs = [o.name for o in flat.model.graph.output][1:]
+    pairs = list(zip(flat.parameter_inputs, outputs))
+    # in the flat graph the output layer's input gradient reads its weight
+    # and may run after the update: not every output may overwrite its input
+    assert writes_after_reads(flat.model.graph, pairs) < set(pairs)
+    assert step.in_place == set(outputs)  # the If runs after every reader
+    assert step.model.graph.node[-1].op_type == "If"
+    onnx.checker.check_model(step.model, full_check=True)
+    before = trainer._flat_parameters()
+    pointers = [v.data_ptr() for v in before]
+    values = [v.numpy().copy() for v in before]
+    est.partial_fit(X, y)
+    after = trainer._flat_parameters()
+    assert [v.data_ptr() for v in after] == pointers
+    assert all(a is b for a, b in zip(after, before))
+    assert all(not np.array_equal(v.numpy(), old) for v, old in zip(after, values))
+
+
+def test_in_place_step_computes_what_the_flat_step_does(mlp_fit):
+    from onnxtrain.runtime import FusedRunner
+    X, y, est = mlp_fit
+    trainer = est._trainer
+    runners = [FusedRunner(trainer.fused_graph(kind, False))
+               for kind in ("step", "flat step")]
+    start = [v.numpy().copy() for v in trainer._flat_parameters()]
+    for runner in runners:
+        runner.set_parameters([to_ortvalue(v.copy()) for v in start])
+    for first in range(0, 64, 16):
+        losses = [runner.run(_step_feeds(runner.step, X[first:first + 16],
+                                         y[first:first + 16]), _scalars())
+                  for runner in runners]
+        np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+    for a, b in zip(*[runner.parameters for runner in runners]):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(runners[0].parameters[0].numpy(), start[0])
+
+
+def test_non_finite_loss_leaves_the_in_place_parameters_as_they_were(mlp_fit):
+    from onnxtrain.runtime import FusedRunner
+    X, y, est = mlp_fit
+    runner = FusedRunner(est._trainer.fused_graph("step", False))
+    given = [to_ortvalue(v.numpy().copy()) for v in est._trainer._flat_parameters()]
+    runner.set_parameters(given)
+    values = [v.numpy().copy() for v in runner.parameters]
+    bad = X[:16].copy()
+    bad[3, 1] = np.nan
+    loss = runner.run(_step_feeds(runner.step, bad, y[:16]), _scalars())
+    assert not np.isfinite(loss)
+    for value, old in zip(runner.parameters, values):
+        np.testing.assert_array_equal(value.numpy(), old)
+    runner.run(_step_feeds(runner.step, X[:16], y[:16]), _scalars())
+    assert not np.array_equal(runner.parameters[0].numpy(), values[0])
+
+
+def test_caller_values_are_copied_before_they_are_written(mlp_fit):
+    """The runner writes over copies unless told the values are its own;
+    an estimator's set_state copies OrtValues (the engine would keep them)."""
+    from onnxtrain.runtime import FusedRunner
+    X, y, est = mlp_fit
+    runner = FusedRunner(est._trainer.fused_graph("step", False))
+    given = [to_ortvalue(v.numpy().copy()) for v in est._trainer._flat_parameters()]
+    values = [v.numpy().copy() for v in given]
+    runner.set_parameters(given)
+    runner.run(_step_feeds(runner.step, X[:16], y[:16]), _scalars())
+    for value, old in zip(given, values):
+        np.testing.assert_array_equal(value.numpy(), old)
+    weights = [to_ortvalue(w) for w in est.get_state()]
+    copies = [w.numpy().copy() for w in weights]
+    est.set_state(weights)
+    est.partial_fit(X, y)
+    for value, old in zip(weights, copies):
+        np.testing.assert_array_equal(value.numpy(), old)
+    assert not np.array_equal(est.get_state()[0], copies[0])

@@ -276,7 +276,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             with _TRAINER_LOCK, session_threads(getattr(self, "n_threads", None)):
                 if getattr(self, "_trainer", None) is None:
                     trainer = self._new_trainer(self._training_model())
-                    trainer.engine.set_weights(self._pickled["weights"])
+                    trainer.set_weights(self._pickled["weights"])
                     trainer.set_state(self._pickled["state"],
                                       self._pickled["steps"])
                     trainer.set_buffers(self._pickled.get("buffers"))
@@ -374,7 +374,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         self._fitted_model_onnx = self.model_onnx
         self._trainer = self._new_trainer(model)
         if not self.warm_start and from_scikit_learn(load_model(self.model_onnx)):
-            self._trainer.engine.set_weights(glorot_uniform_weights(
+            self._trainer.set_weights(glorot_uniform_weights(
                 model, self.weights_to_train_, self._rng))
         self.t_ = 0
         self.train_losses_ = []
@@ -408,7 +408,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         buffers = self._trainer.get_buffers()
         self._resolve(model)
         self._trainer = self._new_trainer(model)
-        self._trainer.engine.set_weights(weights)
+        self._trainer.set_weights(weights)
         self._trainer.set_buffers(buffers)
         self.learning_rate_.init_learning_rate()
 
@@ -590,7 +590,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """
         trainer = self._ensure_trainer()
         if not (isinstance(state, dict) and "optimizer" in state):
-            trainer.engine.set_weights(state)
+            trainer.set_weights(state)
             return self
         optimizer = state["optimizer"]
         expected = [[tuple(w.shape()) for _ in self.learning_rate_.state_names]
@@ -601,7 +601,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 f"The optimizer state has shapes {given}; this estimator's update "
                 f"rule {type(self.learning_rate_).__name__} keeps "
                 f"{list(self.learning_rate_.state_names)} per weight: {expected}.")
-        trainer.engine.set_weights(state["weights"])  # checks (first)
+        trainer.set_weights(state["weights"])  # checks (first)
         trainer.set_state(optimizer, int(state["step"]))
         trainer.set_buffers(state.get("buffers"))
         self.learning_rate_.value = float(state["learning_rate"])

@@ -5,11 +5,13 @@ numpy copies and rebuild a Trainer lazily. The graphs come from
 Trainer only runs them."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..graph import elem_type_to_numpy, without_initializer_values
 from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
-                       to_ortvalue)
+                       is_ortvalue, to_ortvalue)
 from ..training_graphs import TrainingGraphs, final_activation
 from ..runtime.threads import session_threads
 from ..training_mode import with_running_statistics_updates
@@ -71,6 +73,14 @@ class StepRunner:
         ``model``'s :func:`~onnxtrain.graph.infer_value_types`, passed down
         to the graph builders (no shape inference of the model again).
 
+    Notes
+    -----
+    The weights (``engine.weights``), the optimizer state and the buffers
+    are OrtValues no one else holds: the fused step writes them in place
+    (:func:`onnxtrain.training_graphs.update_in_place`). Set them through
+    :meth:`set_weights`, :meth:`set_state` and :meth:`set_buffers`, which
+    copy.
+
     Attributes
     ----------
     buffer_names : list of str
@@ -100,7 +110,7 @@ class StepRunner:
         # engine.weights) left out, 43 MB for resnet18
         self.engine.model = without_initializer_values(running,
                                                        self.engine.weights_to_train)
-        self.buffers = [to_ortvalue(initial[b], self.engine.device)
+        self.buffers = [to_ortvalue(initial[b], self.engine.device, owned=True)
                         for b in self.buffer_names]
         self._new_buffers = None
         self.device = self.engine.device
@@ -132,6 +142,19 @@ class StepRunner:
     @property
     def weights(self):
         return self.engine.weights
+
+    def set_weights(self, weights):
+        """Replace the weights: :meth:`OrtGradientForwardBackward.set_weights
+        <onnxtrain.runtime.OrtGradientForwardBackward.set_weights>` on
+        copies, OrtValues included, which the engine would keep as they are
+        (a fused step writes the trainer's weights in place)."""
+        def host(value):
+            return value.numpy() if is_ortvalue(value) else value
+        if isinstance(weights, Mapping):
+            weights = {name: host(value) for name, value in weights.items()}
+        else:
+            weights = [host(value) for value in weights]
+        self.engine.set_weights(weights)
 
     def reset_state(self):
         """Zero optimizer state (velocities, moments) and step counter."""
@@ -299,7 +322,11 @@ class StepRunner:
         flat = self._flat_parameters()
         if runner.parameters is None or any(
                 a is not b for a, b in zip(runner.parameters, flat)):
-            runner.set_parameters(flat)
+            for other in self._fused.values():
+                if other is not runner:  # one runner holds the parameters
+                    other.release()
+            runner.set_parameters(flat, writable=True)
+            self._take_parameters(runner)
         return runner
 
     def _flat_parameters(self):

@@ -139,7 +139,7 @@ class MLPEpochLoop(EpochLoop):
         est = self.estimator
         kept = getattr(est, "_finite_weights", None)
         if kept is not None:
-            est._trainer.engine.set_weights(kept[0])
+            est._trainer.set_weights(kept[0])
         est._finite_weights = None
         est._diverged = float(loss)
 
@@ -343,7 +343,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
             model = self._training_model()
             self._resolve(model)
             self._trainer = self._new_trainer(model)
-            self._trainer.engine.set_weights(weights)
+            self._trainer.set_weights(weights)
         self.learning_rate_.init_learning_rate()
 
     @with_session_threads

@@ -122,8 +122,10 @@ class OrtGradientForwardBackward:
         # one-thread rule of small fused steps (FusedRunner)
         self._requested_threads = requested_session_threads()
         inits = {i.name: i for i in model.graph.initializer}
-        self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device)
-                        for w in self.weights_to_train]
+        # copies of their own (numpy_helper gives read-only views), which
+        # a fused step may update in place (StepRunner)
+        self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device,
+                                    owned=True) for w in self.weights_to_train]
         self._saved = None
 
     @property

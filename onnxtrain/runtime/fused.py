@@ -1,7 +1,9 @@
 """Run fused training graphs (one step, or a Loop over an epoch) with the
-weights and optimizer state bound once through IOBinding, double buffered:
-the outputs of a run are written into the second buffer, which becomes the
-input of the next run. Only the loss is copied to the host."""
+weights and optimizer state bound once through IOBinding. A step graph
+writes the outputs its ``in_place`` names into their inputs' memory
+(:func:`onnxtrain.training_graphs.update_in_place`) and the others into a
+second buffer, which becomes the input of the next run. Only the loss is
+copied to the host."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +20,16 @@ __all__ = ["FusedRunner"]
 def _empty_like(value, device):
     return OrtValue.ortvalue_from_shape_and_type(
         list(value.shape()), _dtype_of(value), device.type, device.index)
+
+
+def _copy(value, device):
+    """A copy of ``value`` in memory onnxruntime allocates on ``device``."""
+    copy = _empty_like(value, device)
+    if device.type == "cpu":
+        copy.numpy()[...] = value.numpy()
+    else:
+        copy.update_inplace(value.numpy())
+    return copy
 
 
 def _dtype_of(value):
@@ -76,24 +88,41 @@ class FusedRunner:
         self.parameters = None
         self._bindings = None
 
-    def set_parameters(self, parameters):
-        """Bind ``parameters`` (flat list of OrtValues) and a second buffer.
+    def set_parameters(self, parameters, writable=False):
+        """Bind ``parameters`` (flat list of OrtValues).
 
-        Step graphs (many short runs) write into a preallocated second
-        buffer, swapped at each run. A loop graph's one run already holds
-        copies of the parameters inside its Loop, so its outputs are
+        Step graphs (many short runs) write the outputs of ``step.in_place``
+        over their inputs, and the other outputs into a preallocated second
+        buffer, swapped at each run. With ``writable`` False, the outputs
+        written in place go into copies this runner makes (take them from
+        :attr:`parameters`); True: the caller hands over OrtValues nobody
+        else reads or writes, not views of read-only memory, and the runner
+        writes over them (no copy: a copy made while the originals are still
+        held leaves their memory to the allocator, 25 MB more resident for
+        resnet18). A loop graph's one run already
+        holds copies of the parameters inside its Loop, so its outputs are
         allocated by onnxruntime at the end of the run instead (less peak
         memory) and bound as the next run's inputs."""
-        self.parameters = list(parameters)
+        parameters = list(parameters)
         if self.long_runs:
+            self.parameters = parameters
             self._buffers = [self.parameters, None]
             self._bindings = [self._bind(self.parameters, None), None]
         else:
-            other = [_empty_like(v, self.device) for v in self.parameters]
+            in_place = [name in self.step.in_place for name in self.parameter_outputs]
+            self.parameters = [_copy(v, self.device) if over and not writable else v
+                               for v, over in zip(parameters, in_place)]
+            other = [v if over else _empty_like(v, self.device)
+                     for v, over in zip(self.parameters, in_place)]
             self._buffers = [self.parameters, other]
             self._bindings = [self._bind(self._buffers[0], self._buffers[1]),
                               self._bind(self._buffers[1], self._buffers[0])]
         self._current = 0
+
+    def release(self):
+        """Drop the parameters and their bindings (another runner took
+        them over); :meth:`set_parameters` binds new ones."""
+        self.parameters = self._buffers = self._bindings = None
 
     def _bind(self, inputs, outputs):
         binding = self.session.io_binding()

@@ -134,7 +134,7 @@ class EpochLoop:
         bar.close()
         est._finite_weights = None  # a copy kept only during the epochs
         if est.early_stopping and est._best_weights is not None:
-            est._trainer.engine.set_weights(est._best_weights)
+            est._trainer.set_weights(est._best_weights)
             est._trainer.set_buffers(getattr(est, "_best_buffers", None))
         self.notify("on_train_end", X, y)
 
@@ -325,11 +325,11 @@ class EpochLoop:
         est = self.estimator
         kept = getattr(est, "_finite_weights", None)
         if est.early_stopping and est._best_weights is not None:
-            est._trainer.engine.set_weights(est._best_weights)
+            est._trainer.set_weights(est._best_weights)
             which = ("the weights of the best validation score "
                      f"({est.best_validation_score_:.6g}) are kept")
         elif kept is not None:
-            est._trainer.engine.set_weights(kept[0])
+            est._trainer.set_weights(kept[0])
             which = ("the last finite weights are kept: " + (
                 f"those at the end of epoch {kept[1]}, the last whose loss "
                 "was finite" if kept[1] else "those this fit started from"))
