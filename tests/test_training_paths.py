@@ -267,3 +267,33 @@ def test_engine_keeps_its_model_without_the_weight_values(regression):
     assert_allclose(est.predict(X).reshape(-1),
                     sess.run(None, {sess.get_inputs()[0].name: X})[0].reshape(-1),
                     rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_estimator_and_trainer_keep_no_second_copy_of_the_weights(regression, path):
+    """Once a trainer holds the weights, the estimator's cached graph and the
+    trainer's graphs keep them without values; a new fit rebuilds the graph
+    with them and starts from the graph's own weights again."""
+    X, y, onx = regression
+    onx = onnx.ModelProto.FromString(onx.SerializeToString())
+    onx.producer_name = "test"  # not skl2onnx: fits start from its weights
+    est = OrtGradientForwardBackwardOptimizer(onx, max_iter=3, random_state=0,
+                                              training_path=path, learning_rate=0.02)
+    first = est.fit(X, y).train_losses_
+    names = set(est.weights_to_train_)
+    for model in (est._training_model(), est._trainer.model,
+                  est._trainer.graphs.model):
+        for tensor in model.graph.initializer:
+            if tensor.name in names:
+                assert not tensor.raw_data and not tensor.float_data
+                assert len(tensor.dims) > 0
+    assert est.fit(X, y).train_losses_ == first
+    start = {i.name: onnx.numpy_helper.to_array(i) for i in onx.graph.initializer}
+    again = est.set_params(max_iter=1).fit(X[:8], y[:8])
+    # the first step's loss is the graph's own weights' loss
+    fresh = OrtGradientForwardBackwardOptimizer(
+        onx, max_iter=1, random_state=0, training_path=path,
+        learning_rate=0.02).fit(X[:8], y[:8])
+    assert again.train_losses_ == fresh.train_losses_
+    assert all(np.array_equal(start[i.name], onnx.numpy_helper.to_array(i))
+               for i in onx.graph.initializer)

@@ -97,19 +97,20 @@ class StepRunner:
         running, self.buffer_names, initial = with_running_statistics_updates(model)
         outputs = None if loss_models and not self.buffer_names else [
             model.graph.output[0].name]
-        self.graphs = TrainingGraphs(
-            model, weights, learning_rate, fused_spec, loss_models,
-            update_model, self.buffer_names, types)
         # the split graphs are built when a split step first runs
         self.engine = OrtGradientForwardBackward(
             running, weights, device, outputs,
             types=None if self.buffer_names else types,
             gradient_models=lambda: self.graphs.split(self.engine.model, outputs))
-        # the engine keeps its model only to build the split and prediction
-        # graphs, where the trained weights are inputs: their values (now in
-        # engine.weights) left out, 43 MB for resnet18
+        # the models kept build graphs where the trained weights are inputs:
+        # their values (now in engine.weights) left out, 43 MB for resnet18
         self.engine.model = without_initializer_values(running,
                                                        self.engine.weights_to_train)
+        model = self.engine.model if running is model else without_initializer_values(
+            model, self.engine.weights_to_train)
+        self.graphs = TrainingGraphs(
+            model, weights, learning_rate, fused_spec, loss_models,
+            update_model, self.buffer_names, types)
         self.buffers = [to_ortvalue(initial[b], self.engine.device, owned=True)
                         for b in self.buffer_names]
         self._new_buffers = None

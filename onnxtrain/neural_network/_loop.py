@@ -342,7 +342,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
             weights = self.get_state()
             model = self._training_model()
             self._resolve(model)
-            self._trainer = self._new_trainer(model)
+            self._trainer = self._new_trainer()
             self._trainer.set_weights(weights)
         self.learning_rate_.init_learning_rate()
 
