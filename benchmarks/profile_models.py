@@ -38,8 +38,9 @@ def _node_medians(prefix):
         with open(path, encoding="utf-8") as f:
             events = json.load(f)
         for event in events:
+            # a Loop's or an If's time is its body's nodes', recorded too
             if (event.get("cat") == "Node" and event["name"].endswith("_kernel_time")
-                    and event["args"].get("op_name") != "Loop"):
+                    and event["args"].get("op_name") not in ("Loop", "If", "Scan")):
                 key = (path, event["name"][:-len("_kernel_time")])
                 runs[key].append(event["dur"])
                 args = event["args"]
