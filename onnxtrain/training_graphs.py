@@ -724,10 +724,14 @@ class TrainingGraphs:
         update the same).
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types`.
+    in_place : bool, default=True
+        Whether the 'step' graph updates in place (:func:`update_in_place`);
+        False: the flat step. The trainer passes False off the CPU, where
+        the If form has not been run (no GPU was at hand to test it).
     """
 
     def __init__(self, model, weights, learning_rate, spec, loss_graphs=None,
-                 update_graph=None, buffer_names=(), types=None):
+                 update_graph=None, buffer_names=(), types=None, in_place=True):
         self.model = model
         self.weights = list(weights)
         self.learning_rate = learning_rate
@@ -736,6 +740,7 @@ class TrainingGraphs:
         self.update_graph = update_graph
         self.buffer_names = list(buffer_names)
         self.types = types
+        self.in_place = in_place
         self._cache = {}
 
     def split(self, model, outputs=None):
@@ -765,7 +770,7 @@ class TrainingGraphs:
                 if isinstance(step, str):
                     self._cache[key] = step
                 elif kind == "step":
-                    self._cache[key] = update_in_place(step)
+                    self._cache[key] = update_in_place(step) if self.in_place else step
                 elif kind == "loop":
                     self._cache[key] = build_training_loop(step)
                 else:

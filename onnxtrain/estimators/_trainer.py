@@ -110,7 +110,8 @@ class StepRunner:
             model, self.engine.weights_to_train)
         self.graphs = TrainingGraphs(
             model, weights, learning_rate, fused_spec, loss_models,
-            update_model, self.buffer_names, types)
+            update_model, self.buffer_names, types,
+            in_place=self.engine.device.type == "cpu")
         self.buffers = [to_ortvalue(initial[b], self.engine.device, owned=True)
                         for b in self.buffer_names]
         self._new_buffers = None
