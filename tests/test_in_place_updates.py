@@ -386,11 +386,11 @@ def test_caller_values_are_copied_before_they_are_written(mlp_fit):
 def test_off_the_cpu_the_step_stays_flat(mlp_fit):
     """The If form is built for the CPU only (not run on a GPU yet)."""
     from onnxtrain.training_graphs import TrainingGraphs
-    graphs = est_graphs = mlp_fit[2]._trainer.graphs
+    graphs = mlp_fit[2]._trainer.graphs
     flat = TrainingGraphs(graphs.model, graphs.weights, graphs.learning_rate,
                           graphs.spec, graphs.loss_graphs, graphs.update_graph,
                           graphs.buffer_names, graphs.types, in_place=False)
     step = flat.get("step", False)
     assert step is flat.get("flat step", False) and not step.in_place
     assert "If" not in {n.op_type for n in step.model.graph.node}
-    assert est_graphs.get("step", False).in_place
+    assert graphs.get("step", False).in_place
