@@ -78,13 +78,22 @@ class ElasticLearningPenalty(BaseLearningPenalty):
 
     def penalize(self, g, weight, grad, scale):
         elem_type = g.elem_type(weight)
-        l1, two_l2 = g.const(self.l1, elem_type), g.const(2 * self.l2, elem_type)
-        l2 = g.const(self.l2, elem_type)
-        abs_sum = g.reduce_sum(g.op("Abs", weight), None, keepdims=0)
-        square_sum = g.reduce_sum(g.op("Mul", weight, weight), None, keepdims=0)
-        value = g.op("Add", g.op("Mul", abs_sum, l1), g.op("Mul", square_sum, l2))
-        extra = g.op("Add", g.op("Mul", g.op("Sign", weight), l1),
-                     g.op("Mul", weight, two_l2))
+        values, extras = [], []
+        # a term whose coefficient is 0 is left out (the same values: it
+        # adds 0): scikit-learn's MLP alpha is an L2 term alone, and the
+        # update then reads the weight only element-wise, in place
+        if self.l1 or not self.l2:
+            l1 = g.const(self.l1, elem_type)
+            abs_sum = g.reduce_sum(g.op("Abs", weight), None, keepdims=0)
+            values.append(g.op("Mul", abs_sum, l1))
+            extras.append(g.op("Mul", g.op("Sign", weight), l1))
+        if self.l2:
+            l2, two_l2 = g.const(self.l2, elem_type), g.const(2 * self.l2, elem_type)
+            square_sum = g.reduce_sum(g.op("Mul", weight, weight), None, keepdims=0)
+            values.append(g.op("Mul", square_sum, l2))
+            extras.append(g.op("Mul", weight, two_l2))
+        value = values[0] if len(values) == 1 else g.op("Add", *values)
+        extra = extras[0] if len(extras) == 1 else g.op("Add", *extras)
         new_grad = g.op("Add", grad, g.op("Mul", extra, scale))
         return new_grad, g.op("Mul", value, scale)
 

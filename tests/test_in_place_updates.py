@@ -362,21 +362,29 @@ def test_non_finite_loss_leaves_the_in_place_parameters_as_they_were(mlp_fit):
     assert not np.array_equal(runner.parameters[0].numpy(), values[0])
 
 
-def test_caller_values_are_copied_before_they_are_written(mlp_fit):
-    """The runner writes over copies unless told the values are its own;
-    an estimator's set_state copies OrtValues (the engine would keep them)."""
+@pytest.mark.parametrize("kind", ["step", "flat step"])
+def test_caller_values_are_copied_before_they_are_written(mlp_fit, kind):
+    """The runner writes over copies unless told the values are its own
+    (the in-place outputs at every run, the others every second run, into
+    the first buffer); an estimator's set_state copies OrtValues (the
+    engine would keep them)."""
     from onnxtrain.runtime import FusedRunner
     X, y, est = mlp_fit
-    runner = FusedRunner(est._trainer.fused_graph("step", False))
+    runner = FusedRunner(est._trainer.fused_graph(kind, False))
     given = [to_ortvalue(v.numpy().copy()) for v in est._trainer._flat_parameters()]
     values = [v.numpy().copy() for v in given]
     runner.set_parameters(given)
-    runner.run(_step_feeds(runner.step, X[:16], y[:16]), _scalars())
+    for first in (0, 16, 32):
+        runner.run(_step_feeds(runner.step, X[first:first + 16],
+                               y[first:first + 16]), _scalars())
     for value, old in zip(given, values):
         np.testing.assert_array_equal(value.numpy(), old)
+    assert not np.array_equal(runner.parameters[0].numpy(), values[0])
     weights = [to_ortvalue(w) for w in est.get_state()]
     copies = [w.numpy().copy() for w in weights]
     est.set_state(weights)
+    # the runners let the replaced weights go (not kept for the estimator's life)
+    assert all(r.parameters is None for r in est._trainer._fused.values())
     est.partial_fit(X, y)
     for value, old in zip(weights, copies):
         np.testing.assert_array_equal(value.numpy(), old)
@@ -384,7 +392,9 @@ def test_caller_values_are_copied_before_they_are_written(mlp_fit):
 
 
 def test_off_the_cpu_the_step_stays_flat(mlp_fit):
-    """The If form is built for the CPU only (not run on a GPU yet)."""
+    """The If form is built for the CPU only (not run on a GPU yet): the
+    trainer passes in_place=False off the CPU, which
+    test_training_paths.py::test_cuda_paths_match_cpu checks on a GPU."""
     from onnxtrain.training_graphs import TrainingGraphs
     graphs = mlp_fit[2]._trainer.graphs
     flat = TrainingGraphs(graphs.model, graphs.weights, graphs.learning_rate,
@@ -394,3 +404,34 @@ def test_off_the_cpu_the_step_stays_flat(mlp_fit):
     assert step is flat.get("flat step", False) and not step.in_place
     assert "If" not in {n.op_type for n in step.model.graph.node}
     assert graphs.get("step", False).in_place
+
+
+@pytest.mark.parametrize("l1, l2", [(0.0, 0.01), (0.01, 0.0), (0.01, 0.01)])
+def test_penalized_weights_are_updated_in_place(l1, l2):
+    """A penalty reads the weight element-wise (Sign, Mul), inside the If;
+    a zero coefficient adds no term (scikit-learn's MLP alpha: L2 only)."""
+    import warnings
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+    from onnxtrain import to_onnx
+    from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
+    from onnxtrain.penalties import ElasticLearningPenalty
+    rng = np.random.RandomState(0)
+    X = rng.randn(32, 4).astype(np.float32)
+    y = X.sum(axis=1).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        skl = MLPRegressor(hidden_layer_sizes=(5,), max_iter=1).fit(X, y)
+    fits = [OrtGradientForwardBackwardOptimizer(
+        to_onnx(skl, X[:1]), max_iter=3, batch_size=8, random_state=0,
+        training_path=path, learning_rate=0.05,
+        learning_penalty=ElasticLearningPenalty(l1, l2)).fit(X, y)
+        for path in ("fused", "split")]
+    step = fits[0]._trainer.fused_graph("step", False)
+    outputs = {o.name for o in step.model.graph.output[1:]}
+    assert step.in_place == outputs
+    flat = fits[0]._trainer.fused_graph("flat step", False).model
+    assert ("Sign" in {n.op_type for n in flat.graph.node}) == bool(l1)
+    np.testing.assert_allclose(fits[0].train_losses_, fits[1].train_losses_, rtol=1e-5)
+    for a, b in zip(fits[0].get_state(), fits[1].get_state()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -170,6 +170,8 @@ def test_cuda_paths_match_cpu(regression, path):
     assert_allclose(fits[1].train_losses_, fits[0].train_losses_, rtol=1e-4)
     for a, b in zip(fits[1].get_state(), fits[0].get_state()):
         assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # the in-place If step is the CPU's only (training_graphs.update_in_place)
+    assert [fit._trainer.graphs.in_place for fit in fits] == [True, False]
 
 
 def _one_sgd_step(model, weights, X, y, lr, elem_type=TensorProto.FLOAT):

@@ -520,7 +520,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             not sample_weight[b].sum() > 0
             for b in gen_batches(sample_weight.shape[0], batch_size))
         host = None if loop is None else loop.per_batch_host_work()
-        reason = self._trainer.fused_graph("step", weighted)
+        reason = self._trainer.fused_graph("flat step", weighted)
         if isinstance(reason, str) or (path == "loop" and (zero_batch or host)):
             if path == "auto":
                 return "split"

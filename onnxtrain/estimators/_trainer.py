@@ -157,6 +157,14 @@ class StepRunner:
         else:
             weights = [host(value) for value in weights]
         self.engine.set_weights(weights)
+        self._release_runners()
+
+    def _release_runners(self):
+        """The runners drop the values the trainer replaced (they bind the
+        new ones at their next step): a replaced set of weights is freed
+        now, not kept by a runner for the estimator's life."""
+        for runner in self._fused.values():
+            runner.release()
 
     def reset_state(self):
         """Zero optimizer state (velocities, moments) and step counter."""
@@ -165,6 +173,7 @@ class StepRunner:
             [to_ortvalue(s, self.device) for s in
              self.learning_rate.init_state(tuple(w.shape()), w.numpy().dtype)]
             for w in self.engine.weights]
+        self._release_runners()
 
     def get_state(self):
         """Optimizer state as numpy copies: one list per weight."""
@@ -175,6 +184,7 @@ class StepRunner:
         self.state = [[to_ortvalue(np.array(s, copy=True), self.device)
                        for s in states] for states in state]
         self.step_count = step_count
+        self._release_runners()
 
     def get_buffers(self):
         """``buffer name -> numpy copy`` of the running statistics."""
@@ -185,6 +195,7 @@ class StepRunner:
         if buffers:
             self.buffers = [to_ortvalue(np.array(buffers[n], copy=True), self.device)
                             for n in self.buffer_names]
+            self._release_runners()
 
     def _forward(self, X, training, extra=()):
         """The engine's outputs for the features ``X`` (one array or
@@ -295,8 +306,8 @@ class StepRunner:
             self.fused_graph("epochs" if path == "loop" else "step", weighted)
 
     def fused_graph(self, kind, weighted):
-        """The fused graph ``kind`` ('step', 'loop' or 'epochs') as a
-        TrainingStep, or a str saying why it is unavailable
+        """The fused graph ``kind`` ('step', 'flat step', 'loop' or
+        'epochs') as a TrainingStep, or a str saying why it is unavailable
         (:meth:`onnxtrain.training_graphs.TrainingGraphs.get`)."""
         return self.graphs.get(kind, weighted)
 

@@ -28,7 +28,8 @@ __all__ = ["writes_after_reads", "ELEMENTWISE_WRITERS"]
 #: same-shaped inputs, and which onnxruntime's CPU graph rewrites fold into
 #: no kernel of another kind when they read a graph input.
 ELEMENTWISE_WRITERS = frozenset({
-    "Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Sqrt"})
+    "Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Sqrt", "Abs",
+    "Sign"})
 
 
 def writes_after_reads(graph, pairs):

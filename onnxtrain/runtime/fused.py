@@ -93,13 +93,13 @@ class FusedRunner:
 
         Step graphs (many short runs) write the outputs of ``step.in_place``
         over their inputs, and the other outputs into a preallocated second
-        buffer, swapped at each run. With ``writable`` False, the outputs
-        written in place go into copies this runner makes (take them from
-        :attr:`parameters`); True: the caller hands over OrtValues nobody
-        else reads or writes, not views of read-only memory, and the runner
-        writes over them (no copy: a copy made while the originals are still
-        held leaves their memory to the allocator, 25 MB more resident for
-        resnet18). A loop graph's one run already
+        buffer, swapped at each run (so the first buffer is written too,
+        every second run). With ``writable`` False, the runner works on
+        copies it makes (take them from :attr:`parameters`); True: the
+        caller hands over OrtValues nobody else reads or writes, not views
+        of read-only memory, and the runner writes over them (no copy: a
+        copy made while the originals are still held leaves their memory to
+        the allocator, 25 MB more resident for resnet18). A loop graph's one run already
         holds copies of the parameters inside its Loop, so its outputs are
         allocated by onnxruntime at the end of the run instead (less peak
         memory) and bound as the next run's inputs."""
@@ -110,8 +110,10 @@ class FusedRunner:
             self._bindings = [self._bind(self.parameters, None), None]
         else:
             in_place = [name in self.step.in_place for name in self.parameter_outputs]
-            self.parameters = [_copy(v, self.device) if over and not writable else v
-                               for v, over in zip(parameters, in_place)]
+            # the second buffer of the others takes the outputs of every
+            # second run: the caller's values are written either way
+            self.parameters = parameters if writable else [
+                _copy(v, self.device) for v in parameters]
             other = [v if over else _empty_like(v, self.device)
                      for v, over in zip(self.parameters, in_place)]
             self._buffers = [self.parameters, other]
