@@ -540,6 +540,23 @@ class TestFailedFitLeavesState:
         with pytest.raises(NotFittedError):
             est.predict(X)
 
+    def test_partial_fit_with_early_stopping_refused_as_scikit_learn_does(self):
+        """No held-out split in partial_fit: it raised onnxruntime's error
+        on a None validation set at the first epoch's end."""
+        X, y = regression()
+        est = regressor(max_iter=2).fit(X, y)
+        weights = est.get_state()
+        est.set_params(early_stopping=True)
+        with pytest.raises(ValueError, match="partial_fit does not support early"):
+            est.partial_fit(X, y)
+        for a, b in zip(est.get_state(), weights):
+            assert_array_equal(a, b)
+        fresh = regressor(early_stopping=True)
+        with pytest.raises(ValueError, match="partial_fit does not support early"):
+            fresh.partial_fit(X, y)
+        assert fitted_attributes(fresh) == {}
+        assert est.fit(X, y).validation_scores_  # fit still stops early
+
     def test_unavailable_path_refused_before_the_weights_change(self):
         X, y = regression()
         est = regressor(max_iter=2).fit(X, y)

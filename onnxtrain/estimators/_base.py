@@ -343,6 +343,9 @@ class BaseOrtGradientEstimator(BaseEstimator):
         trainer, :meth:`_check_start`, the early-stopping split, then the
         published parameters. Returns the data to train on."""
         self._check_params()
+        if incremental and self.early_stopping:
+            # scikit-learn's MLP message: no held-out split in partial_fit
+            raise ValueError("partial_fit does not support early_stopping=True")
         model = self._training_model()
         first = not hasattr(self, "weights_to_train_") or (
             not incremental and not self.warm_start) or self._model_changed()

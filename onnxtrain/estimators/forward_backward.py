@@ -80,7 +80,8 @@ _COMMON_PARAMETERS = """
     early_stopping : bool, default=False
         Hold out ``validation_fraction`` of the data{stratified}, stop when
         the validation score ({score}) has not improved by ``tol`` for
-        ``n_iter_no_change`` epochs, and keep the best weights.
+        ``n_iter_no_change`` epochs, and keep the best weights. ``fit``
+        only: ``partial_fit`` raises a ValueError, as scikit-learn's MLP.
     validation_fraction : float, default=0.1
     n_iter_no_change : int, default=10
     tol : float or None, default=None
