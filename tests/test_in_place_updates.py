@@ -435,3 +435,67 @@ def test_penalized_weights_are_updated_in_place(l1, l2):
     np.testing.assert_allclose(fits[0].train_losses_, fits[1].train_losses_, rtol=1e-5)
     for a, b in zip(fits[0].get_state(), fits[1].get_state()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+# ----------------------- api: gradients written in their producer's shape
+def _small_conv_model():
+    """Conv 3x3 (pad 1) over 2x2 images: lowered to im2col and one MatMul
+    (graph/conv_gemm.py), its weight gradient a GEMM then a Reshape."""
+    rng = np.random.default_rng(0)
+    vi = helper.make_tensor_value_info
+    w = onnx.numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array(np.zeros(4, np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1],
+                          kernel_shape=[3, 3]),
+         helper.make_node("Flatten", ["y"], ["out"])],
+        "g", [vi("x", TensorProto.FLOAT, ["N", 3, 2, 2])],
+        [vi("out", TensorProto.FLOAT, ["N", 16])], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_gradient_written_by_its_producer_not_copied_by_a_reshape(tmp_path, monkeypatch):
+    import onnxtrain.api.module as module_mod
+    from onnxtrain import api, artifacts
+    artifacts.generate_artifacts(
+        _small_conv_model(), requires_grad=["w", "b"], loss=onnxblock.loss.MSELoss(),
+        optimizer=artifacts.OptimType.SGD, artifact_directory=str(tmp_path))
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((5, 3, 2, 2)).astype(np.float32),
+                rng.standard_normal((5, 16)).astype(np.float32)) for _ in range(3)]
+
+    def train(bypass):
+        if not bypass:
+            monkeypatch.setattr(module_mod, "without_output_reshapes",
+                                lambda model, outputs: (model, {}))
+        state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+        module = api.Module(str(tmp_path / "training_model.onnx"), state)
+        grads, pointers = [], []
+        for x, t in batches:
+            module.lazy_reset_grad()
+            module(x, t)
+            grad = state.parameters["w"].grad
+            grads.append(grad.copy())
+            pointers.append(state.parameters.raw("w")._grad.data_ptr())
+        # with an Optimizer: the gradients are views of its flat buffer
+        optimizer = api.Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
+        assert optimizer._flat is not None
+        for x, t in batches:
+            module.lazy_reset_grad()
+            module(x, t)
+            optimizer.step()
+        grads.append(state.parameters["w"].data.copy())
+        monkeypatch.undo()
+        return module, grads, pointers
+
+    module, grads, pointers = train(True)
+    w_grad, b_grad = module._layouts["train"]["gradients"]
+    # the weight gradient's GEMM (M, C K) and the bias's ReduceSum (M, 1)
+    assert module._output_shapes == {w_grad: [4, 27], b_grad: [4, 1]}
+    assert {n.op_type for n in module._models["train_plain"].graph.node
+            if set(n.output) & {w_grad, b_grad}} <= {"MatMul", "ReduceSum", "Gemm"}
+    assert grads[0].shape == (4, 3, 3, 3) and len(set(pointers)) == 1
+    _, expected, _ = train(False)
+    for a, b in zip(grads, expected):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(grads[0], grads[1])
