@@ -9,12 +9,6 @@ gradient. The variant built here drops those nodes and names the gradient
 itself as the output (no copy), and has neither the buffer inputs nor the
 ``lazy_reset_grad`` input; everything else is the same graph, so its
 outputs equal the training model's for ``lazy_reset_grad=True``.
-
-:func:`without_output_reshapes` then lets the node before a gradient's
-final Reshape write the output (on the CPU, where the module binds a view
-of the gradient buffer in that node's shape): a Reshape writing a graph
-output copies its input (onnxruntime aliases it only between nodes),
-9.4 MB for each of resnet18's 3x3 layer4 weights.
 """
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ import onnx
 
 from ..graph.scopes import subgraph_outer_reads
 
-__all__ = ["without_accumulation", "without_output_reshapes"]
+__all__ = ["without_accumulation"]
 
 
 def without_accumulation(model, layout):
@@ -81,62 +75,3 @@ def without_accumulation(model, layout):
     del new.graph.input[:]
     new.graph.input.extend(kept)
     return new
-
-
-def without_output_reshapes(model, outputs):
-    """``(model, shapes)``: ``model`` without the Reshape nodes writing the
-    graph outputs ``outputs`` from a value only they read, the node
-    producing that value writing the output instead, in its own shape
-    (``shapes``: output name -> that static shape, list of int; the
-    output's declared shape becomes it). ``model`` itself and ``{}`` when
-    no output qualifies. The values are the same: a Reshape keeps the
-    element order."""
-    from ..graph import infer_value_types
-    graph = model.graph
-    wanted = set(outputs)
-    producers = {o: n for n in graph.node for o in n.output}
-    uses = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    inner = set().union(*map(subgraph_outer_reads, graph.node))
-    outside = {i.name for i in graph.input} | {i.name for i in graph.initializer} \
-        | {o.name for o in graph.output}
-    candidates = {}
-    for out in wanted:
-        node = producers.get(out)
-        if node is None or node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
-            continue
-        source = node.input[0]
-        if source in producers and uses.get(source) == 1 and source not in outside \
-                and source not in inner:
-            candidates[out] = (node, source)
-    if not candidates:
-        return model, {}
-    types = infer_value_types(model)
-    shapes = {}
-    for out, (node, source) in candidates.items():
-        shape = (types.get(source) or (None, None))[1]
-        if shape and all(isinstance(d, int) and d >= 0 for d in shape):
-            shapes[out] = list(shape)
-    if not shapes:
-        return model, {}
-    drop = {id(candidates[out][0]) for out in shapes}
-    rename = {candidates[out][1]: out for out in shapes}
-    new = onnx.ModelProto()
-    new.CopyFrom(model)
-    del new.graph.node[:]
-    for node in graph.node:
-        if id(node) in drop:
-            continue
-        copy = new.graph.node.add()
-        copy.CopyFrom(node)
-        for i, name in enumerate(copy.output):
-            copy.output[i] = rename.get(name, name)
-    for value in new.graph.output:
-        if value.name in shapes:
-            dims = value.type.tensor_type.shape
-            dims.Clear()
-            for d in shapes[value.name]:
-                dims.dim.add().dim_value = d
-    return new, shapes

@@ -14,7 +14,7 @@ from ..graph import elem_type_to_numpy, infer_value_types
 from ..graph.aliasing import writes_after_reads
 from ..graph.scopes import node_reads
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
-from ._plain_step import without_accumulation, without_output_reshapes
+from ._plain_step import without_accumulation
 from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
                        ortvalue_dtype, parse_device, to_numpy, to_ortvalue)
 from ..runtime.sessions import default_session_options
@@ -264,9 +264,6 @@ class Module:
             for mode, model in self._models.items()}
         self._training = True
         self._in_place = {}  # mode -> gradient outputs written in place
-        # train_plain's gradient outputs written in their producer's shape
-        # (_plain_step.without_output_reshapes): name -> that shape
-        self._output_shapes = {}
         self._reset_grad = True
         self._runners = {}
         # training calls read and write the gradient buffers: one at a time;
@@ -519,11 +516,9 @@ class Module:
         else:
             self._feed_gradients(feeds, layout)
             mode = "train"
-        into, shaped = self._gradient_buffers(mode, layout)
-        outputs = self._runner(mode)(feeds, into=into)
-        for name, out, grad in zip(layout["trainable"], layout["gradients"],
-                                   outputs[n_user:]):
-            self._state.parameters.raw(name)._grad = shaped.get(out, grad)
+        outputs = self._runner(mode)(feeds, into=self._gradient_buffers(mode, layout))
+        for name, grad in zip(layout["trainable"], outputs[n_user:]):
+            self._state.parameters.raw(name)._grad = grad
         self._reset_grad = False
         n_grads = len(layout["trainable"]) + len(layout.get("input_gradients", ()))
         _write_running_statistics(self._state, layout,
@@ -539,18 +534,13 @@ class Module:
         the buffer it reads (:func:`~onnxtrain.graph.aliasing.writes_after_reads`),
         else a new one. A parameter without a gradient yet writes into its
         ``_grad_buffer`` when an Optimizer gave it one (its view of the flat
-        gradient buffer, :mod:`onnxtrain.api._flat`).
-
-        Returns ``(into, shaped)``: ``into`` for the runner; ``shaped``,
-        output name -> the parameter-shaped OrtValue behind the view
-        ``into`` binds for an output written in its producer's shape."""
+        gradient buffer, :mod:`onnxtrain.api._flat`)."""
         if mode not in self._in_place:
             graph = self._models[mode].graph
             pairs = zip(layout["buffers"], layout["gradients"])
             self._in_place[mode] = set(layout["gradients"]) if mode == "train_plain" \
                 else {out for _, out in writes_after_reads(graph, pairs)}
-        reshaped = self._output_shapes if mode == "train_plain" else {}
-        into, shaped = {}, {}
+        into = {}
         for name, out in zip(layout["trainable"], layout["gradients"]):
             param = self._state.parameters.raw(name)
             if param._grad is not None:
@@ -558,14 +548,7 @@ class Module:
                     into[out] = param._grad
             elif param._grad_buffer is not None:  # not an input of this call
                 into[out] = param._grad_buffer
-            elif out in reshaped:
-                into[out] = to_ortvalue(np.empty(param.shape, param.dtype),
-                                        self._device, owned=True)
-            if out in reshaped:
-                shaped[out] = into[out]
-                into[out] = to_ortvalue(into[out].numpy().reshape(reshaped[out]),
-                                        self._device)
-        return into, shaped
+        return into
 
     def _overwrites_gradients(self, layout):
         """Whether the next training call overwrites every gradient."""
@@ -580,9 +563,6 @@ class Module:
             model = without_accumulation(self._models["train"], layout)
             if model is None:
                 return None
-            if self._device.type == "cpu":  # views of the gradient buffers
-                model, self._output_shapes = without_output_reshapes(
-                    model, layout["gradients"])
             self._models["train_plain"] = model
         return self._models["train_plain"]
 
