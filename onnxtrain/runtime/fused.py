@@ -99,10 +99,10 @@ class FusedRunner:
         caller hands over OrtValues nobody else reads or writes, not views
         of read-only memory, and the runner writes over them (no copy: a
         copy made while the originals are still held leaves their memory to
-        the allocator, 25 MB more resident for resnet18). A loop graph's one run already
-        holds copies of the parameters inside its Loop, so its outputs are
-        allocated by onnxruntime at the end of the run instead (less peak
-        memory) and bound as the next run's inputs."""
+        the allocator, 25 MB more resident for resnet18). A loop graph's
+        one run already holds copies of the parameters inside its Loop, so
+        its outputs are allocated by onnxruntime at the end of the run
+        instead (less peak memory) and bound as the next run's inputs."""
         parameters = list(parameters)
         if self.long_runs:
             self.parameters = parameters
