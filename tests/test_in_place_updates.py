@@ -435,3 +435,22 @@ def test_penalized_weights_are_updated_in_place(l1, l2):
     np.testing.assert_allclose(fits[0].train_losses_, fits[1].train_losses_, rtol=1e-5)
     for a, b in zip(fits[0].get_state(), fits[1].get_state()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_step_loss_read_from_its_own_output_value(mlp_fit):
+    """A step's rank-0 loss is written into one OrtValue the runner reads
+    after each run (not through get_outputs): each returned loss is a copy,
+    and equals the loss graph's on the same weights."""
+    from onnxtrain.runtime import FusedRunner
+    X, y, est = mlp_fit
+    runner = FusedRunner(est._trainer.fused_graph("step", False))
+    assert runner._loss is not None
+    runner.set_parameters([to_ortvalue(v.numpy().copy())
+                           for v in est._trainer._flat_parameters()])
+    before = est.predict(X[:16]).reshape(-1)
+    first = runner.run(_step_feeds(runner.step, X[:16], y[:16]), _scalars())
+    kept = float(first)
+    second = runner.run(_step_feeds(runner.step, X[16:32], y[16:32]), _scalars())
+    assert float(first) == kept and float(second) != kept
+    # SquareLearningLoss of the graph's own prediction: 0.5 * mean of d**2
+    np.testing.assert_allclose(kept, 0.5 * np.mean((before - y[:16]) ** 2), rtol=1e-5)
