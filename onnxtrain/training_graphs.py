@@ -256,7 +256,8 @@ def update_in_place(step):
     :func:`onnxtrain.graph.aliasing.writes_after_reads` decides which
     outputs may overwrite their inputs. A non-finite loss takes the else
     branch, which gives the parameters back unchanged: what the runner did
-    by keeping the old buffers.
+    by keeping the old buffers, and still does for the outputs computed
+    before the update (running statistics), which stay outside the If.
 
     Parameters
     ----------
@@ -310,32 +311,31 @@ def update_in_place(step):
     written = {o for node in inside for o in node.output}
     then_outputs, else_nodes, else_outputs = [], [], []
     by_name = {o.name: o for o in graph.output}
-    for source, target in zip(step.parameter_inputs, params):
+    # the If writes the outputs its branch computes; the others (running
+    # statistics, computed before) stay outputs of their own nodes, in a
+    # second buffer the runner swaps only after a finite loss
+    pairs = [(source, target) for source, target in zip(step.parameter_inputs, params)
+             if target in written]
+    for source, target in pairs:
         name = fresh(f"{target}__then")
-        if target in written:
-            _rename_everywhere(inside, target, name)
-        else:  # computed before the update (running statistics)
-            computed = fresh(f"{target}__computed")
-            _rename_everywhere(outside, target, computed)
-            inside.append(helper.make_node("Identity", [computed], [name],
-                                           name=fresh(f"{name}_node")))
+        _rename_everywhere(inside, target, name)
         then_outputs.append(_renamed_value_info(by_name[target], name))
         kept = fresh(f"{target}__kept")
         else_nodes.append(helper.make_node("Identity", [source], [kept],
                                            name=fresh(f"{kept}_node")))
         else_outputs.append(_renamed_value_info(by_name[target], kept))
     then_graph = helper.make_graph(inside, "update", [], then_outputs)
-    safe = writes_after_reads(then_graph, zip(step.parameter_inputs,
-                                              [o.name for o in then_outputs]))
+    then_names = [o.name for o in then_outputs]
+    safe = writes_after_reads(then_graph, [(source, then) for (source, _), then
+                                           in zip(pairs, then_names)])
     if not safe:
         return step
-    in_place = frozenset(target for (source, then), target in zip(
-        zip(step.parameter_inputs, [o.name for o in then_outputs]), params)
-        if (source, then) in safe)
+    in_place = frozenset(target for (source, target), then in zip(pairs, then_names)
+                         if (source, then) in safe)
     # every other reader of a parameter runs before the If: it is an
     # ancestor of the loss or of a value the branch reads, or it is dropped
     branch_reads = {n for node in inside for n in node.input if n}
-    outside, _ = without_unread(outside, {loss} | branch_reads)
+    outside, _ = without_unread(outside, {loss} | branch_reads | (set(params) - written))
     elem_type = by_name[loss].type.tensor_type.elem_type
     zero, difference, finite = fresh("loss__zero"), fresh("loss__difference"), \
         fresh("loss__finite")
@@ -343,7 +343,8 @@ def update_in_place(step):
     guard = [
         helper.make_node("Sub", [loss, loss], [difference], name=fresh(f"{difference}_node")),
         helper.make_node("Equal", [difference, zero], [finite], name=fresh(f"{finite}_node")),
-        helper.make_node("If", [finite], params, name=fresh("update__if"),
+        helper.make_node("If", [finite], [target for _, target in pairs],
+                         name=fresh("update__if"),
                          then_branch=then_graph,
                          else_branch=helper.make_graph(else_nodes, "keep", [],
                                                        else_outputs))]

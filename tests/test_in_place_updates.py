@@ -454,3 +454,52 @@ def test_step_loss_read_from_its_own_output_value(mlp_fit):
     assert float(first) == kept and float(second) != kept
     # SquareLearningLoss of the graph's own prediction: 0.5 * mean of d**2
     np.testing.assert_allclose(kept, 0.5 * np.mean((before - y[:16]) ** 2), rtol=1e-5)
+
+
+def _bn_model():
+    """Conv -> BatchNormalization (training mode) -> Flatten -> Gemm."""
+    rng = np.random.default_rng(0)
+    vi = helper.make_tensor_value_info
+    arr = onnx.numpy_helper.from_array
+    inits = [arr(rng.standard_normal((2, 1, 3, 3)).astype(np.float32), "w"),
+             arr(np.ones(2, np.float32), "scale"), arr(np.zeros(2, np.float32), "bias"),
+             arr(np.zeros(2, np.float32), "mean"), arr(np.ones(2, np.float32), "var"),
+             arr(rng.standard_normal((32, 1)).astype(np.float32), "fc")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"],
+                              ["bn", "mean_out", "var_out"], training_mode=1),
+             helper.make_node("Flatten", ["bn"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, ["N", 1, 4, 4])],
+                              [vi("y", TensorProto.FLOAT, ["N", 1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_running_statistics_outside_the_if_kept_after_a_non_finite_loss():
+    from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
+    from onnxtrain.optim import LearningRateSGDNesterov
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((16, 1, 4, 4)).astype(np.float32)
+    y = rng.standard_normal(16).astype(np.float32)
+    est = OrtGradientForwardBackwardOptimizer(
+        _bn_model(), weights_to_train=["w", "scale", "bias", "fc"], max_iter=1,
+        batch_size=8, training_path="fused", warm_start=True,
+        learning_rate=LearningRateSGDNesterov(0.01, learning_rate="constant",
+                                              nesterov=False)).fit(X, y)
+    trainer = est._trainer
+    step = trainer.fused_graph("step", False)
+    (if_node,) = [n for n in step.model.graph.node if n.op_type == "If"]
+    assert len(step.buffers) == 2 and not set(step.buffers) & set(if_node.output)
+    assert step.in_place == set(if_node.output)  # weights and velocities
+    buffers = {k: v.copy() for k, v in trainer.get_buffers().items()}
+    weights = [w.copy() for w in est.get_state()]
+    bad = X.copy()
+    bad[:, 0, 0, 0] = 3e38  # finite; the batch variance overflows in every batch
+    with pytest.warns(Warning):
+        est.set_params(exc=False).partial_fit(bad, y)
+    for name, value in trainer.get_buffers().items():
+        np.testing.assert_array_equal(value, buffers[name])
+    for a, b in zip(est.get_state(), weights):
+        np.testing.assert_array_equal(a, b)
+    est.partial_fit(X, y)
+    assert not all(np.array_equal(v, buffers[k]) for k, v in trainer.get_buffers().items())
