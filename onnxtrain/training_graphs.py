@@ -256,8 +256,9 @@ def update_in_place(step):
     :func:`onnxtrain.graph.aliasing.writes_after_reads` decides which
     outputs may overwrite their inputs. A non-finite loss takes the else
     branch, which gives the parameters back unchanged: what the runner did
-    by keeping the old buffers, and still does for the outputs computed
-    before the update (running statistics), which stay outside the If.
+    by keeping the old buffers, and still does for the outputs the update
+    does not compute (running statistics), which stay outside the If and
+    may run after it (an input they read is not written over).
 
     Parameters
     ----------
@@ -312,8 +313,8 @@ def update_in_place(step):
     then_outputs, else_nodes, else_outputs = [], [], []
     by_name = {o.name: o for o in graph.output}
     # the If writes the outputs its branch computes; the others (running
-    # statistics, computed before) stay outputs of their own nodes, in a
-    # second buffer the runner swaps only after a finite loss
+    # statistics) stay outputs of their own nodes, in a second buffer the
+    # runner takes only after a finite loss
     pairs = [(source, target) for source, target in zip(step.parameter_inputs, params)
              if target in written]
     for source, target in pairs:
@@ -330,12 +331,18 @@ def update_in_place(step):
                                            in zip(pairs, then_names)])
     if not safe:
         return step
-    in_place = frozenset(target for (source, target), then in zip(pairs, then_names)
-                         if (source, then) in safe)
-    # every other reader of a parameter runs before the If: it is an
-    # ancestor of the loss or of a value the branch reads, or it is dropped
+    # the nodes before the If are the ancestors of the loss or of a value
+    # the branch reads (they run before it) and those of the outputs left
+    # outside (which may run after it); the others are dropped
     branch_reads = {n for node in inside for n in node.input if n}
+    before, _ = without_unread(outside, {loss} | branch_reads)
     outside, _ = without_unread(outside, {loss} | branch_reads | (set(params) - written))
+    before = {id(node) for node in before}
+    late_reads = set().union(*(set(node.input) for node in outside
+                               if id(node) not in before))
+    # an input one of the latter reads is not written over
+    in_place = frozenset(target for (source, target), then in zip(pairs, then_names)
+                         if (source, then) in safe and source not in late_reads)
     elem_type = by_name[loss].type.tensor_type.elem_type
     zero, difference, finite = fresh("loss__zero"), fresh("loss__difference"), \
         fresh("loss__finite")

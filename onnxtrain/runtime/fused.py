@@ -119,8 +119,8 @@ class FusedRunner:
             self._bindings = [self._bind(self.parameters, None), None]
         else:
             in_place = [name in self.step.in_place for name in self.parameter_outputs]
-            # the second buffer of the others takes the outputs of every
-            # second run: the caller's values are written either way
+            # the others alternate: every second run writes them into the
+            # first buffer, the given values, so those are written either way
             self.parameters = parameters if writable else [
                 _copy(v, self.device) for v in parameters]
             other = [v if over else _empty_like(v, self.device)
@@ -160,6 +160,9 @@ class FusedRunner:
             The loss (step graph: rank 0; loop graph: one per batch). The
             parameters advance only when every loss is finite.
         """
+        if self._bindings is None:
+            raise RuntimeError("FusedRunner.run: no parameters bound; call "
+                               "set_parameters first (again after release()).")
         binding = self._bindings[self._current]
         # outputs onnxruntime allocates are allocated afresh at every run
         # (their shapes may change: the loop's losses follow the data size)
