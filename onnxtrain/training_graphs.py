@@ -254,11 +254,10 @@ def update_in_place(step):
     one of those (unread nodes are dropped), so inside its branch only the
     update's own nodes read the weights, and
     :func:`onnxtrain.graph.aliasing.writes_after_reads` decides which
-    outputs may overwrite their inputs. A non-finite loss takes the else
-    branch, which gives the parameters back unchanged: what the runner did
-    by keeping the old buffers, and still does for the outputs the update
-    does not compute (running statistics), which stay outside the If and
-    may run after it (an input they read is not written over).
+    outputs may overwrite their inputs (the running statistics, copied
+    into the branch by an Identity, keep a second buffer). A non-finite
+    loss takes the else branch, which gives the parameters back unchanged:
+    what the runner did by keeping the old buffers.
 
     Parameters
     ----------
@@ -312,14 +311,19 @@ def update_in_place(step):
     written = {o for node in inside for o in node.output}
     then_outputs, else_nodes, else_outputs = [], [], []
     by_name = {o.name: o for o in graph.output}
-    # the If writes the outputs its branch computes; the others (running
-    # statistics) stay outputs of their own nodes, in a second buffer the
-    # runner takes only after a finite loss
-    pairs = [(source, target) for source, target in zip(step.parameter_inputs, params)
-             if target in written]
-    for source, target in pairs:
+    # every output goes through the If: the running statistics, computed
+    # outside the update, by an Identity, so that their nodes run before it
+    # (left outside, they could run after the in-place writes, and kept
+    # the activations they read alive longer: resnet18's peak +9 MB)
+    for source, target in zip(step.parameter_inputs, params):
         name = fresh(f"{target}__then")
-        _rename_everywhere(inside, target, name)
+        if target in written:
+            _rename_everywhere(inside, target, name)
+        else:
+            computed = fresh(f"{target}__computed")
+            _rename_everywhere(outside, target, computed)
+            inside.append(helper.make_node("Identity", [computed], [name],
+                                           name=fresh(f"{name}_node")))
         then_outputs.append(_renamed_value_info(by_name[target], name))
         kept = fresh(f"{target}__kept")
         else_nodes.append(helper.make_node("Identity", [source], [kept],
@@ -327,22 +331,15 @@ def update_in_place(step):
         else_outputs.append(_renamed_value_info(by_name[target], kept))
     then_graph = helper.make_graph(inside, "update", [], then_outputs)
     then_names = [o.name for o in then_outputs]
-    safe = writes_after_reads(then_graph, [(source, then) for (source, _), then
-                                           in zip(pairs, then_names)])
+    safe = writes_after_reads(then_graph, list(zip(step.parameter_inputs, then_names)))
     if not safe:
         return step
-    # the nodes before the If are the ancestors of the loss or of a value
-    # the branch reads (they run before it) and those of the outputs left
-    # outside (which may run after it); the others are dropped
+    in_place = frozenset(target for source, then, target in zip(
+        step.parameter_inputs, then_names, params) if (source, then) in safe)
+    # every other reader of a parameter runs before the If: it is an
+    # ancestor of the loss or of a value the branch reads, or it is dropped
     branch_reads = {n for node in inside for n in node.input if n}
-    before, _ = without_unread(outside, {loss} | branch_reads)
-    outside, _ = without_unread(outside, {loss} | branch_reads | (set(params) - written))
-    before = {id(node) for node in before}
-    late_reads = set().union(*(set(node.input) for node in outside
-                               if id(node) not in before))
-    # an input one of the latter reads is not written over
-    in_place = frozenset(target for (source, target), then in zip(pairs, then_names)
-                         if (source, then) in safe and source not in late_reads)
+    outside, _ = without_unread(outside, {loss} | branch_reads)
     elem_type = by_name[loss].type.tensor_type.elem_type
     zero, difference, finite = fresh("loss__zero"), fresh("loss__difference"), \
         fresh("loss__finite")
@@ -350,8 +347,7 @@ def update_in_place(step):
     guard = [
         helper.make_node("Sub", [loss, loss], [difference], name=fresh(f"{difference}_node")),
         helper.make_node("Equal", [difference, zero], [finite], name=fresh(f"{finite}_node")),
-        helper.make_node("If", [finite], [target for _, target in pairs],
-                         name=fresh("update__if"),
+        helper.make_node("If", [finite], params, name=fresh("update__if"),
                          then_branch=then_graph,
                          else_branch=helper.make_graph(else_nodes, "keep", [],
                                                        else_outputs))]

@@ -478,7 +478,10 @@ def _bn_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_running_statistics_outside_the_if_kept_after_a_non_finite_loss():
+def test_running_statistics_kept_after_a_non_finite_loss():
+    """The running statistics go through the If (copied in by an Identity:
+    computed before it, in a second buffer) and a non-finite step keeps
+    them, the weights and the velocities."""
     from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
     from onnxtrain.optim import LearningRateSGDNesterov
     rng = np.random.default_rng(1)
@@ -493,9 +496,10 @@ def test_running_statistics_outside_the_if_kept_after_a_non_finite_loss():
     step = trainer.fused_graph("step", False)
     (if_node,) = [n for n in step.model.graph.node if n.op_type == "If"]
     from onnxtrain.training_mode import updated_name
-    assert len(step.buffers) == 2
-    assert not {updated_name(b) for b in step.buffers} & set(if_node.output)
-    assert step.in_place == set(if_node.output)  # weights and velocities
+    statistics = {updated_name(b) for b in step.buffers}
+    assert len(statistics) == 2 and statistics <= set(if_node.output)
+    # weights and velocities written in place, the statistics not
+    assert step.in_place == set(if_node.output) - statistics
     buffers = {k: v.copy() for k, v in trainer.get_buffers().items()}
     weights = [w.copy() for w in est.get_state()]
     bad = X.copy()
@@ -511,10 +515,10 @@ def test_running_statistics_outside_the_if_kept_after_a_non_finite_loss():
     assert not all(np.array_equal(v, buffers[k]) for k, v in trainer.get_buffers().items())
 
 
-def test_an_input_read_by_an_output_left_outside_the_if_is_not_written_over():
-    """A running statistic computed from a weight itself: its node stays
-    outside the If and may run after it, so that weight keeps two buffers
-    (its velocity, read only in the branch, is still updated in place)."""
+def test_a_weight_read_by_a_running_statistic_is_written_after_it():
+    """A running statistic computed from a weight itself: its node runs
+    before the If, which copies the statistic in, so the weight is still
+    written over in place, with the flat step's values."""
     from onnxtrain.runtime import FusedRunner
     from onnxtrain.training_graphs import TrainingStep, update_in_place
     vi = helper.make_tensor_value_info
@@ -536,7 +540,9 @@ def test_an_input_read_by_an_output_left_outside_the_if_is_not_written_over():
     flat = TrainingStep(model, ["x"], [], ["w"], [["v"]], ["b"],
                         update_values=frozenset({"vm", "v__new", "w__new"}))
     step = update_in_place(flat)
-    assert step.in_place == {"v__new"}
+    assert step.in_place == {"v__new", "w__new"}
+    (if_node,) = [n for n in step.model.graph.node if n.op_type == "If"]
+    assert list(if_node.output) == ["w__new", "v__new", "b__new"]
     runners = [FusedRunner(s) for s in (step, flat)]
     start = [np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32),
              np.ones(3, np.float32)]
