@@ -14,6 +14,7 @@ from ._files import load_onnx_file
 from .autodiff import is_nondifferentiable, trainable_initializers
 from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
+from .graph.scopes import subgraphs
 from .training_mode import batchnorm_buffers, running_statistics
 
 __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
@@ -316,14 +317,12 @@ def _rename_tensors(graph, rename):
             node.input[i] = rename.get(name, name)
         for i, name in enumerate(node.output):
             node.output[i] = rename.get(name, name)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else
-                        attr.graphs):
-                inner = {i.name for i in sub.input} | {
-                    i.name for i in sub.initializer} | {
-                    o for n in sub.node for o in n.output}
-                _rename_tensors(sub, {k: v for k, v in rename.items()
-                                      if k not in inner})
+        for sub in subgraphs(node):
+            inner = {i.name for i in sub.input} | {
+                i.name for i in sub.initializer} | {
+                o for n in sub.node for o in n.output}
+            _rename_tensors(sub, {k: v for k, v in rename.items()
+                                  if k not in inner})
 
 
 #: add_loss_output's score names (onnxcustom's) -> onnxtrain loss names.

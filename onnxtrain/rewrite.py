@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .graph.scopes import subgraphs
 from .models import load_model
 from .graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
                     infer_value_types, opset_of)
@@ -72,15 +73,6 @@ def _node_label(node):
         f"{node.op_type} node (outputs {list(node.output)})"
 
 
-def _subgraphs(node):
-    """Graphs held in a node's attributes (If, Loop, Scan bodies)."""
-    for att in node.attribute:
-        if att.type == onnx.AttributeProto.GRAPH:
-            yield att.g
-        elif att.type == onnx.AttributeProto.GRAPHS:
-            yield from att.graphs
-
-
 def _graph_names(graph, names=None):
     """Every name used in ``graph`` (values, initializers, nodes), recursively."""
     names = set() if names is None else names
@@ -95,7 +87,7 @@ def _graph_names(graph, names=None):
         names.update(n for n in node.output if n)
         if node.name:
             names.add(node.name)
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             _graph_names(sub, names)
     return names
 
@@ -106,7 +98,7 @@ def _subgraph_inputs(graph, names=None):
     names = set() if names is None else names
     for node in graph.node:
         names.update(n for n in node.input if n)
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             _subgraph_inputs(sub, names)
     return names
 
@@ -117,7 +109,7 @@ def _used_domains(model):
     def visit(graph):
         for node in graph.node:
             domains.add(node.domain)
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 visit(sub)
 
     visit(model.graph)
@@ -488,7 +480,7 @@ def _keep_output(model, output_name, value_info=None):
         if any(o in needed for o in node.output if o):
             kept.append(node)
             needed.update(i for i in node.input if i)
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 _subgraph_inputs(sub, needed)
     kept.reverse()
     produced = {o for n in kept for o in n.output if o}

@@ -33,7 +33,7 @@ from .autodiff import build_fused_model, build_gradient_models
 from .graph.conv_gemm import lower_small_convs
 from .graph.aliasing import writes_after_reads
 from .graph.cse import eliminate_common_subexpressions
-from .graph.scopes import without_unread
+from .graph.scopes import subgraphs, without_unread
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 from .training_mode import updated_name, with_running_statistics_updates
@@ -275,8 +275,7 @@ def update_in_place(step):
     outputs = [o.name for o in graph.output]
     loss, params = outputs[0], outputs[1:]
     nodes = list(graph.node)
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for node in nodes for a in node.attribute):
+    if any(subgraphs(node) for node in nodes):
         return step
     readers = {}
     for index, node in enumerate(nodes):
@@ -392,8 +391,7 @@ def _can_fold(nodes, elem_type):
     from the enclosing scope, which the renaming would not reach."""
     if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
         return False
-    return not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                   for node in nodes for a in node.attribute)
+    return not any(subgraphs(node) for node in nodes)
 
 
 def _fold_learning_rate(backward, update, seed, grads, rate, taken):

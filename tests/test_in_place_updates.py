@@ -275,22 +275,15 @@ def test_empty_parameter_keeps_its_shape_through_a_checkpoint(tmp_path):
 # (training_graphs.update_in_place: the update inside an If on the loss)
 
 @pytest.fixture(scope="module")
-def mlp_fit():
+def mlp_fit(mlp_onnx):
     """A fused-step fit of an MLP with momentum (weights and velocities)."""
-    import warnings
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
-    from onnxtrain import to_onnx
     from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
     from onnxtrain.optim import LearningRateSGDNesterov
     rng = np.random.RandomState(0)
     X = rng.randn(64, 5).astype(np.float32)
     y = np.tanh(X @ rng.randn(5)).astype(np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        skl = MLPRegressor(hidden_layer_sizes=(8,), max_iter=1).fit(X, y)
     est = OrtGradientForwardBackwardOptimizer(
-        to_onnx(skl, X[:1]), max_iter=2, batch_size=16, random_state=0,
+        mlp_onnx(hidden=(8,), n_features=5), max_iter=2, batch_size=16, random_state=0,
         training_path="fused", learning_rate=LearningRateSGDNesterov(
             0.05, learning_rate="constant", nesterov=False))
     return X, y, est.fit(X, y)
@@ -410,23 +403,16 @@ def test_off_the_cpu_the_step_stays_flat(mlp_fit):
 
 
 @pytest.mark.parametrize("l1, l2", [(0.0, 0.01), (0.01, 0.0), (0.01, 0.01)])
-def test_penalized_weights_are_updated_in_place(l1, l2):
+def test_penalized_weights_are_updated_in_place(mlp_onnx, l1, l2):
     """A penalty reads the weight element-wise (Sign, Mul), inside the If;
     a zero coefficient adds no term (scikit-learn's MLP alpha: L2 only)."""
-    import warnings
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
-    from onnxtrain import to_onnx
     from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
     from onnxtrain.penalties import ElasticLearningPenalty
     rng = np.random.RandomState(0)
     X = rng.randn(32, 4).astype(np.float32)
     y = X.sum(axis=1).astype(np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        skl = MLPRegressor(hidden_layer_sizes=(5,), max_iter=1).fit(X, y)
     fits = [OrtGradientForwardBackwardOptimizer(
-        to_onnx(skl, X[:1]), max_iter=3, batch_size=8, random_state=0,
+        mlp_onnx(hidden=(5,), n_features=4), max_iter=3, batch_size=8, random_state=0,
         training_path=path, learning_rate=0.05,
         learning_penalty=ElasticLearningPenalty(l1, l2)).fit(X, y)
         for path in ("fused", "split")]

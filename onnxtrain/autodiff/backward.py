@@ -11,7 +11,7 @@ from ..exceptions import MissingVJPRuleError
 from ..graph import (FLOAT_TYPES, GraphBuilder, OpsetError, infer_value_types,
                      opset_of, type_of_value_info)
 from ..graph.builder import constant_node_value
-from ..graph.scopes import subgraph_outer_reads, without_unread
+from ..graph.scopes import subgraph_outer_reads, subgraphs, without_unread
 from .context import VJPContext, sum_to
 from .registry import get_vjp_rule, is_nondifferentiable
 
@@ -413,18 +413,16 @@ def rename_reads(nodes, old, new):
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new
-        for att in node.attribute:
-            for graph in list(att.graphs) + ([att.g] if att.HasField("g")
-                                              else []):
-                local = {v.name for v in graph.input}
-                local |= {v.name for v in graph.initializer}
-                local |= {o for n in graph.node for o in n.output}
-                if old in local:  # shadowed: the subgraph's own value
-                    continue
-                rename_reads(graph.node, old, new)
-                for out in graph.output:
-                    if out.name == old:
-                        out.name = new
+        for graph in subgraphs(node):
+            local = {v.name for v in graph.input}
+            local |= {v.name for v in graph.initializer}
+            local |= {o for n in graph.node for o in n.output}
+            if old in local:  # shadowed: the subgraph's own value
+                continue
+            rename_reads(graph.node, old, new)
+            for out in graph.output:
+                if out.name == old:
+                    out.name = new
 
 
 def fold_output_identities(nodes, outputs):

@@ -160,12 +160,14 @@ class StepRunner:
         self.engine.set_weights(weights)
         self._release_runners()
 
-    def _release_runners(self):
-        """The runners drop the values the trainer replaced (they bind the
-        new ones at their next step): a replaced set of weights is freed
-        now, not kept by a runner for the estimator's life."""
+    def _release_runners(self, keep=None):
+        """The runners (but ``keep``) drop the values the trainer replaced or
+        hands to another runner (they bind the new ones at their next
+        step): a replaced set of weights is freed now, not kept by a runner
+        for the estimator's life."""
         for runner in self._fused.values():
-            runner.release()
+            if runner is not keep:
+                runner.release()
 
     def reset_state(self):
         """Zero optimizer state (velocities, moments) and step counter."""
@@ -340,9 +342,7 @@ class StepRunner:
         flat = self._flat_parameters()
         if runner.parameters is None or any(
                 a is not b for a, b in zip(runner.parameters, flat)):
-            for other in self._fused.values():
-                if other is not runner:  # one runner holds the parameters
-                    other.release()
+            self._release_runners(keep=runner)  # one runner holds them
             runner.set_parameters(flat, writable=True)
             self._take_parameters(runner)
         return runner

@@ -2,22 +2,31 @@
 included (If branches, Loop and Scan bodies read outer values by name)."""
 from __future__ import annotations
 
-__all__ = ["subgraph_outer_reads", "node_reads", "without_unread"]
+__all__ = ["subgraphs", "subgraph_outer_reads", "node_reads", "without_unread"]
+
+
+def subgraphs(node):
+    """list of onnx.GraphProto: the graphs ``node``'s attributes hold (If
+    branches, Loop and Scan bodies), in attribute order."""
+    graphs = []
+    for att in node.attribute:
+        if att.HasField("g"):
+            graphs.append(att.g)
+        graphs.extend(att.graphs)
+    return graphs
 
 
 def subgraph_outer_reads(node):
     """set of str: the names ``node``'s subgraphs (any depth) read from the
     scope enclosing ``node``, i.e. not defined inside them."""
     names = set()
-    for att in node.attribute:
-        graphs = list(att.graphs) + ([att.g] if att.HasField("g") else [])
-        for graph in graphs:
-            defined = {i.name for i in graph.input}
-            defined |= {i.name for i in graph.initializer}
-            for sub in graph.node:
-                names |= {i for i in sub.input if i and i not in defined}
-                names |= subgraph_outer_reads(sub) - defined
-                defined |= set(sub.output)
+    for graph in subgraphs(node):
+        defined = {i.name for i in graph.input}
+        defined |= {i.name for i in graph.initializer}
+        for sub in graph.node:
+            names |= {i for i in sub.input if i and i not in defined}
+            names |= subgraph_outer_reads(sub) - defined
+            defined |= set(sub.output)
     return names
 
 

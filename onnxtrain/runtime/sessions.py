@@ -5,13 +5,13 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import onnx
 import onnxruntime
 from onnx import TensorProto
 from onnxruntime import OrtValue
 from onnxruntime.capi.onnxruntime_pybind11_state import OrtValue as C_OrtValue
 
 from ..graph import elem_type_to_numpy
+from ..graph.scopes import subgraphs
 from .devices import parse_device
 from .threads import current_session_spinning, current_session_threads
 
@@ -34,14 +34,8 @@ SPIN_MIN_NODES = 32
 
 
 def _node_count(graph):
-    count = len(graph.node)
-    for node in graph.node:
-        for att in node.attribute:
-            if att.type == onnx.AttributeProto.GRAPH:
-                count += _node_count(att.g)
-            elif att.type == onnx.AttributeProto.GRAPHS:
-                count += sum(_node_count(g) for g in att.graphs)
-    return count
+    return len(graph.node) + sum(_node_count(sub) for node in graph.node
+                                 for sub in subgraphs(node))
 
 
 def default_session_options(intra_op_num_threads=None, spinning=None, model=None):
