@@ -1,0 +1,101 @@
+"""Scalar operands widened where onnxruntime's CPU broadcast runs one call
+per element (graph/broadcasts.py): the same outputs, the widened shapes,
+and the graphs left alone."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain.graph import infer_value_types
+from onnxtrain.graph.broadcasts import may_broadcast_slowly, widen_scalar_operands
+from gradcheck import run, session
+
+F = TensorProto.FLOAT
+
+
+def _model(shape, nodes, inits, extra_inputs=()):
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("X", F, shape)] + list(extra_inputs),
+        [helper.make_tensor_value_info(n.output[0], F, None) for n in nodes
+         if n.output[0].startswith("Y")], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _scalar(name, value, dims=()):
+    return numpy_helper.from_array(np.full(dims, value, dtype=np.float32), name)
+
+
+def test_constant_scalars_become_suffix_tensors_with_the_same_values():
+    # a 1x1 convolution's weight and feature maps at 1x1 meeting scalars
+    # (rank 0 and rank 4 of ones), a Where with a scalar branch and a
+    # computed rank-0 value
+    nodes = [helper.make_node("Mul", ["X", "mu"], ["Y1"]),
+             helper.make_node("Greater", ["X", "zero"], ["mask"]),
+             helper.make_node("Where", ["mask", "X", "zero"], ["Y2"]),
+             helper.make_node("Div", ["X", "ones4"], ["Y3"]),
+             helper.make_node("Sub", ["X", "lr"], ["Y4"]),
+             helper.make_node("Cast", ["mask"], ["Y5"], to=F)]
+    model = _model(["N", 512, 1, 1], nodes,
+                   [_scalar("mu", 0.9), _scalar("zero", 0.0),
+                    _scalar("ones4", 2.0, (1, 1, 1, 1))],
+                   [helper.make_tensor_value_info("lr", F, [])])
+    new = widen_scalar_operands(model)
+    inits = {i.name: numpy_helper.to_array(i) for i in new.graph.initializer}
+    by_output = {n.output[0]: n for n in new.graph.node}
+    mul, where, div = by_output["Y1"], by_output["Y2"], by_output["Y3"]
+    assert inits[mul.input[1]].shape == (512, 1, 1)
+    assert np.all(inits[mul.input[1]] == np.float32(0.9))
+    assert inits[where.input[2]].shape == (512, 1, 1)
+    assert inits[div.input[1]].shape == (1, 512, 1, 1)  # its rank kept
+    # the computed scalar through one Expand to (512, 1, 1)
+    sub = by_output["Y4"]
+    expand = by_output[sub.input[1]]
+    assert expand.op_type == "Expand" and expand.input[0] == "lr"
+    assert tuple(inits[expand.input[1]]) == (512, 1, 1)
+    # the caller's model untouched, the outputs equal
+    assert [n.input[1] for n in model.graph.node[:2]] == ["mu", "zero"]
+    x = np.random.default_rng(0).normal(size=(3, 512, 1, 1)).astype(np.float32)
+    feeds = {"X": x, "lr": np.array(0.25, dtype=np.float32)}
+    expected = run(session(model), feeds)
+    got = run(session(new), feeds)
+    assert set(got) == set(expected) == {"Y1", "Y2", "Y3", "Y4", "Y5"}
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name])
+    np.testing.assert_allclose(expected["Y3"], x / 2)
+
+
+def test_one_widened_copy_per_scalar_and_shape():
+    nodes = [helper.make_node("Mul", ["X", "mu"], ["a"]),
+             helper.make_node("Add", ["a", "mu"], ["Y"])]
+    new = widen_scalar_operands(_model([64, 32, 1, 1], nodes, [_scalar("mu", 0.5)]))
+    assert new.graph.node[0].input[1] == new.graph.node[1].input[1] != "mu"
+    assert len(new.graph.initializer) == 2
+
+
+@pytest.mark.parametrize("shape", [
+    [32, 512],          # no trailing ones
+    [32, 256, 2, 2],    # no trailing ones
+    [1, 512, 1, 1],     # 512 calls: below MIN_RUNS
+    [512, 1, 1, "W"],   # a symbolic trailing dimension
+])
+def test_fast_broadcasts_left_alone(shape):
+    nodes = [helper.make_node("Mul", ["X", "mu"], ["Y"])]
+    model = _model(shape, nodes, [_scalar("mu", 0.5)])
+    assert widen_scalar_operands(model) is model
+
+
+def test_per_channel_operands_are_not_scalars():
+    # (1, C, 1, 1) against (N, C, 1, 1): runs of C elements already
+    nodes = [helper.make_node("Mul", ["X", "s"], ["Y"])]
+    model = _model(["N", 512, 1, 1], nodes, [_scalar("s", 0.5, (1, 512, 1, 1))])
+    assert widen_scalar_operands(model) is model
+
+
+def test_the_cheap_test_on_forward_types():
+    conv1x1 = _model(["N", 512, 1, 1], [helper.make_node("Relu", ["X"], ["Y"])], [])
+    assert may_broadcast_slowly(infer_value_types(conv1x1))
+    mlp = _model(["N", 100], [helper.make_node("Relu", ["X"], ["Y"])],
+                 [_scalar("W", 0.1, (100, 1))])  # 100 runs
+    assert not may_broadcast_slowly(infer_value_types(mlp))
