@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .autodiff import build_fused_model, build_gradient_models
-from .graph.broadcasts import may_broadcast_slowly, widen_scalar_operands
+from .graph.broadcasts import may_broadcast_slowly, avoid_slow_broadcasts
 from .graph.conv_gemm import lower_small_convs
 from .graph.aliasing import writes_after_reads
 from .graph.cse import eliminate_common_subexpressions
@@ -235,7 +235,7 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     graph = helper.make_graph(nodes, "training_step", inputs, outputs, constants)
     step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
     if may_broadcast_slowly(types):
-        step = widen_scalar_operands(step)
+        step = avoid_slow_broadcasts(step)
     data = [x.name for x in features] + [target_name] + (
         [weight_name] if weighted else [])
     return TrainingStep(step, data, scalars, list(wrt), states, list(buffers),

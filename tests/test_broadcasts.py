@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.graph import infer_value_types
-from onnxtrain.graph.broadcasts import may_broadcast_slowly, widen_scalar_operands
+from onnxtrain.graph.broadcasts import may_broadcast_slowly, avoid_slow_broadcasts
 from gradcheck import run, session
 
 F = TensorProto.FLOAT
@@ -41,7 +41,7 @@ def test_constant_scalars_become_suffix_tensors_with_the_same_values():
                    [_scalar("mu", 0.9), _scalar("zero", 0.0),
                     _scalar("ones4", 2.0, (1, 1, 1, 1))],
                    [helper.make_tensor_value_info("lr", F, [])])
-    new = widen_scalar_operands(model)
+    new = avoid_slow_broadcasts(model)
     inits = {i.name: numpy_helper.to_array(i) for i in new.graph.initializer}
     by_output = {n.output[0]: n for n in new.graph.node}
     mul, where, div = by_output["Y1"], by_output["Y2"], by_output["Y3"]
@@ -69,7 +69,7 @@ def test_constant_scalars_become_suffix_tensors_with_the_same_values():
 def test_one_widened_copy_per_scalar_and_shape():
     nodes = [helper.make_node("Mul", ["X", "mu"], ["a"]),
              helper.make_node("Add", ["a", "mu"], ["Y"])]
-    new = widen_scalar_operands(_model([64, 32, 1, 1], nodes, [_scalar("mu", 0.5)]))
+    new = avoid_slow_broadcasts(_model([64, 32, 1, 1], nodes, [_scalar("mu", 0.5)]))
     assert new.graph.node[0].input[1] == new.graph.node[1].input[1] != "mu"
     assert len(new.graph.initializer) == 2
 
@@ -83,14 +83,14 @@ def test_one_widened_copy_per_scalar_and_shape():
 def test_fast_broadcasts_left_alone(shape):
     nodes = [helper.make_node("Mul", ["X", "mu"], ["Y"])]
     model = _model(shape, nodes, [_scalar("mu", 0.5)])
-    assert widen_scalar_operands(model) is model
+    assert avoid_slow_broadcasts(model) is model
 
 
 def test_per_channel_operands_are_not_scalars():
     # (1, C, 1, 1) against (N, C, 1, 1): runs of C elements already
     nodes = [helper.make_node("Mul", ["X", "s"], ["Y"])]
     model = _model(["N", 512, 1, 1], nodes, [_scalar("s", 0.5, (1, 512, 1, 1))])
-    assert widen_scalar_operands(model) is model
+    assert avoid_slow_broadcasts(model) is model
 
 
 def test_the_cheap_test_on_forward_types():
@@ -99,3 +99,41 @@ def test_the_cheap_test_on_forward_types():
     mlp = _model(["N", 100], [helper.make_node("Relu", ["X"], ["Y"])],
                  [_scalar("W", 0.1, (100, 1))])  # 100 runs
     assert not may_broadcast_slowly(infer_value_types(mlp))
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_reductions_keeping_dims_leave_out_size_one_axes(opset):
+    # ReduceSum takes its axes as an input from opset 13, ReduceMean from 18
+    def axes_of(op_type, axes, name):
+        if op_type == "ReduceSum" or opset >= 18:
+            return dict(inputs=["X", name], attrs={})
+        return dict(inputs=["X"], attrs=dict(axes=axes))
+
+    nodes, inits = [], []
+    for k, (op_type, axes, keep) in enumerate([
+            ("ReduceSum", [0, 2, 3], 1), ("ReduceMean", [0, -1, 2], 1),
+            ("ReduceSum", [0, 2, 3], 0), ("ReduceMean", [2, 3], 1)]):
+        spec = axes_of(op_type, axes, f"axes{k}")
+        if len(spec["inputs"]) > 1:
+            inits.append(numpy_helper.from_array(np.array(axes, np.int64), f"axes{k}"))
+        nodes.append(helper.make_node(op_type, spec["inputs"], [f"Y{k}"],
+                                      keepdims=keep, **spec["attrs"]))
+    model = _model(["N", 512, 1, 1], nodes, inits)
+    model.opset_import[0].version = opset
+    new = avoid_slow_broadcasts(model)
+    inits_new = {i.name: numpy_helper.to_array(i) for i in new.graph.initializer}
+
+    def axes(node):
+        if len(node.input) > 1:
+            return list(inits_new[node.input[1]])
+        return list(next(a for a in node.attribute if a.name == "axes").ints)
+
+    got = [axes(n) for n in new.graph.node]
+    # keepdims=0 changes the shape: left as it is; so is a reduction over
+    # size-1 axes only
+    assert got == [[0], [0], [0, 2, 3], [2, 3]]
+    x = np.random.default_rng(0).normal(size=(4, 512, 1, 1)).astype(np.float32)
+    expected, result = run(session(model), {"X": x}), run(session(new), {"X": x})
+    for name in expected:
+        assert result[name].shape == expected[name].shape
+        np.testing.assert_allclose(result[name], expected[name], rtol=1e-6, atol=1e-6)

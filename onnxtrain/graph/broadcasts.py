@@ -12,11 +12,16 @@ inputs (profiled) these were the ReLU gradients' comparisons at layer4,
 the average pool's gradient and the momentum update of the 1x1
 downsampling weights: 2.6 ms of a 70 ms step.
 
-:func:`widen_scalar_operands` gives such a scalar operand the shape of the
+:func:`avoid_slow_broadcasts` gives such a scalar operand the shape of the
 other operand's last dimensions, from its innermost dimension larger than
 1 on (``(512, 1, 1)`` above), so that the run covers them: a new
 initializer for a constant, an ``Expand`` for a computed value. The
 values and the output's shape are unchanged.
+
+Reductions keeping their dimensions have the same fault: ReduceSum over
+axes (0, 2, 3) of ``(32, 512, 1, 1)`` takes 43 us, over axis 0 alone
+14 us, the same sums. :func:`avoid_slow_broadcasts` also leaves the
+static size-1 axes out of such reductions.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from onnx import helper, numpy_helper
 
 from .shapes import infer_value_types
 
-__all__ = ["widen_scalar_operands", "may_broadcast_slowly", "ELEMENTWISE_BROADCASTS"]
+__all__ = ["avoid_slow_broadcasts", "may_broadcast_slowly", "ELEMENTWISE_BROADCASTS"]
 
 #: Standard ops broadcasting their inputs element by element.
 ELEMENTWISE_BROADCASTS = frozenset({
@@ -65,9 +70,10 @@ def _slow_suffix(shape):
     return tuple(shape[inner:]) if runs >= MIN_RUNS else None
 
 
-def widen_scalar_operands(model, types=None):
+def avoid_slow_broadcasts(model, types=None):
     """``model`` with the scalar operands of element-wise ops widened where
-    onnxruntime's broadcast would walk the output one element per call
+    onnxruntime's broadcast would walk the output one element per call, and
+    the static size-1 axes left out of reductions keeping their dimensions
     (see the module docstring).
 
     Parameters
@@ -80,7 +86,7 @@ def widen_scalar_operands(model, types=None):
     Returns
     -------
     onnx.ModelProto
-        A new model, or ``model`` itself when no operand qualifies.
+        A new model, or ``model`` itself when nothing qualifies.
     """
     graph = model.graph
     types = infer_value_types(model) if types is None else types
@@ -100,6 +106,21 @@ def widen_scalar_operands(model, types=None):
 
     changed = False
     for node in graph.node:
+        axes = _narrowed_axes(node, types, inits)
+        if axes is not None:
+            copy = type(node)()
+            copy.CopyFrom(node)
+            if len(node.input) > 1:
+                name = fresh(f"{node.input[1]}_narrowed")
+                new_inits.append(numpy_helper.from_array(np.array(axes, np.int64), name))
+                copy.input[1] = name
+            else:
+                att = next(a for a in copy.attribute if a.name == "axes")
+                del att.ints[:]
+                att.ints.extend(axes)
+            nodes.append(copy)
+            changed = True
+            continue
         plan = _plan(node, types)
         if plan is None:
             nodes.append(node)
@@ -144,6 +165,34 @@ def widen_scalar_operands(model, types=None):
     return new
 
 
+def _narrowed_axes(node, types, inits):
+    """The axes of a reduction keeping its dimensions without those of
+    static size 1, when it lists such an axis and another one; else None."""
+    if not node.op_type.startswith("Reduce") or node.domain not in ("", "ai.onnx"):
+        return None
+    attrs = {a.name: a for a in node.attribute}
+    if "keepdims" in attrs and attrs["keepdims"].i == 0:
+        return None
+    if len(node.input) > 1 and node.input[1]:
+        if node.input[1] not in inits:
+            return None
+        axes = [int(a) for a in numpy_helper.to_array(inits[node.input[1]]).ravel()]
+    elif "axes" in attrs:
+        axes = list(attrs["axes"].ints)
+    else:
+        return None
+    shape = types.get(node.input[0], (None, None))[1]
+    if shape is None or not axes:
+        return None
+    axes = [a + len(shape) if a < 0 else a for a in axes]
+    if not all(0 <= a < len(shape) for a in axes):
+        return None
+    kept = [a for a in axes if shape[a] != 1]
+    if not kept or len(kept) == len(axes):
+        return None
+    return kept
+
+
 def _plan(node, types):
     """(suffix, indices of the scalar inputs to widen) or None."""
     if node.op_type not in ELEMENTWISE_BROADCASTS or node.domain not in ("", "ai.onnx") \
@@ -168,7 +217,7 @@ def may_broadcast_slowly(types):
     """Whether a value of ``types`` (``name -> (elem_type, shape)``, from
     :func:`~onnxtrain.graph.infer_value_types`) ends in static dimensions
     of size 1 after a larger one. On a forward graph's types: a cheap test
-    for a training graph that :func:`widen_scalar_operands` may change (its
+    for a training graph that :func:`avoid_slow_broadcasts` may change (its
     gradients and updates have the forward's shapes), before the shape
     inference that pass runs."""
     return any(shape is not None and _slow_suffix(shape) is not None

@@ -20,7 +20,7 @@ from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types, opset_of)
 from ..graph.builder import tensor_value_info
-from ..graph.broadcasts import may_broadcast_slowly, widen_scalar_operands
+from ..graph.broadcasts import may_broadcast_slowly, avoid_slow_broadcasts
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
@@ -277,7 +277,7 @@ def build_training_models(state, output_names, trainable, frozen):
         outputs + acc_outputs + update_outputs, train_constants)
     training = _model_like(model, train_graph)
     if may_broadcast_slowly(types):
-        training = widen_scalar_operands(training)
+        training = avoid_slow_broadcasts(training)
     eval_inputs, eval_constants = move_to_inputs(
         base.graph, params, param_types, keep_initializer_inputs=False)
     eval_graph = helper.make_graph(
