@@ -791,7 +791,10 @@ class TrainingGraphs:
             return f"opset {opset} < {FUSED_MIN_OPSET}"
         model, loss = loss_on_logits(self.model, spec["loss"], self.types)
         rewritten = model is not self.model
-        model, buffers, _ = with_running_statistics_updates(model)
+        # the batch statistics from the nodes' outputs on the CPU (the
+        # CUDA kernel outputs the unbiased variance)
+        model, buffers, _ = with_running_statistics_updates(
+            model, node_statistics=self.in_place)
         if buffers != self.buffer_names:
             return "the running statistics do not all reach the logits"
         loss_graph = self._loss_graph(loss, rewritten, weighted, opset)

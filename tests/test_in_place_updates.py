@@ -540,3 +540,49 @@ def test_a_weight_read_by_a_running_statistic_is_written_after_it():
         assert losses[0] == losses[1]
     for a, b in zip(*[r.parameters for r in runners]):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_batch_statistics_read_from_the_node(momentum):
+    """node_statistics=True (the CPU step): the node's momentum set to 0
+    makes its running-statistics outputs the batch's mean and population
+    variance, which the update and the gradient rule read: the same
+    running statistics as the graph's own computation, gradients against
+    central differences, two ReduceMeans fewer. By default a node's
+    momentum of 0 is moved away from 0 (the rule then computes them)."""
+    from gradcheck import check_gradients, run, session
+    from onnxtrain.training_mode import updated_name, with_running_statistics_updates
+    rng = np.random.default_rng(3)
+    arr = onnx.numpy_helper.from_array
+    vi = helper.make_tensor_value_info
+    D = TensorProto.DOUBLE
+    stats = {"mean": np.array([0.5, -1.0]), "var": np.array([2.0, 0.5])}
+    weights = {"scale": np.array([1.5, -0.5]), "bias": np.array([0.1, 0.2]),
+               "fc": rng.standard_normal((32, 1))}
+    nodes = [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                              ["bn", "mean_out", "var_out"], training_mode=1,
+                              momentum=momentum),
+             helper.make_node("Flatten", ["bn"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [vi("x", D, ["N", 2, 4, 4])], [vi("y", D, ["N", 1])],
+        [arr(v, k) for k, v in {**weights, **stats}.items()]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(2.0, 3.0, size=(5, 2, 4, 4))
+    for from_node in (False, True):
+        new, buffers, _ = with_running_statistics_updates(
+            model, node_statistics=from_node)
+        (node,) = [n for n in new.graph.node if n.op_type == "BatchNormalization"]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["momentum"] == pytest.approx(0.0 if from_node else momentum or 0.5)
+        ops = [n.op_type for n in new.graph.node]
+        assert ops.count("ReduceMean") == (0 if from_node else 2)
+        feeds = dict(weights, x=x, **stats)
+        check_gradients(new, ["x", "scale", "bias"], feeds, outputs=["y"])
+        got = run(session(new), feeds)
+        for name, batch in (("mean", x.mean(axis=(0, 2, 3))),
+                            ("var", x.var(axis=(0, 2, 3), ddof=1))):
+            # the attribute is a float32
+            m = float(np.float32(momentum))
+            expected = stats[name] * m + batch * (1 - m)
+            np.testing.assert_allclose(got[updated_name(name)], expected, rtol=1e-12)
