@@ -105,3 +105,43 @@ def test_two_parameters_sharing_one_gradient(tmp_path):
     np.testing.assert_allclose(light[grads["b1"]], dy.sum(axis=0), rtol=1e-12)
     np.testing.assert_allclose(light[grads["b2"]], dy.sum(axis=0), rtol=1e-12)
     np.testing.assert_allclose(light[grads["W"]], x.T @ dy, rtol=1e-12)
+
+
+def test_plain_model_of_a_graph_with_widened_scalars(tmp_path):
+    # feature maps of 1x1 (N, 1024, 1, 1) and weights (1, 1024, 1, 1): the
+    # artifacts' graph gets scalar operands widened (graph/broadcasts.py),
+    # the accumulation's Where still reads lazy_reset_grad itself, so the
+    # plain model exists
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    c = 1024
+    inits = {"W": rng.standard_normal((1, c, 1, 1)), "B": rng.standard_normal((1, c, 1, 1))}
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "W"], ["xw"]),
+         helper.make_node("Add", ["xw", "B"], ["h"]),
+         helper.make_node("Relu", ["h"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", c, 1, 1])],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, ["N", c, 1, 1])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["W", "B"], loss=onnxblock.loss.MSELoss(),
+        artifact_directory=tmp_path)
+    training = onnx.load(paths["training_model"])
+    widened = {o for n in training.graph.node for o in n.input if "__widened" in o}
+    assert widened  # some scalar met (N, c, 1, 1)
+    layout = read_layout(training, TRAINING_METADATA, "training model")
+    plain = without_accumulation(training, layout)
+    assert plain is not None
+    x, t = rng.standard_normal((5, c, 1, 1)), rng.standard_normal((5, c, 1, 1))
+    feeds = dict(inits, X=x, **{layout["user_inputs"][1]: t},
+                 lazy_reset_grad=np.array(True))
+    light = _run(plain, feeds)
+    h = x * inits["W"] + inits["B"]
+    dh = 2 * (np.maximum(h, 0) - t) / t.size * (h > 0)
+    grads = dict(zip(layout["trainable"], layout["gradients"]))
+    np.testing.assert_allclose(light[grads["B"]], dh.sum(axis=0, keepdims=True),
+                               rtol=1e-12)
+    np.testing.assert_allclose(light[grads["W"]], (dh * x).sum(axis=0, keepdims=True),
+                               rtol=1e-12)

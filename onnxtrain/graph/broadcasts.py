@@ -70,7 +70,7 @@ def _slow_suffix(shape):
     return tuple(shape[inner:]) if runs >= MIN_RUNS else None
 
 
-def avoid_slow_broadcasts(model, types=None):
+def avoid_slow_broadcasts(model, types=None, keep=()):
     """``model`` with the scalar operands of element-wise ops widened where
     onnxruntime's broadcast would walk the output one element per call, and
     the static size-1 axes left out of reductions keeping their dimensions
@@ -82,6 +82,10 @@ def avoid_slow_broadcasts(model, types=None):
         Not modified. Only its main graph is rewritten.
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known.
+    keep : iterable of str, default=()
+        Values every reader keeps reading as they are (an interface that a
+        later rewrite matches, e.g. the ``lazy_reset_grad`` condition of the
+        artifacts' gradient accumulation).
 
     Returns
     -------
@@ -90,6 +94,7 @@ def avoid_slow_broadcasts(model, types=None):
     """
     graph = model.graph
     types = infer_value_types(model) if types is None else types
+    keep = set(keep)
     inits = {i.name: i for i in graph.initializer}
     taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
     taken |= set(inits) | {v.name for v in list(graph.input) + list(graph.output)}
@@ -129,6 +134,8 @@ def avoid_slow_broadcasts(model, types=None):
         new_inputs = list(node.input)
         for index in scalars:
             name = node.input[index]
+            if name in keep:
+                continue
             rank = len(types[name][1])
             shape = (1,) * (rank - len(suffix)) + suffix
             key = (name, shape)

@@ -277,7 +277,9 @@ def build_training_models(state, output_names, trainable, frozen):
         outputs + acc_outputs + update_outputs, train_constants)
     training = _model_like(model, train_graph)
     if may_broadcast_slowly(types):
-        training = avoid_slow_broadcasts(training)
+        # the accumulation's Where nodes read lazy_reset_grad itself
+        # (api/_plain_step.py drops them by that)
+        training = avoid_slow_broadcasts(training, keep=[LAZY_RESET_GRAD])
     eval_inputs, eval_constants = move_to_inputs(
         base.graph, params, param_types, keep_initializer_inputs=False)
     eval_graph = helper.make_graph(
