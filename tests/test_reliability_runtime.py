@@ -451,6 +451,26 @@ class TestDivergence:
             assert_allclose(a, b, rtol=1e-6)
         assert_allclose(est.predict(X), reference.predict(X), rtol=1e-6)
 
+    @pytest.mark.parametrize("path", ["split", "fused"])
+    def test_partial_fits_copy_into_the_same_arrays(self, path):
+        # each call keeps the weights it starts from in the arrays of the
+        # last copy (no new 45 MB for resnet18 per call); a diverging call
+        # goes back to its own starting weights, not to an older call's
+        X, y = regression(n=100, scale=10)
+        est = diverging(path, 1, exc=False)
+        est.partial_fit(X, y)
+        arrays = est._trainer.finite_weights_arrays
+        assert arrays is not None and est._finite_weights is None
+        est.partial_fit(X, y)
+        assert est._trainer.finite_weights_arrays is arrays
+        est.partial_fit(X, y)
+        start = [w.copy() for w in est.get_state()]
+        with pytest.warns(ConvergenceWarning, match="end of epoch 3"):
+            est.partial_fit(X, y)  # the loss becomes infinite in epoch 4
+        assert est._trainer.finite_weights_arrays is arrays
+        for a, b in zip(est.get_state(), start, strict=True):
+            assert_allclose(a, b, rtol=0)
+
     def test_raising_keeps_them_too(self):
         X, y = regression(n=100, scale=10)
         est = diverging("fused", 30)

@@ -88,6 +88,10 @@ class StepRunner:
         (:mod:`onnxtrain.training_mode`): every training step updates
         ``buffers`` (OrtValues, in this order); predictions run the
         inference graph on them.
+    finite_weights_arrays : list of numpy.ndarray or None
+        The arrays of the training loop's last copy of finite weights (the
+        divergence rollback of :mod:`onnxtrain.training.loop`), kept between
+        fits so that the next copy reuses their memory.
     """
 
     def __init__(self, model, weights, device, loss_models, update_model,
@@ -128,6 +132,7 @@ class StepRunner:
         self.fused_spec = fused_spec
         self._fused = {}
         self._parameter_bytes = None
+        self.finite_weights_arrays = None
         self._weight_dtype = self._default_weight_dtype()
         self.reset_state()
 
