@@ -209,6 +209,24 @@ def test_set_weights_errors_and_copies(mlp_onnx):
         assert np.all(w == 0.25)
 
 
+def test_get_weights_into_given_arrays(mlp_onnx):
+    engine = OrtGradientForwardBackward(mlp_onnx())
+    out = [np.full(w.shape, -1.0, w.dtype) for w in engine.get_weights()]
+    got = engine.get_weights(out=out)
+    assert got is out  # the same arrays, the weights copied in
+    for a, b in zip(out, engine.get_weights()):
+        assert_allclose(a, b, rtol=0, atol=0)
+    out[0][...] = 9.0  # still copies: the engine's weights do not change
+    assert not np.any(engine.get_weights()[0] == 9.0)
+    # arrays of another shape, dtype or count, or read-only: new arrays
+    for wrong in ([a.astype(np.float64) for a in out], out[:3],
+                  [np.zeros((2, 2), np.float32)] + out[1:]):
+        fresh = engine.get_weights(out=wrong)
+        assert fresh is not wrong and all(a is not b for a, b in zip(fresh, wrong))
+    out[1].flags.writeable = False
+    assert engine.get_weights(out=out) is not out
+
+
 def test_unknown_weights_list_candidates(mlp_onnx):
     with pytest.raises(ValueError, match=r"\['nope'\].*candidates.*coefficient"):
         OrtGradientForwardBackward(mlp_onnx(), ["coefficient", "nope"])

@@ -118,7 +118,8 @@ class MLPEpochLoop(EpochLoop):
             worse = score < est.best_validation_score_ + est.tol
             if score > est.best_validation_score_:
                 est.best_validation_score_ = score
-                est._best_weights = est._trainer.engine.get_weights()
+                est._best_weights = est._trainer.engine.get_weights(
+                    out=est._best_weights)
         else:
             worse = loss > est.best_loss_ - est.tol
             if loss < est.best_loss_:

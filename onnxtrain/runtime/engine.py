@@ -206,12 +206,33 @@ class OrtGradientForwardBackward:
         return self.gradient_model
 
     # weights ----------------------------------------------------------------
-    def get_weights(self):
+    def get_weights(self, out=None):
         """Copies of the weights as numpy arrays (``weights_to_train`` order).
 
         ``OrtValue.numpy()`` on the CPU is a view of the device buffer: without
-        the copy, editing the returned arrays would edit the weights."""
-        return [w.numpy().copy() for w in self.weights]
+        the copy, editing the returned arrays would edit the weights.
+
+        Parameters
+        ----------
+        out : list of numpy.ndarray, default=None
+            Arrays to copy into and return when they have the weights'
+            shapes and dtypes (a copy kept at every epoch reuses the memory
+            of the last one: new arrays of resnet18's 45 MB took 18.6 ms,
+            their pages faulted in and zeroed, a copy into old ones 2.4 ms);
+            new arrays otherwise.
+
+        Returns
+        -------
+        list of numpy.ndarray
+        """
+        values = [w.numpy() for w in self.weights]  # views on the CPU
+        if out is not None and len(out) == len(values) and all(
+                isinstance(a, np.ndarray) and a.shape == v.shape and a.dtype == v.dtype
+                and a.flags.writeable for a, v in zip(out, values)):
+            for a, v in zip(out, values):
+                np.copyto(a, v)
+            return out
+        return [v.copy() for v in values]
 
     def set_weights(self, weights):
         """Replace the weights by arrays or OrtValues (list or name mapping).
