@@ -21,7 +21,8 @@ from .graph import GraphBuilder, infer_value_types, opset_of
 from .graph.scopes import without_unread
 
 __all__ = ["running_statistics", "batchnorm_buffers", "updated_name",
-           "with_running_statistics_updates", "inference_mode"]
+           "with_running_statistics_updates", "inference_mode",
+           "reads_batch_statistics", "NODE_STATISTICS"]
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -32,6 +33,10 @@ def _is_batchnorm(node):
 
 _HELPER = "bn_update__"  # prefix of the names of the update nodes
 _MASK = "bn_mask__"  # prefix of the Mul(statistic, 0) nodes
+#: Prefix of the name of a training-mode BatchNormalization node whose
+#: running-statistics outputs are its batch statistics (momentum 0), set by
+#: ``with_running_statistics_updates(node_statistics=True)``.
+NODE_STATISTICS = "bn_statistics__"
 
 
 def _training_batchnorm(node):
@@ -103,10 +108,25 @@ def batchnorm_buffers(model):
 
 
 def _masks(graph):
-    """``zeros name -> statistic name`` of the Mul(statistic, 0) nodes
-    :func:`with_running_statistics_updates` feeds BatchNormalization."""
-    return {n.output[0]: n.input[0] for n in graph.node
-            if n.name.startswith(_MASK) and n.op_type == "Mul"}
+    """``zeros name -> statistic name`` of the zeros made from each
+    statistic that :func:`with_running_statistics_updates` feeds
+    BatchNormalization (``Mul(statistic, 0)``, then, for a node reading its
+    batch statistics, a ``Where`` turning its NaNs into zeros)."""
+    masks = {}
+    for n in graph.node:
+        if n.name.startswith(_MASK) and n.op_type == "Mul":
+            masks[n.output[0]] = n.input[0]
+        elif n.name.startswith(_MASK) and n.op_type == "Where" and n.input[1] in masks:
+            masks[n.output[0]] = masks[n.input[1]]
+    return masks
+
+
+def reads_batch_statistics(node):
+    """Whether a BatchNormalization node's running-statistics outputs are
+    its batch's mean and population variance, for the gradient rule to read
+    (see :func:`with_running_statistics_updates`)."""
+    return node.name.startswith(NODE_STATISTICS) and \
+        _attribute(node, "momentum", 0.9) == 0
 
 
 def updated_name(buffer):
@@ -133,16 +153,16 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
     outputs are the batch's mean and population variance (ONNX
     BatchNormalization-15: ``running_mean = input_mean * momentum +
     mean * (1 - momentum)``), which the update and the gradient rule
-    (``autodiff/rules/normalization.py``) read instead of computing them
-    again: four passes over X fewer per node in a training step. onnxruntime's
+    (``autodiff/rules/normalization.py``, for the nodes whose name starts
+    with :data:`NODE_STATISTICS`) read instead of computing them again:
+    four passes over X fewer per node in a training step. onnxruntime's
     CPU kernel follows the standard; its CUDA kernel (cuDNN) outputs the
-    unbiased variance, hence a CPU-only option. By default a node's
-    momentum of 0 is set to 0.5 instead (its running-statistics outputs are
-    then unread), so that the gradient rule computes the statistics itself.
-    Either way the node reads zeros in place of the statistics (its
-    training-mode output does not depend on them, and onnxruntime may write
-    its running-statistics outputs over those inputs in place);
-    :func:`inference_mode` restores them.
+    unbiased variance, hence a CPU-only option.
+
+    Either way the node reads zeros in place of the statistics, a new
+    value each run (its training-mode output ``Y`` does not depend on them,
+    and onnxruntime writes its running-statistics outputs over those inputs
+    in place); :func:`inference_mode` restores them.
 
     Parameters
     ----------
@@ -201,7 +221,9 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
             elem_type = inits[node.input[4]].data_type
             _name_outputs(masks, node)
             _momentum_update(updates, node, types, elem_type, node_statistics)
-            _read_zeros(masks, node, elem_type)
+            _read_zeros(masks, node, elem_type, finite=node_statistics)
+            if node_statistics:
+                node.name = f"{NODE_STATISTICS}{node.name}"
             nodes += masks.nodes[start:]
         nodes.append(node)
     del graph.node[:]
@@ -227,9 +249,9 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
 
 def _momentum_update(g, node, types, elem_type, node_statistics=False):
     """Emit ``updated_name`` of the node's running mean and variance (see
-    :func:`with_running_statistics_updates`) into the builder ``g``, and set
-    the node's momentum to 0 (``node_statistics``: its outputs are then the
-    batch statistics) or away from 0 (its outputs unread)."""
+    :func:`with_running_statistics_updates`) into the builder ``g``; with
+    ``node_statistics`` from the node's outputs, its momentum set to 0 (they
+    are then the batch statistics)."""
     x, scale, mean, var = (node.input[i] for i in (0, 1, 3, 4))
     shape = types.get(x, (None, None))[1]
     if shape is None:
@@ -261,8 +283,8 @@ def _momentum_update(g, node, types, elem_type, node_statistics=False):
             g.op("Add", g.op("Mul", old, g.const(momentum, elem_type)),
                  g.op("Mul", batch, g.const(1 - momentum, elem_type)),
                  outputs=[g.reserve(updated_name(old))])
-    if node_statistics or momentum == 0:
-        _set_momentum(node, 0.0 if node_statistics else 0.5)
+    if node_statistics:
+        _set_momentum(node, 0.0)
 
 
 def _set_momentum(node, value):
@@ -278,19 +300,26 @@ def _name_outputs(g, node):
         node.output.append("")
     for k in (1, 2):
         if not node.output[k]:
-            node.output[k] = g.unique_name("unused")
+            node.output[k] = g.unique_name("statistic")
 
 
-def _read_zeros(g, node, elem_type):
+def _read_zeros(g, node, elem_type, finite=False):
     """Make ``node`` read ``Mul(statistic, 0)`` instead of its running
-    statistics (nodes emitted into ``g``) and name its unused outputs:
-    onnxruntime may write the running-statistics outputs over those inputs
-    in place, while the update reads the statistics. Its training-mode
-    output does not depend on them; :func:`inference_mode` undoes it."""
-    _name_outputs(g, node)
+    statistics (nodes emitted into ``g``): onnxruntime writes the
+    running-statistics outputs over those inputs in place (over an
+    initializer too, measured), while the update reads the statistics, so
+    each input is a new value of its own every run. Its training-mode
+    output ``Y`` does not depend on them; :func:`inference_mode` undoes it.
+    ``finite``: the zeros also for a statistic that is inf or NaN (a batch
+    variance that overflowed), which ``Mul`` makes NaN: the node's
+    running-statistics outputs, ``input * momentum + batch * (1 -
+    momentum)``, are NaN then even at momentum 0, where the gradient rule
+    reads them."""
     zero = g.const(0, elem_type)
     for k in (3, 4):
-        node.input[k] = g.op("Mul", node.input[k], zero)
+        product = g.op("Mul", node.input[k], zero)
+        node.input[k] = g.op("Where", g.op("Equal", product, zero), product, zero) \
+            if finite else product
 
 
 def inference_mode(model, drop_outputs=()):
@@ -332,6 +361,8 @@ def inference_mode(model, drop_outputs=()):
     masks = _masks(graph)
     for node in graph.node:
         if _is_batchnorm(node):
+            if node.name.startswith(NODE_STATISTICS):
+                node.name = node.name[len(NODE_STATISTICS):]
             for k in range(3, min(len(node.input), 5)):
                 node.input[k] = masks.get(node.input[k], node.input[k])
             for att in node.attribute:

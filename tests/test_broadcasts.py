@@ -1,6 +1,7 @@
-"""Scalar operands widened where onnxruntime's CPU broadcast runs one call
-per element (graph/broadcasts.py): the same outputs, the widened shapes,
-and the graphs left alone."""
+"""Scalar operands given the output's rank and reductions without their
+size-1 axes where onnxruntime's CPU broadcast runs one call per element
+(graph/broadcasts.py): the same outputs, the new shapes, and the graphs
+left alone."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -27,46 +28,54 @@ def _scalar(name, value, dims=()):
     return numpy_helper.from_array(np.full(dims, value, dtype=np.float32), name)
 
 
-def test_constant_scalars_become_suffix_tensors_with_the_same_values():
-    # a 1x1 convolution's weight and feature maps at 1x1 meeting scalars
-    # (rank 0 and rank 4 of ones), a Where with a scalar branch and a
-    # computed rank-0 value
+def test_scalars_take_the_output_rank_with_the_same_values():
+    # feature maps at 1x1 meeting scalars (rank 0 and 1), a Where with a
+    # scalar branch, a computed rank-0 value, a full-rank scalar (fast
+    # already) and an initializer that is also a graph input (it may be fed
+    # another value: reshaped at run time, not baked in)
     nodes = [helper.make_node("Mul", ["X", "mu"], ["Y1"]),
              helper.make_node("Greater", ["X", "zero"], ["mask"]),
              helper.make_node("Where", ["mask", "X", "zero"], ["Y2"]),
              helper.make_node("Div", ["X", "ones4"], ["Y3"]),
              helper.make_node("Sub", ["X", "lr"], ["Y4"]),
-             helper.make_node("Cast", ["mask"], ["Y5"], to=F)]
+             helper.make_node("Cast", ["mask"], ["Y5"], to=F),
+             helper.make_node("Add", ["X", "fed"], ["Y6"])]
     model = _model(["N", 512, 1, 1], nodes,
-                   [_scalar("mu", 0.9), _scalar("zero", 0.0),
-                    _scalar("ones4", 2.0, (1, 1, 1, 1))],
-                   [helper.make_tensor_value_info("lr", F, [])])
+                   [_scalar("mu", 0.9, (1,)), _scalar("zero", 0.0),
+                    _scalar("ones4", 2.0, (1, 1, 1, 1)), _scalar("fed", 1.0)],
+                   [helper.make_tensor_value_info("lr", F, []),
+                    helper.make_tensor_value_info("fed", F, [])])
     new = avoid_slow_broadcasts(model)
     inits = {i.name: numpy_helper.to_array(i) for i in new.graph.initializer}
     by_output = {n.output[0]: n for n in new.graph.node}
     mul, where, div = by_output["Y1"], by_output["Y2"], by_output["Y3"]
-    assert inits[mul.input[1]].shape == (512, 1, 1)
-    assert np.all(inits[mul.input[1]] == np.float32(0.9))
-    assert inits[where.input[2]].shape == (512, 1, 1)
-    assert inits[div.input[1]].shape == (1, 512, 1, 1)  # its rank kept
-    # the computed scalar through one Expand to (512, 1, 1)
-    sub = by_output["Y4"]
-    expand = by_output[sub.input[1]]
-    assert expand.op_type == "Expand" and expand.input[0] == "lr"
-    assert tuple(inits[expand.input[1]]) == (512, 1, 1)
+    assert inits[mul.input[1]].shape == (1, 1, 1, 1)
+    assert inits[mul.input[1]].ravel()[0] == np.float32(0.9)
+    assert inits[where.input[2]].shape == (1, 1, 1, 1)
+    assert where.input[0] == "mask"  # full rank already
+    assert div.input[1] == "ones4"  # full rank already
+    # computed scalars and overridable initializers through one Reshape
+    for output, name in (("Y4", "lr"), ("Y6", "fed")):
+        reshape = by_output[by_output[output].input[1]]
+        assert reshape.op_type == "Reshape" and reshape.input[0] == name
+        assert tuple(inits[reshape.input[1]]) == (1, 1, 1, 1)
     # the caller's model untouched, the outputs equal
     assert [n.input[1] for n in model.graph.node[:2]] == ["mu", "zero"]
     x = np.random.default_rng(0).normal(size=(3, 512, 1, 1)).astype(np.float32)
-    feeds = {"X": x, "lr": np.array(0.25, dtype=np.float32)}
+    feeds = {"X": x, "lr": np.array(0.25, dtype=np.float32),
+             "fed": np.array(-3.0, dtype=np.float32)}
     expected = run(session(model), feeds)
     got = run(session(new), feeds)
-    assert set(got) == set(expected) == {"Y1", "Y2", "Y3", "Y4", "Y5"}
+    assert set(got) == set(expected) == {"Y1", "Y2", "Y3", "Y4", "Y5", "Y6"}
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name])
-    np.testing.assert_allclose(expected["Y3"], x / 2)
+    # fed a new value (an overridable initializer): not baked in
+    for m in (model, new):
+        y6 = session(m).run(["Y6"], {"X": x, "lr": feeds["lr"], "fed": feeds["fed"]})[0]
+        np.testing.assert_allclose(y6, x - 3.0)
 
 
-def test_one_widened_copy_per_scalar_and_shape():
+def test_one_padded_copy_per_scalar_and_rank():
     nodes = [helper.make_node("Mul", ["X", "mu"], ["a"]),
              helper.make_node("Add", ["a", "mu"], ["Y"])]
     new = avoid_slow_broadcasts(_model([64, 32, 1, 1], nodes, [_scalar("mu", 0.5)]))

@@ -548,10 +548,12 @@ def test_batch_statistics_read_from_the_node(momentum):
     makes its running-statistics outputs the batch's mean and population
     variance, which the update and the gradient rule read: the same
     running statistics as the graph's own computation, gradients against
-    central differences, two ReduceMeans fewer. By default a node's
-    momentum of 0 is moved away from 0 (the rule then computes them)."""
+    central differences, two ReduceMeans fewer. A model's own node of
+    momentum 0 keeps it and its statistics computed by the graph."""
     from gradcheck import check_gradients, run, session
-    from onnxtrain.training_mode import updated_name, with_running_statistics_updates
+    from onnxtrain.autodiff import build_fused_model
+    from onnxtrain.training_mode import (NODE_STATISTICS, updated_name,
+                                         with_running_statistics_updates)
     rng = np.random.default_rng(3)
     arr = onnx.numpy_helper.from_array
     vi = helper.make_tensor_value_info
@@ -574,7 +576,8 @@ def test_batch_statistics_read_from_the_node(momentum):
             model, node_statistics=from_node)
         (node,) = [n for n in new.graph.node if n.op_type == "BatchNormalization"]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        assert attrs["momentum"] == pytest.approx(0.0 if from_node else momentum or 0.5)
+        assert attrs["momentum"] == pytest.approx(0.0 if from_node else momentum)
+        assert node.name.startswith(NODE_STATISTICS) == from_node
         ops = [n.op_type for n in new.graph.node]
         assert ops.count("ReduceMean") == (0 if from_node else 2)
         feeds = dict(weights, x=x, **stats)
@@ -586,3 +589,42 @@ def test_batch_statistics_read_from_the_node(momentum):
             m = float(np.float32(momentum))
             expected = stats[name] * m + batch * (1 - m)
             np.testing.assert_allclose(got[updated_name(name)], expected, rtol=1e-12)
+        # non-finite running statistics (a variance that overflowed): the
+        # node's zeros stay zeros, its outputs and the gradients finite
+        bad = dict(feeds, mean=np.array([np.inf, 0.0]), var=np.array([1.0, np.nan]))
+        fused, bg = build_fused_model(new, ["x", "scale", "bias"], ["y"])
+        grads = run(session(fused), dict(bad, **{bg.grad_output_names[0]: np.ones((5, 1))}))
+        for name in bg.grad_names:
+            assert np.isfinite(grads[name]).all(), (from_node, name)
+
+
+def test_the_cpu_step_reads_the_batch_statistics_and_recovers_from_an_overflow():
+    """The estimators' CPU step reads each node's batch statistics; a batch
+    whose variance overflows (a finite loss: the statistics become inf) does
+    not make the later steps' gradients NaN."""
+    import warnings
+    from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
+    from onnxtrain.optim import LearningRateSGDNesterov
+    from onnxtrain.training_mode import NODE_STATISTICS
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((32, 1, 4, 4)).astype(np.float32)
+    y = rng.standard_normal(32).astype(np.float32)
+    est = OrtGradientForwardBackwardOptimizer(
+        _bn_model(), weights_to_train=["w", "scale", "bias", "fc"], max_iter=1,
+        batch_size=16, training_path="fused", exc=False, shuffle=False,
+        learning_rate=LearningRateSGDNesterov(0.01, learning_rate="constant",
+                                              nesterov=False)).fit(X, y)
+    step = est._trainer.fused_graph("step", False)
+    (bn,) = [n for n in step.model.graph.node if n.op_type == "BatchNormalization"]
+    assert bn.name.startswith(NODE_STATISTICS)
+    assert [a.f for a in bn.attribute if a.name == "momentum"] == [0.0]
+    bad = X[:16].copy()
+    bad[0, 0, 1, 1] = 1e20  # the batch variance overflows float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ConvergenceWarning
+        est.partial_fit(bad, y[:16])
+        assert not np.isfinite(est._trainer.get_buffers()["var"]).all()
+        for _ in range(3):
+            est.partial_fit(X, y)
+    assert np.isfinite(est.train_losses_).all()
+    assert all(np.isfinite(w).all() for w in est.get_state())

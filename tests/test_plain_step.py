@@ -107,9 +107,9 @@ def test_two_parameters_sharing_one_gradient(tmp_path):
     np.testing.assert_allclose(light[grads["W"]], x.T @ dy, rtol=1e-12)
 
 
-def test_plain_model_of_a_graph_with_widened_scalars(tmp_path):
+def test_plain_model_of_a_graph_with_padded_scalars(tmp_path):
     # feature maps of 1x1 (N, 1024, 1, 1) and weights (1, 1024, 1, 1): the
-    # artifacts' graph gets scalar operands widened (graph/broadcasts.py),
+    # artifacts' graph gets scalar operands padded (graph/broadcasts.py),
     # the accumulation's Where still reads lazy_reset_grad itself, so the
     # plain model exists
     from onnx import TensorProto, helper, numpy_helper
@@ -129,8 +129,8 @@ def test_plain_model_of_a_graph_with_widened_scalars(tmp_path):
         model, requires_grad=["W", "B"], loss=onnxblock.loss.MSELoss(),
         artifact_directory=tmp_path)
     training = onnx.load(paths["training_model"])
-    widened = {o for n in training.graph.node for o in n.input if "__widened" in o}
-    assert widened  # some scalar met (N, c, 1, 1)
+    padded = {o for n in training.graph.node for o in n.input if "__padded" in o}
+    assert padded  # some scalar met (N, c, 1, 1)
     layout = read_layout(training, TRAINING_METADATA, "training model")
     plain = without_accumulation(training, layout)
     assert plain is not None

@@ -1,22 +1,23 @@
-"""Scalar operands widened where onnxruntime's CPU broadcast is slow.
+"""Operands and reductions rewritten where onnxruntime's CPU broadcast is
+slow.
 
 onnxruntime's CPU element-wise kernels walk the output in runs over which
-each input is either read contiguously or broadcast, one call per run. A
-dimension of size 1 in the output breaks a run, so a tensor whose last
+each input is either read contiguously or broadcast, one call per run. An
+operand of lower rank than the output, meeting a tensor whose last
 dimensions are 1 (``(32, 512, 1, 1)``: a CNN's feature maps at 1x1, a 1x1
-convolution's weight ``(512, 256, 1, 1)``) meeting a scalar is walked one
-element per call: microbenchmarked at ``(32, 512, 1, 1)``, Mul by a scalar
-takes 134 us against 7 us with the scalar as a ``(512, 1, 1)`` tensor, and
-the same Mul on ``(32, 512)`` 3 us. In resnet18's training step at 32x32
-inputs (profiled) these were the ReLU gradients' comparisons at layer4,
-the average pool's gradient and the momentum update of the 1x1
+convolution's weight ``(512, 256, 1, 1)``), is walked one element per
+call: microbenchmarked at ``(32, 512, 1, 1)``, Mul by a rank-0 scalar takes
+228 us, by the same scalar of shape ``(1, 1, 1, 1)`` 5 us; at
+``(512, 256, 1, 1)`` 775 against 11 us. In resnet18's training step at
+32x32 inputs (profiled) these were the ReLU gradients' comparisons at
+layer4, the average pool's gradient and the momentum update of the 1x1
 downsampling weights: 2.6 ms of a 70 ms step.
 
-:func:`avoid_slow_broadcasts` gives such a scalar operand the shape of the
-other operand's last dimensions, from its innermost dimension larger than
-1 on (``(512, 1, 1)`` above), so that the run covers them: a new
-initializer for a constant, an ``Expand`` for a computed value. The
-values and the output's shape are unchanged.
+:func:`avoid_slow_broadcasts` gives such a scalar operand the output's rank
+(a reshaped initializer for a constant, a Reshape of a computed value; a
+tensor of the other operand's trailing shape, the first form tried, ran
+as fast at 1x1 maps but 15x slower on ``(32, 512, 7, 1)``). The values
+and the output's shape are unchanged.
 
 Reductions keeping their dimensions have the same fault: ReduceSum over
 axes (0, 2, 3) of ``(32, 512, 1, 1)`` takes 43 us, over axis 0 alone
@@ -30,6 +31,7 @@ import math
 import numpy as np
 from onnx import helper, numpy_helper
 
+from .builder import GraphBuilder, opset_of
 from .shapes import infer_value_types
 
 __all__ = ["avoid_slow_broadcasts", "may_broadcast_slowly", "ELEMENTWISE_BROADCASTS"]
@@ -42,7 +44,7 @@ ELEMENTWISE_BROADCASTS = frozenset({
 
 #: Calls (output elements up to the innermost dimension larger than 1,
 #: a symbolic dimension counted as this many) from which a scalar operand
-#: is widened; below, the per-call cost is a few microseconds at most.
+#: is padded; below, the per-call cost is a few microseconds at most.
 MIN_RUNS = 1024
 
 
@@ -56,25 +58,24 @@ def _broadcast(shapes):
     return tuple(out)
 
 
-def _slow_suffix(shape):
-    """The shape's dimensions from its innermost one larger than 1 on, when
-    ones follow it, they are static and the broadcast would make at least
-    :data:`MIN_RUNS` calls; else None."""
+def _ends_in_ones(shape):
+    """Whether ``shape`` ends in static dimensions of size 1 after a larger
+    one, with at least :data:`MIN_RUNS` elements up to that one (a
+    broadcast against a lower-rank operand would make as many calls)."""
     if not shape or shape[-1] != 1:
-        return None
+        return False
     inner = max((i for i, d in enumerate(shape) if d != 1), default=None)
     if inner is None or not all(isinstance(d, int) for d in shape[inner:]):
-        return None
-    runs = math.prod(d if isinstance(d, int) and d > 0 else MIN_RUNS
-                     for d in shape[:inner + 1])
-    return tuple(shape[inner:]) if runs >= MIN_RUNS else None
+        return False
+    return math.prod(d if isinstance(d, int) and d > 0 else MIN_RUNS
+                     for d in shape[:inner + 1]) >= MIN_RUNS
 
 
 def avoid_slow_broadcasts(model, types=None, keep=()):
-    """``model`` with the scalar operands of element-wise ops widened where
-    onnxruntime's broadcast would walk the output one element per call, and
-    the static size-1 axes left out of reductions keeping their dimensions
-    (see the module docstring).
+    """``model`` with the scalar operands of element-wise ops given the
+    output's rank where onnxruntime's broadcast would walk the output one
+    element per call, and the static size-1 axes left out of reductions
+    keeping their dimensions (see the module docstring).
 
     Parameters
     ----------
@@ -98,70 +99,54 @@ def avoid_slow_broadcasts(model, types=None, keep=()):
     inits = {i.name: i for i in graph.initializer}
     taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
     taken |= set(inits) | {v.name for v in list(graph.input) + list(graph.output)}
-    widened, new_inits, nodes = {}, [], []
-    counter = [0]
+    # an initializer that is also a graph input may be fed another value
+    overridable = set(inits) & {i.name for i in graph.input}
+    padded, new_inits, nodes = {}, [], []
+    names = GraphBuilder(opset_of(model) or 1, used_names=taken)
 
     def fresh(base):
-        while True:
-            counter[0] += 1
-            name = f"{base}__widened{counter[0]}"
-            if name not in taken:
-                taken.add(name)
-                return name
+        return names.unique_name(f"{base}__padded")
 
     changed = False
     for node in graph.node:
-        axes = _narrowed_axes(node, types, inits)
-        if axes is not None:
-            copy = type(node)()
-            copy.CopyFrom(node)
-            if len(node.input) > 1:
-                name = fresh(f"{node.input[1]}_narrowed")
-                new_inits.append(numpy_helper.from_array(np.array(axes, np.int64), name))
-                copy.input[1] = name
-            else:
-                att = next(a for a in copy.attribute if a.name == "axes")
-                del att.ints[:]
-                att.ints.extend(axes)
-            nodes.append(copy)
-            changed = True
-            continue
-        plan = _plan(node, types)
-        if plan is None:
+        axes = _narrowed_axes(node, types, inits, overridable)
+        inputs = list(node.input)
+        if axes is not None and len(node.input) > 1:
+            inputs[1] = fresh(f"{node.input[1]}_narrowed")
+            new_inits.append(numpy_helper.from_array(np.array(axes, np.int64), inputs[1]))
+        elif axes is None:
+            for index in _scalars_to_pad(node, types):
+                name, rank = node.input[index], len(types[node.output[0]][1])
+                if name in keep:
+                    continue
+                key = (name, rank)
+                if key not in padded:
+                    padded[key] = fresh(name)
+                    shape = (1,) * rank
+                    if name in inits and name not in overridable:
+                        value = numpy_helper.to_array(inits[name]).reshape(shape)
+                        new_inits.append(numpy_helper.from_array(value, padded[key]))
+                    else:
+                        target = fresh(f"{name}_shape")
+                        new_inits.append(numpy_helper.from_array(
+                            np.array(shape, dtype=np.int64), target))
+                        nodes.append(helper.make_node(
+                            "Reshape", [name, target], [padded[key]],
+                            name=fresh(f"{name}_reshape")))
+                inputs[index] = padded[key]
+        if inputs == list(node.input) and axes is None:
             nodes.append(node)
             continue
-        suffix, scalars = plan
-        new_inputs = list(node.input)
-        for index in scalars:
-            name = node.input[index]
-            if name in keep:
-                continue
-            rank = len(types[name][1])
-            shape = (1,) * (rank - len(suffix)) + suffix
-            key = (name, shape)
-            if key not in widened:
-                if name in inits:
-                    value = numpy_helper.to_array(inits[name])
-                    array = np.ascontiguousarray(np.broadcast_to(
-                        value.reshape(()), shape))
-                    widened[key] = fresh(name)
-                    new_inits.append(numpy_helper.from_array(array, widened[key]))
-                else:
-                    target = fresh(f"{name}_shape")
-                    new_inits.append(numpy_helper.from_array(
-                        np.array(shape, dtype=np.int64), target))
-                    widened[key] = fresh(name)
-                    nodes.append(helper.make_node(
-                        "Expand", [name, target], [widened[key]],
-                        name=fresh(f"{name}_expand")))
-            new_inputs[index] = widened[key]
-        if new_inputs != list(node.input):
-            copy = type(node)()
-            copy.CopyFrom(node)
-            del copy.input[:]
-            copy.input.extend(new_inputs)
-            node, changed = copy, True
-        nodes.append(node)
+        copy = type(node)()
+        copy.CopyFrom(node)
+        del copy.input[:]
+        copy.input.extend(inputs)
+        if axes is not None and len(node.input) < 2:
+            att = next(a for a in copy.attribute if a.name == "axes")
+            del att.ints[:]
+            att.ints.extend(axes)
+        nodes.append(copy)
+        changed = True
     if not changed:
         return model
     new = type(model)()
@@ -172,7 +157,7 @@ def avoid_slow_broadcasts(model, types=None, keep=()):
     return new
 
 
-def _narrowed_axes(node, types, inits):
+def _narrowed_axes(node, types, inits, overridable=()):
     """The axes of a reduction keeping its dimensions without those of
     static size 1, when it lists such an axis and another one; else None."""
     if not node.op_type.startswith("Reduce") or node.domain not in ("", "ai.onnx"):
@@ -181,7 +166,7 @@ def _narrowed_axes(node, types, inits):
     if "keepdims" in attrs and attrs["keepdims"].i == 0:
         return None
     if len(node.input) > 1 and node.input[1]:
-        if node.input[1] not in inits:
+        if node.input[1] not in inits or node.input[1] in overridable:
             return None
         axes = [int(a) for a in numpy_helper.to_array(inits[node.input[1]]).ravel()]
     elif "axes" in attrs:
@@ -200,24 +185,20 @@ def _narrowed_axes(node, types, inits):
     return kept
 
 
-def _plan(node, types):
-    """(suffix, indices of the scalar inputs to widen) or None."""
+def _scalars_to_pad(node, types):
+    """Indices of the inputs of an element-wise ``node`` holding one value
+    in a rank below its output's, when the output ends in dimensions of
+    size 1 (:func:`_ends_in_ones`)."""
     if node.op_type not in ELEMENTWISE_BROADCASTS or node.domain not in ("", "ai.onnx") \
             or len(node.input) < 2 or not all(node.input):
-        return None
+        return []
     shapes = [types.get(name, (None, None))[1] for name in node.input]
-    if any(s is None for s in shapes):
-        return None
-    out = _broadcast(shapes)
-    suffix = _slow_suffix(out)
-    if suffix is None:
-        return None
-    scalars = [i for i, s in enumerate(shapes)
-               if all(d == 1 for d in s) and len(s) <= len(out)]
-    # only scalars meeting a larger operand (the condition of Where is one)
-    if not scalars or len(scalars) == len(shapes):
-        return None
-    return suffix, scalars
+    out = types.get(node.output[0], (None, None))[1]
+    if out is None or any(s is None for s in shapes) or \
+            not _ends_in_ones(_broadcast(shapes)):
+        return []
+    return [i for i, s in enumerate(shapes)
+            if len(s) < len(out) and all(d == 1 for d in s)]
 
 
 def may_broadcast_slowly(types):
@@ -227,5 +208,4 @@ def may_broadcast_slowly(types):
     for a training graph that :func:`avoid_slow_broadcasts` may change (its
     gradients and updates have the forward's shapes), before the shape
     inference that pass runs."""
-    return any(shape is not None and _slow_suffix(shape) is not None
-               for _, shape in types.values())
+    return any(_ends_in_ones(shape) for _, shape in types.values())

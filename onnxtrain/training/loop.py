@@ -132,7 +132,9 @@ class EpochLoop:
             if stop:
                 break
         bar.close()
-        est._finite_weights = None  # a copy kept only during the epochs
+        # the copy is kept only during the epochs (its arrays stay with the
+        # trainer for the next fit's copy)
+        est._finite_weights = None
         if est.early_stopping and est._best_weights is not None:
             est._trainer.set_weights(est._best_weights)
             est._trainer.set_buffers(getattr(est, "_best_buffers", None))

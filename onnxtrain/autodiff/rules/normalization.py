@@ -13,6 +13,7 @@ scale / sqrt(var + eps) dy.
 """
 from onnx import TensorProto
 
+from ...training_mode import reads_batch_statistics
 from ..registry import register_vjp
 
 
@@ -74,12 +75,24 @@ def _group_scale_backward(ctx, x, gy, scale, axes, eps, per_group=None):
     are taken, against eight for the general form. ``per_group``: a tensor
     of one value per group (default: the statistics themselves)."""
     _, inv_std, xhat = _statistics(ctx, x, axes, eps)
+    return _from_sums(ctx, x, gy, scale, inv_std, xhat, None, axes,
+                      inv_std if per_group is None else per_group)
+
+
+def _from_sums(ctx, x, gy, scale, inv_std, v, v_to_xhat, axes, per_group):
+    """(dx, s2, s1) of :func:`_group_scale_backward` from ``v``, xhat
+    itself (``v_to_xhat`` None) or x - mean with ``v_to_xhat`` = inv_std
+    (xhat = v inv_std, s2 = inv_std sum(dy v))."""
     s1 = ctx.g.reduce_sum(gy, axes, keepdims=1)
-    s2 = ctx.g.reduce_sum(ctx.op("Mul", gy, xhat), axes, keepdims=1)
+    s2 = ctx.g.reduce_sum(ctx.op("Mul", gy, v), axes, keepdims=1)
+    if v_to_xhat is not None:
+        s2 = ctx.op("Mul", s2, v_to_xhat)
     k = ctx.op("Mul", scale, inv_std)
-    k_m = ctx.op("Div", k, _group_size(ctx, x, inv_std if per_group is None
-                                       else per_group, axes))
-    shift = ctx.op("Mul", xhat, _spread(ctx, ctx.op("Mul", s2, k_m), x, axes))
+    k_m = ctx.op("Div", k, _group_size(ctx, x, per_group, axes))
+    factor = ctx.op("Mul", s2, k_m)
+    if v_to_xhat is not None:
+        factor = ctx.op("Mul", factor, v_to_xhat)
+    shift = ctx.op("Mul", v, _spread(ctx, factor, x, axes))
     gx = ctx.op("Sub", ctx.op("Sub", ctx.op("Mul", gy, _spread(ctx, k, x, axes)), shift),
                 _spread(ctx, ctx.op("Mul", s1, k_m), x, axes))
     return gx, s2, s1
@@ -141,35 +154,28 @@ def _batch_norm(ctx, gy, *g_stats):
 def _statistics_outputs(ctx):
     """Whether a training-mode node outputs its batch statistics: momentum
     0 makes its running mean and variance outputs the batch's mean and
-    population variance (ONNX BatchNormalization-15), as
-    :func:`onnxtrain.training_mode.with_running_statistics_updates` sets it
-    for onnxruntime's CPU kernel."""
-    return ctx.attr("momentum", 0.9) == 0 and len(ctx.outputs) >= 3 and \
+    population variance (ONNX BatchNormalization-15), and
+    :func:`onnxtrain.training_mode.with_running_statistics_updates` marks
+    the nodes it sets so for onnxruntime's CPU kernel (a model's own node
+    of momentum 0 is not read so: onnxruntime's CUDA kernel outputs the
+    unbiased variance)."""
+    return reads_batch_statistics(ctx.node) and len(ctx.outputs) >= 3 and \
         bool(ctx.outputs[1]) and bool(ctx.outputs[2])
 
 
 def _node_statistics_backward(ctx, x, gy, scale, axes, eps):
     """(dx, s2, s1) as :func:`_group_scale_backward`, the mean and variance
-    read from the node's outputs (:func:`_statistics_outputs`): with
-    c = x - mean, s1 = sum(dy), t = sum(dy c) and s2 = t / sqrt(var + eps),
-    dx = k (dy - s1 / M - c s2 / sqrt(var + eps) / M), k = scale /
-    sqrt(var + eps): eight passes over x (the centering, two sums, four for
-    dx) against twelve when the statistics are computed again."""
+    read from the node's outputs (:func:`_statistics_outputs`), with
+    c = x - mean in place of xhat: eight passes over x (the centering, two
+    sums, four for dx) against twelve when the statistics are computed
+    again."""
     rank = len(axes) + 1
     mean = _per_channel(ctx, ctx.outputs[1], rank)
     inv_std = _per_channel(ctx, ctx.op("Reciprocal", ctx.op(
         "Sqrt", ctx.op("Add", ctx.outputs[2], ctx.const(eps)))), rank)
     centered = ctx.op("Sub", x, _spread(ctx, mean, x, axes))
-    s1 = ctx.g.reduce_sum(gy, axes, keepdims=1)
-    s2 = ctx.op("Mul", ctx.g.reduce_sum(ctx.op("Mul", gy, centered), axes, keepdims=1),
-                inv_std)
-    k = ctx.op("Mul", scale, inv_std)
-    k_m = ctx.op("Div", k, _group_size(ctx, x, ctx.inputs[1], axes))
-    shift = ctx.op("Mul", centered, _spread(
-        ctx, ctx.op("Mul", ctx.op("Mul", s2, k_m), inv_std), x, axes))
-    gx = ctx.op("Sub", ctx.op("Sub", ctx.op("Mul", gy, _spread(ctx, k, x, axes)), shift),
-                _spread(ctx, ctx.op("Mul", s1, k_m), x, axes))
-    return gx, s2, s1
+    return _from_sums(ctx, x, gy, scale, inv_std, centered, inv_std, axes,
+                      ctx.inputs[1])
 
 
 def _running_statistics(ctx, gx, g_stats, axes, rank):
