@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .autodiff import build_fused_model, build_gradient_models
-from .graph.broadcasts import may_broadcast_slowly, avoid_slow_broadcasts
+from .graph.broadcasts import avoid_slow_broadcasts
 from .graph.conv_gemm import lower_small_convs
 from .graph.aliasing import writes_after_reads
 from .graph.cse import eliminate_common_subexpressions
@@ -234,8 +234,7 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         initializers=list(fused.graph.initializer) + loss_inits + update_inits)
     graph = helper.make_graph(nodes, "training_step", inputs, outputs, constants)
     step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
-    if may_broadcast_slowly(types):
-        step = avoid_slow_broadcasts(step)
+    step = avoid_slow_broadcasts(step, forward_types=types)
     data = [x.name for x in features] + [target_name] + (
         [weight_name] if weighted else [])
     return TrainingStep(step, data, scalars, list(wrt), states, list(buffers),

@@ -71,7 +71,7 @@ def _ends_in_ones(shape):
                      for d in shape[:inner + 1]) >= MIN_RUNS
 
 
-def avoid_slow_broadcasts(model, types=None, keep=()):
+def avoid_slow_broadcasts(model, types=None, keep=(), forward_types=None):
     """``model`` with the scalar operands of element-wise ops given the
     output's rank where onnxruntime's broadcast would walk the output one
     element per call, and the static size-1 axes left out of reductions
@@ -87,12 +87,19 @@ def avoid_slow_broadcasts(model, types=None, keep=()):
         Values every reader keeps reading as they are (an interface that a
         later rewrite matches, e.g. the ``lazy_reset_grad`` condition of the
         artifacts' gradient accumulation).
+    forward_types : dict, default=None
+        The types of the forward graph ``model`` was built from (a training
+        graph's gradients and updates have its shapes): when none of them
+        ends in size-1 dimensions (:func:`may_broadcast_slowly`), ``model``
+        is returned as it is, without the shape inference of ``model``.
 
     Returns
     -------
     onnx.ModelProto
         A new model, or ``model`` itself when nothing qualifies.
     """
+    if forward_types is not None and not may_broadcast_slowly(forward_types):
+        return model
     graph = model.graph
     types = infer_value_types(model) if types is None else types
     keep = set(keep)
@@ -204,8 +211,6 @@ def _scalars_to_pad(node, types):
 def may_broadcast_slowly(types):
     """Whether a value of ``types`` (``name -> (elem_type, shape)``, from
     :func:`~onnxtrain.graph.infer_value_types`) ends in static dimensions
-    of size 1 after a larger one. On a forward graph's types: a cheap test
-    for a training graph that :func:`avoid_slow_broadcasts` may change (its
-    gradients and updates have the forward's shapes), before the shape
-    inference that pass runs."""
+    of size 1 after a larger one: the test of ``forward_types`` in
+    :func:`avoid_slow_broadcasts`."""
     return any(_ends_in_ones(shape) for _, shape in types.values())

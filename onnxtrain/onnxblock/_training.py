@@ -20,7 +20,7 @@ from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types, opset_of)
 from ..graph.builder import tensor_value_info
-from ..graph.broadcasts import may_broadcast_slowly, avoid_slow_broadcasts
+from ..graph.broadcasts import avoid_slow_broadcasts
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
@@ -276,10 +276,10 @@ def build_training_models(state, output_names, trainable, frozen):
         inputs + buffers + [lazy_vi],
         outputs + acc_outputs + update_outputs, train_constants)
     training = _model_like(model, train_graph)
-    if may_broadcast_slowly(types):
-        # the accumulation's Where nodes read lazy_reset_grad itself
-        # (api/_plain_step.py drops them by that)
-        training = avoid_slow_broadcasts(training, keep=[LAZY_RESET_GRAD])
+    # the accumulation's Where nodes read lazy_reset_grad itself
+    # (api/_plain_step.py drops them by that)
+    training = avoid_slow_broadcasts(training, keep=[LAZY_RESET_GRAD],
+                                     forward_types=types)
     eval_inputs, eval_constants = move_to_inputs(
         base.graph, params, param_types, keep_initializer_inputs=False)
     eval_graph = helper.make_graph(
