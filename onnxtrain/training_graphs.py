@@ -300,12 +300,8 @@ def update_in_place(step):
     taken = {n for node in nodes for n in list(node.input) + list(node.output)}
     taken |= {v.name for v in list(graph.input) + list(graph.output)}
     taken |= {v.name for v in graph.initializer}
-
-    def fresh(name):
-        new = next(f"{name}{k or ''}" for k in range(len(taken) + 1)
-                   if f"{name}{k or ''}" not in taken)
-        taken.add(new)
-        return new
+    taken |= {node.name for node in nodes if node.name}
+    fresh = GraphBuilder(opset_of(step.model), used_names=taken).unique_name
 
     inside = [_copy_node(nodes[i]) for i in sorted(branch)]
     outside = [_copy_node(node) for i, node in enumerate(nodes) if i not in branch]

@@ -17,7 +17,7 @@ from .sessions import SessionRunner, to_ortvalue
 from .threads import (current_session_threads, requested_session_threads,
                       session_threads)
 
-__all__ = ["OrtGradientForwardBackward", "check_weight_names"]
+__all__ = ["OrtGradientForwardBackward", "check_weight_names", "copy_arrays"]
 
 
 def check_weight_names(weights_to_train):
@@ -33,6 +33,29 @@ def check_weight_names(weights_to_train):
     if names is None or not all(isinstance(n, str) for n in names):
         raise TypeError("weights_to_train must be None or a list of "
                         f"initializer names (str), got {weights_to_train!r}.")
+
+
+def copy_arrays(values, out=None):
+    """Copies of the arrays ``values``, into ``out`` when it holds arrays
+    of the same shapes and dtypes (writeable), new arrays otherwise.
+
+    Parameters
+    ----------
+    values : list of numpy.ndarray
+    out : list of numpy.ndarray, default=None
+
+    Returns
+    -------
+    list of numpy.ndarray
+        ``out`` itself when it was reused.
+    """
+    if out is not None and len(out) == len(values) and all(
+            isinstance(a, np.ndarray) and a.shape == v.shape and a.dtype == v.dtype
+            and a.flags.writeable for a, v in zip(out, values)):
+        for a, v in zip(out, values):
+            np.copyto(a, v)
+        return out
+    return [v.copy() for v in values]
 
 
 class OrtGradientForwardBackward:
@@ -225,14 +248,7 @@ class OrtGradientForwardBackward:
         -------
         list of numpy.ndarray
         """
-        values = [w.numpy() for w in self.weights]  # views on the CPU
-        if out is not None and len(out) == len(values) and all(
-                isinstance(a, np.ndarray) and a.shape == v.shape and a.dtype == v.dtype
-                and a.flags.writeable for a, v in zip(out, values)):
-            for a, v in zip(out, values):
-                np.copyto(a, v)
-            return out
-        return [v.copy() for v in values]
+        return copy_arrays([w.numpy() for w in self.weights], out)  # views on the CPU
 
     def set_weights(self, weights):
         """Replace the weights by arrays or OrtValues (list or name mapping).

@@ -313,19 +313,12 @@ class EpochLoop:
     def keep_finite_weights(self, epochs):
         """Copy the weights an epoch starts from, the weights after
         ``epochs`` epochs, when every value is finite: a divergence goes back
-        to them (see :meth:`non_finite`). The copy goes into the arrays of
-        the last one, which the trainer keeps between fits
-        (``Trainer.finite_weights_arrays``; see
-        :meth:`~onnxtrain.runtime.OrtGradientForwardBackward.get_weights`)."""
-        est = self.estimator
-        trainer = est._trainer
-        if not all(np.isfinite(w.numpy()).all() for w in trainer.engine.weights):
-            return
-        # one copy at a time (resnet18: 45 MB): the trainer's weights keep
-        # their shapes and dtypes, so the arrays are reused
-        arrays = trainer.engine.get_weights(out=trainer.finite_weights_arrays)
-        trainer.finite_weights_arrays = arrays
-        est._finite_weights = (arrays, epochs)
+        to them (see :meth:`non_finite`;
+        :meth:`~onnxtrain.estimators._trainer.Trainer.finite_weights_copy`
+        makes the copy, one at a time: resnet18's weights take 45 MB)."""
+        arrays = self.estimator._trainer.finite_weights_copy()
+        if arrays is not None:
+            self.estimator._finite_weights = (arrays, epochs)
 
     def non_finite(self, loss, epoch):
         """A non-finite loss at ``epoch``: put back the best validation
