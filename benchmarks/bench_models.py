@@ -19,6 +19,11 @@ drawn by numpy, the same batches for every system):
   reshapes them), batch 32, softmax cross-entropy, SGD lr 0.01 momentum
   0.9 (onnxruntime-training's SGD has no momentum: the api rows and its
   rows use plain SGD, compared with PyTorch's plain SGD);
+- resnet18-112 (not in the default ``--models``): the same network on
+  3x112x112 images, batch 8, 15 timed steps: every layer's output is
+  wider than the 4x4 below which onnxtrain lowers a Conv to one matrix
+  product (``graph/conv_gemm.py``), so onnxruntime's Conv kernels and
+  their gradients run throughout;
 - encoder: transformers' ``BertModel`` from a ``BertConfig`` (hidden 128,
   2 layers, 2 heads, intermediate 512, vocabulary 1000, no dropout, eager
   attention), the [CLS] row through a linear head to 2 classes; token ids
@@ -63,8 +68,13 @@ import warnings
 import numpy as np
 
 MODELS = {
-    "resnet18": dict(batch=32, warmup=3, steps=25, classes=10, features=3 * 32 * 32,
-                     optimizer="sgd", lr=0.01, momentum=0.9),
+    "resnet18": dict(batch=32, warmup=3, steps=25, classes=10, size=32,
+                     features=3 * 32 * 32, optimizer="sgd", lr=0.01, momentum=0.9),
+    # the same network on images of 112x112 pixels, where every layer's
+    # output is wider than 4x4 (onnxruntime's Conv kernels throughout)
+    "resnet18-112": dict(batch=8, warmup=3, steps=15, classes=10, size=112,
+                         features=3 * 112 * 112, optimizer="sgd", lr=0.01,
+                         momentum=0.9),
     "encoder": dict(batch=16, warmup=3, steps=40, classes=2, features=64,
                     optimizer="adamw", lr=1e-3, weight_decay=0.01, layers=2,
                     vocab=1000),
@@ -84,7 +94,7 @@ def batches(name):
     cfg = MODELS[name]
     n = cfg["batch"] * (cfg["warmup"] + cfg["steps"])
     rng = np.random.RandomState(0)
-    if name == "resnet18":
+    if name.startswith("resnet18"):
         X = rng.randn(n, cfg["features"]).astype(np.float32)
     else:
         X = rng.randint(0, cfg["vocab"], size=(n, cfg["features"])).astype(np.float32)
@@ -98,7 +108,9 @@ def torch_model(name):
     import torch
     from torch import nn
     torch.manual_seed(0)
-    if name == "resnet18":
+    if name.startswith("resnet18"):
+        size = MODELS[name]["size"]
+
         class BasicBlock(nn.Module):
             def __init__(self, cin, cout, stride):
                 super().__init__()
@@ -134,7 +146,7 @@ def torch_model(name):
                 self.fc = nn.Linear(512, classes)
 
             def forward(self, x):
-                x = x.reshape(-1, 3, 32, 32)
+                x = x.reshape(-1, 3, size, size)
                 x = self.maxpool(torch.relu(self.bn1(self.conv1(x))))
                 x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
                 return self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))

@@ -187,9 +187,13 @@ WEIGHT_GEMM_CASES = [(2, 3, 8, 8, 4, 3, 1, 1),
                      (2, 4, 16, 16, 3, 1, 2, 0)]  # 1x1 downsample
 
 
+@pytest.mark.parametrize("form", ["rows", "columns"])
 @pytest.mark.parametrize("case", WEIGHT_GEMM_CASES)
-def test_conv_weight_gradient_as_one_gemm(case):
+def test_conv_weight_gradient_as_one_gemm(case, form, monkeypatch):
     from onnxtrain.autodiff import build_gradient_models
+    from onnxtrain.autodiff.rules import conv
+    # both im2col forms of dW (the columns' needs no transpose of dW)
+    monkeypatch.setattr(conv, "_columns_form", lambda *args: form == "columns")
     n, c, h, w, m, k, s, p = case
     # float32 (onnxruntime's CPU Conv has no float64 kernel): the Conv is
     # linear in each input, so central differences of a large step are
@@ -201,11 +205,28 @@ def test_conv_weight_gradient_as_one_gemm(case):
     # dW: one GEMM over the rows one Gather makes (no Slice per tap); dX at
     # stride 1: one more, on the rows of dY (no ConvTranspose)
     gemms = 1 if s > 1 else 2
-    assert ops.count("MatMul") == gemms and ops.count("Gather") == gemms, ops
+    assert ops.count("MatMul") + ops.count("Gemm") == gemms, ops
+    assert ops.count("Gather") == gemms, ops
+    assert ops.count("Gemm") == (form == "columns"), ops
+    # dW transposed back from (M, K, C) by the rows form only
+    assert sum(node.op_type == "Transpose" and list(node.attribute[0].ints) == [0, 3, 1, 2]
+               for node in backward.graph.node) == (form == "rows") + (s == 1), ops
     assert "Conv" not in ops and ("ConvTranspose" in ops) == (s > 1), ops
     x = np.random.default_rng(1).normal(size=(n, c, h, w)).astype(np.float32)
     feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     check_gradients(model, ["X", "W", "B"], dict(feeds, X=x), eps=0.5, tol=1e-4)
+
+
+@pytest.mark.parametrize("n, c, m, pixels, columns", [
+    (8, 512, 512, 16, True),   # resnet18 layer4 at 112x112: the weight is big
+    (8, 3, 64, 56 * 56, True),  # the stem: runs of 3 values in rows
+    ("N", 3, 64, 16 * 16, True),  # a symbolic batch counts as 8
+    (8, 64, 64, 28 * 28, False),  # layer1 at 112x112: many pixels
+    (8, 128, 128, 14 * 14, False)])
+def test_weight_gradient_form_choice(n, c, m, pixels, columns):
+    # the choices measured (conv.py, _columns_form)
+    from onnxtrain.autodiff.rules import conv
+    assert conv._columns_form(n, c, m, pixels) == columns
 
 
 def test_grouped_conv_weight_gradient_keeps_the_conv_form():

@@ -48,8 +48,8 @@ from onnx import helper
 from .builder import GraphBuilder
 from .shapes import infer_value_types
 
-__all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "output_size",
-           "MAX_OUTPUT_PIXELS"]
+__all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "im2col_columns",
+           "output_size", "MAX_OUTPUT_PIXELS"]
 
 #: Output sizes (Ho * Wo) up to which a Conv is lowered: above, onnxruntime's
 #: per-image GEMM is wide enough (measured at 4x4 outputs: Conv 1.1 ms,
@@ -167,6 +167,30 @@ def im2col_rows(g, x, n_channels, kernel, strides, pads, size, out, flip=False):
                      for i in rows_i for j in cols_j], dtype=np.int64)
     rows = g.op("Gather", xt, g.int64s(taps), axis=1)  # (N, L K, C)
     return g.op("Reshape", rows, g.int64s([-1, kh * kw * n_channels]))
+
+
+def im2col_columns(g, x, n_channels, kernel, strides, pads, size, out):
+    """im2col of ``x`` (N, C, H, W; C, H, W static, N any) as a
+    (C K, Ho Wo N) tensor, row (channel, tap), column (output pixel,
+    image): ``x`` transposed to (C, H, W, N), the batch minor, padded with
+    zeros, then one Gather of the pixels each tap reads for every output
+    pixel, every gathered item a contiguous run of N values.
+
+    The rows are in the weight's own (C, kh, kw) order, so that the weight
+    gradient dY (M, Ho Wo N) @ columns^T comes out as (M, C, kh, kw) with
+    no transpose of its own (:func:`im2col_rows` gives (tap, channel)
+    columns, which a weight-sized transpose puts back)."""
+    (kh, kw), (sh, sw) = kernel, strides
+    hp, wp = size[0] + pads[0] + pads[2], size[1] + pads[1] + pads[3]
+    xt = g.op("Transpose", x, perm=[1, 2, 3, 0])  # (C, H, W, N)
+    if any(pads):
+        xt = g.op("Pad", xt, g.int64s([0, pads[0], pads[1], 0, 0, pads[2], pads[3], 0]))
+    xt = g.op("Reshape", xt, g.int64s([n_channels, hp * wp, -1]))
+    taps = np.array([(a * sh + i) * wp + b * sw + j
+                     for i in range(kh) for j in range(kw)
+                     for a in range(out[0]) for b in range(out[1])], dtype=np.int64)
+    columns = g.op("Gather", xt, g.int64s(taps), axis=1)  # (C, K L, N)
+    return g.op("Reshape", columns, g.int64s([n_channels * kh * kw, -1]))
 
 
 def _lower(g, node, plan, n_channels, m_out, w_kernel):

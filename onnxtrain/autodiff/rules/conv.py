@@ -21,7 +21,7 @@ onnxruntime runs fastest.
 """
 from onnx import TensorProto
 
-from ...graph.conv_gemm import im2col_rows, output_size
+from ...graph.conv_gemm import im2col_columns, im2col_rows, output_size
 from ..registry import register_vjp
 
 
@@ -128,12 +128,40 @@ def _conv(ctx, gy):
     return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
 
 
+#: Per-element costs (ns, measured on the 2-core host of the benchmarks)
+#: that choose the form of a Conv's weight gradient: a Gather item, and a
+#: weight element moved by a transpose.
+_GATHER_ITEM_NS, _TRANSPOSE_NS = 2.7, 0.93
+#: Batch assumed when the graph's is symbolic: the smallest of the batches
+#: measured (a larger one only favours the columns form more).
+_ASSUMED_BATCH = 8
+
+
+def _columns_form(n_batch, n_channels, m_out, pixels):
+    """Whether the weight gradient uses :func:`im2col_columns` (Gather items
+    of N values, (C K) L of them, and no transpose of the weight) rather
+    than :func:`im2col_rows` (items of C values, N L K of them, and the
+    (M, K, C) product transposed to (M, C, K)). Dropping the common terms,
+    the columns cost ``_GATHER_ITEM_NS * L K (C - N)`` more in Gather items
+    and ``_TRANSPOSE_NS * M C K`` less in transpose. Measured at batch 8 on
+    112x112 images (current -> columns): layer4's 512x512 3x3 convolution
+    3.81 -> 2.23 ms, the 7x7 stem (3 channels) 4.99 -> 3.83, layer1's 64
+    channels at 28x28 2.63 -> 3.67 (rows kept there)."""
+    n = n_batch if isinstance(n_batch, int) else _ASSUMED_BATCH
+    return _GATHER_ITEM_NS * pixels * (n_channels - n) < _TRANSPOSE_NS * m_out * n_channels
+
+
 def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     """dW of a 2-D Conv of one group, no dilation and static C, H, W as
     one GEMM, dW (M, C K) = dY (M, N L) @ im2col(X)^T (N L, C K); None
     when the Conv is not such a one. onnxruntime runs the Conv form (X by
     dY) as one thin GEMM per input channel, N = kernel taps wide: about
-    50 ms of a profiled resnet18 step against 19 ms for these GEMMs."""
+    50 ms of a profiled resnet18 step against 19 ms for these GEMMs.
+
+    The im2col is :func:`~onnxtrain.graph.conv_gemm.im2col_columns` (no
+    transpose of the product) or
+    :func:`~onnxtrain.graph.conv_gemm.im2col_rows`, whichever
+    :func:`_columns_form` finds cheaper."""
     static = _static_2d(ctx, x, w, strides, dilations)
     if static is None:
         return None
@@ -142,6 +170,13 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     if min(out) < 1:
         return None
     m_out, n_channels = w_shape[0], w_shape[1]
+    if _columns_form(ctx.shape(x)[0], n_channels, m_out, out[0] * out[1]):
+        columns = im2col_columns(ctx.g, x, n_channels, kernel, strides, pads, size, out)
+        # dY as (M, Ho Wo N), the columns' order
+        g2 = ctx.op("Transpose", gy, perm=[1, 2, 3, 0])
+        g2 = ctx.op("Reshape", g2, ctx.g.int64s([m_out, -1]))
+        gw = ctx.op("Gemm", g2, columns, transB=1)
+        return ctx.op("Reshape", gw, ctx.g.int64s([m_out, n_channels] + list(kernel)))
     rows = im2col_rows(ctx.g, x, n_channels, kernel, strides, pads, size, out)
     g2 = ctx.op("Transpose", gy, perm=[1, 0, 2, 3])
     g2 = ctx.op("Reshape", g2, ctx.g.int64s([m_out, -1]))
