@@ -52,10 +52,15 @@ __all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "im2col_columns"
            "output_size", "MAX_OUTPUT_PIXELS"]
 
 #: Output sizes (Ho * Wo) up to which a Conv is lowered: above, onnxruntime's
-#: per-image GEMM is wide enough (measured at 4x4 outputs: Conv 1.1 ms,
-#: im2col and GEMM 1.6 ms; at 2x2: 6 ms and 1.5 ms; resnet18's step with 16
-#: instead of 4: 6-14% more kernel time, profiled).
-MAX_OUTPUT_PIXELS = 4
+#: per-image GEMM is wide enough. Forward and both gradients of one Conv,
+#: Conv path -> lowered (batch 8 unless said): 512 channels at 4x4 11.9 ->
+#: 10.5 ms, 256 -> 512 at stride 2 to 4x4 4.8 -> 3.4, batch 32 128 channels
+#: at 4x4 1.9 -> 1.4; at 7x7 (256 channels) 5.3 -> 5.5, at 8x8 (batch 32, 64
+#: channels) 2.2 -> 2.6, at 14x14 5.3 -> 12.6. resnet18 estimator with 16
+#: instead of 4: 15.1 -> 17.1 steps/s at 32x32, 6.6 -> 7.0 at 112x112
+#: (medians of 6 alternating runs; the first lowering's form, before the
+#: batch went minor, had measured 6-14% slower at 16).
+MAX_OUTPUT_PIXELS = 16
 #: Largest gather matrix (H W x K Ho Wo elements) a lowering may store.
 MAX_GATHER_SIZE = 1 << 20
 
