@@ -283,18 +283,16 @@ def update_in_place(step):
     for index, node in enumerate(nodes):
         for name in node.input:
             readers.setdefault(name, []).append(index)
-    # the update's nodes that only the branch and the new parameters read
-    branch = {i for i, node in enumerate(nodes)
-              if node.output and all(o in step.update_values for o in node.output)
-              and loss not in node.output}
-    changed = True
-    while changed:
-        changed = False
-        for i in sorted(branch):
-            if any(r not in branch for o in nodes[i].output
-                   for r in readers.get(o, ())):
-                branch.discard(i)
-                changed = True
+    # the update's nodes that only the branch and the new parameters read:
+    # the graph is topologically sorted, so one pass from the last node
+    # decides each node after all its readers
+    candidates = {i for i, node in enumerate(nodes)
+                  if node.output and all(o in step.update_values for o in node.output)
+                  and loss not in node.output}
+    branch = set()
+    for i in sorted(candidates, reverse=True):
+        if all(r in branch for o in nodes[i].output for r in readers.get(o, ())):
+            branch.add(i)
     if not branch:
         return step
     taken = {n for node in nodes for n in list(node.input) + list(node.output)}
@@ -308,6 +306,7 @@ def update_in_place(step):
     written = {o for node in inside for o in node.output}
     then_outputs, else_nodes, else_outputs = [], [], []
     by_name = {o.name: o for o in graph.output}
+    renamed_inside, renamed_outside, identities = {}, {}, []
     # every output goes through the If: the running statistics, computed
     # outside the update, by an Identity, so that their nodes run before it
     # (left outside, they could run after the in-place writes, and kept
@@ -315,17 +314,22 @@ def update_in_place(step):
     for source, target in zip(step.parameter_inputs, params):
         name = fresh(f"{target}__then")
         if target in written:
-            _rename_everywhere(inside, target, name)
+            renamed_inside[target] = name
         else:
             computed = fresh(f"{target}__computed")
-            _rename_everywhere(outside, target, computed)
-            inside.append(helper.make_node("Identity", [computed], [name],
-                                           name=fresh(f"{name}_node")))
+            renamed_outside[target] = computed
+            identities.append(helper.make_node("Identity", [computed], [name],
+                                               name=fresh(f"{name}_node")))
         then_outputs.append(_renamed_value_info(by_name[target], name))
         kept = fresh(f"{target}__kept")
         else_nodes.append(helper.make_node("Identity", [source], [kept],
                                            name=fresh(f"{kept}_node")))
         else_outputs.append(_renamed_value_info(by_name[target], kept))
+    # one pass over the nodes for all the renames (one per parameter took
+    # 0.2 s of resnet18's first fit)
+    _rename_everywhere(inside, renamed_inside)
+    _rename_everywhere(outside, renamed_outside)
+    inside += identities
     then_graph = helper.make_graph(inside, "update", [], then_outputs)
     then_names = [o.name for o in then_outputs]
     safe = writes_after_reads(then_graph, list(zip(step.parameter_inputs, then_names)))
@@ -363,15 +367,16 @@ def _copy_node(node):
     return copy
 
 
-def _rename_everywhere(nodes, old, new):
-    """``nodes`` (copies, no subgraphs) write and read ``new`` for ``old``."""
+def _rename_everywhere(nodes, renames):
+    """``nodes`` (copies, no subgraphs) write and read ``renames[old]`` for
+    every name ``old`` of ``renames``."""
+    if not renames:
+        return
     for node in nodes:
-        for i, name in enumerate(node.output):
-            if name == old:
-                node.output[i] = new
-        for i, name in enumerate(node.input):
-            if name == old:
-                node.input[i] = new
+        for field in (node.output, node.input):
+            for i, name in enumerate(field):
+                if name in renames:
+                    field[i] = renames[name]
 
 
 def _renamed_value_info(value, name):

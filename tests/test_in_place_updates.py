@@ -583,11 +583,11 @@ def test_batch_statistics_read_from_the_node(momentum):
         feeds = dict(weights, x=x, **stats)
         check_gradients(new, ["x", "scale", "bias"], feeds, outputs=["y"])
         got = run(session(new), feeds)
-        for name, batch in (("mean", x.mean(axis=(0, 2, 3))),
-                            ("var", x.var(axis=(0, 2, 3), ddof=1))):
+        for name, observed in (("mean", x.mean(axis=(0, 2, 3))),
+                               ("var", x.var(axis=(0, 2, 3), ddof=1))):
             # the attribute is a float32
             m = float(np.float32(momentum))
-            expected = stats[name] * m + batch * (1 - m)
+            expected = stats[name] * m + observed * (1 - m)
             np.testing.assert_allclose(got[updated_name(name)], expected, rtol=1e-12)
         # non-finite running statistics (a variance that overflowed): the
         # node's zeros stay zeros, its outputs and the gradients finite

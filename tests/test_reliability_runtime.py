@@ -459,15 +459,15 @@ class TestDivergence:
         X, y = regression(n=100, scale=10)
         est = diverging(path, 1, exc=False)
         est.partial_fit(X, y)
-        arrays = est._trainer._finite_weights
+        arrays = est._trainer._finite_copy
         assert arrays is not None and est._finite_weights is None
         est.partial_fit(X, y)
-        assert est._trainer._finite_weights is arrays
+        assert est._trainer._finite_copy is arrays
         est.partial_fit(X, y)
         start = [w.copy() for w in est.get_state()]
         with pytest.warns(ConvergenceWarning, match="end of epoch 3"):
             est.partial_fit(X, y)  # the loss becomes infinite in epoch 4
-        assert est._trainer._finite_weights is arrays
+        assert est._trainer._finite_copy is arrays
         for a, b in zip(est.get_state(), start, strict=True):
             assert_allclose(a, b, rtol=0)
 
@@ -484,7 +484,7 @@ class TestDivergence:
         weights[0] = np.full_like(weights[0], np.nan)
         trainer.set_weights(weights)
         assert trainer.finite_weights_copy() is None
-        assert trainer._finite_weights is first
+        assert trainer._finite_copy is first
         for a, b in zip(first, kept, strict=True):
             assert_allclose(a, b, rtol=0)
         weights[0] = kept[0] + 1

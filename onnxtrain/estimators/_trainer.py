@@ -129,7 +129,7 @@ class StepRunner:
         self.fused_spec = fused_spec
         self._fused = {}
         self._parameter_bytes = None
-        self._finite_weights = None
+        self._finite_copy = None
         self._weight_dtype = self._default_weight_dtype()
         self.reset_state()
 
@@ -167,8 +167,8 @@ class StepRunner:
         if not all(np.isfinite(v).all() for v in values):
             return None
         if self.device.type == "cpu":
-            values = copy_arrays(values, self._finite_weights)
-        self._finite_weights = values
+            values = copy_arrays(values, self._finite_copy)
+        self._finite_copy = values
         return values
 
     def set_weights(self, weights):

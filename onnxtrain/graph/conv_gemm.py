@@ -202,7 +202,7 @@ def _lower(g, node, plan, n_channels, m_out, w_kernel):
     kernel, strides, pads, size, out, elem_type, first = plan
     x, w = node.input[:2]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    n_taps, n_out = kernel[0] * kernel[1], out[0] * out[1]
+    n_taps = kernel[0] * kernel[1]
     # the batch made the minor axis before im2col, on the input (K times
     # smaller than the columns): (N, C, H W) -> (C, H W, N)
     cols = g.op("Reshape", x, g.int64s([0, n_channels, size[0] * size[1]]))
