@@ -229,6 +229,26 @@ def test_weight_gradient_form_choice(n, c, m, pixels, columns):
     assert conv._columns_form(n, c, m, pixels) == columns
 
 
+@pytest.mark.parametrize("case", [c for c in WEIGHT_GEMM_CASES if c[6] == 1]
+                         + [(2, 3, 16, 16, 4, 3, 1, 1)])
+def test_conv_input_gradient_as_a_conv(case, monkeypatch):
+    # from _CONV_DX_MIN_PIXELS input pixels (16x16 here), dX is a Conv of
+    # dY by the weight transposed and flipped, not a GEMM on im2col rows
+    from onnxtrain.autodiff import build_gradient_models
+    from onnxtrain.autodiff.rules import conv
+    n, c, h, w, m, k, s, p = case
+    if h * w < conv._CONV_DX_MIN_PIXELS:
+        monkeypatch.setattr(conv, "_CONV_DX_MIN_PIXELS", h * w)
+    model = _model(c, h, w, m, k, s, p, True, dtype=np.float32)
+    backward = build_gradient_models(model, ["X", "W", "B"]).backward_model
+    ops = [node.op_type for node in backward.graph.node]
+    assert ops.count("Conv") == 1 and "ConvTranspose" not in ops, ops
+    assert ops.count("Gather") == 1, ops  # the weight gradient's im2col only
+    x = np.random.default_rng(1).normal(size=(n, c, h, w)).astype(np.float32)
+    feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    check_gradients(model, ["X", "W", "B"], dict(feeds, X=x), eps=0.5, tol=1e-4)
+
+
 def test_grouped_conv_weight_gradient_keeps_the_conv_form():
     from onnxtrain.autodiff import build_gradient_models
     model = _model(4, 8, 8, 4, 3, 1, 1, False, group=2, dtype=np.float32)

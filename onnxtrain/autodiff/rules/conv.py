@@ -13,11 +13,12 @@ With stride s, dilation d and padding (b, e) on every spatial axis:
 - dB is dY summed over every axis but the channels.
 
 A 2-D Conv of one group without dilation and with static C, H, W takes
-dW as one GEMM instead, dY (M, N L) times the im2col rows of X
-(``graph/conv_gemm.im2col_rows``), and at stride 1 dX as one GEMM too,
-the im2col rows of dY padded by K - 1 - pad times the flipped weight (the
-correlation that ConvTranspose computes): the same sums, in the forms
-onnxruntime runs fastest.
+dW as one GEMM instead, dY (M, N L) times the im2col rows or columns of X
+(``graph/conv_gemm.im2col_rows``, ``im2col_columns``), and at stride 1
+dX as the correlation of dY, padded by K - 1 - pad, with the flipped
+weight (what ConvTranspose computes): one GEMM on the im2col rows of dY
+for small images, onnxruntime's Conv for large ones. The same sums, in
+the forms onnxruntime runs fastest.
 """
 from onnx import TensorProto
 
@@ -198,14 +199,28 @@ def _static_2d(ctx, x, w, strides, dilations):
     return list(x_shape[1:]), list(w_shape)
 
 
+#: Input pixels (H W) from which the input gradient of a stride-1 Conv is
+#: a Conv of dY by the flipped, transposed weight rather than one GEMM on
+#: the im2col rows of dY: onnxruntime's Conv kernel, one GEMM per image as
+#: wide as the image, then needs no layout transposes. Forward and both
+#: gradients of one Conv, GEMM -> Conv form: 64 channels at 56x56 (batch 8)
+#: 33.0 -> 27.0 ms, at 28x28 7.2 -> 6.9, at 16x16 (batch 32) 11.7 -> 10.1;
+#: at 14x14 (128 channels) 5.7 -> 5.6, at 8x8 (batch 32) 2.8 -> 3.2, at 7x7
+#: (256 channels) 5.5 -> 8.3.
+_CONV_DX_MIN_PIXELS = 256
+
+
 def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
-    """dX of a stride-1 Conv (see :func:`_static_2d`) as one GEMM: the
-    correlation of dY, padded by K - 1 - pad, with the flipped weight,
-    dX (N H W, C) = im2col rows of dY, taps in reverse order (N H W, K M)
-    @ W as (K M, C), then back to (N, C, H, W); None for other Convs
-    (ConvTranspose then).
-    Measured at batch 32 against ConvTranspose and its crop: resnet18's
-    layer1 1.65 -> 0.71 ms, layer2 2.63 -> 0.68."""
+    """dX of a stride-1 Conv (see :func:`_static_2d`) as the correlation of
+    dY, padded by K - 1 - pad, with the flipped weight; None for other
+    Convs (ConvTranspose then).
+
+    Below :data:`_CONV_DX_MIN_PIXELS` input pixels, one GEMM: dX (N H W, C)
+    = im2col rows of dY, taps in reverse order (N H W, K M) @ W as (K M, C),
+    then back to (N, C, H, W) (measured at batch 32 against ConvTranspose
+    and its crop: resnet18's layer1 1.65 -> 0.71 ms, layer2 2.63 -> 0.68);
+    from there, onnxruntime's Conv of dY by W transposed to (C, M, kh, kw)
+    and flipped."""
     static = _static_2d(ctx, x, w, strides, dilations)
     if static is None or any(s != 1 for s in strides):
         return None
@@ -214,6 +229,12 @@ def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     out = output_size([h, w_size], kernel, [1, 1], pads)
     if min(flipped) < 0 or min(out) < 1:
         return None
+    if h * w_size >= _CONV_DX_MIN_PIXELS:
+        wt = ctx.op("Transpose", w, perm=[1, 0, 2, 3])  # (C, M, kh, kw)
+        last = ctx.g.int64s([-1, -1])  # both spatial axes reversed
+        wt = ctx.op("Slice", wt, last, ctx.g.int64s([-2 ** 63, -2 ** 63]),
+                    ctx.g.int64s([2, 3]), last)
+        return ctx.op("Conv", gy, wt, kernel_shape=list(kernel), pads=flipped)
     # the taps of dY's rows in reverse order meet the weight unflipped
     rows = im2col_rows(ctx.g, gy, m_out, kernel, [1, 1], flipped, out, [h, w_size],
                        flip=True)
