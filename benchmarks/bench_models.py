@@ -1,10 +1,11 @@
-"""Training speed on real models: a resnet18 CNN and a BERT-like encoder,
-onnxtrain against PyTorch eager (and onnxruntime-training when it is
-installed in a separate virtual environment), plus the time to build the
-training artifacts of a 24-layer encoder.
+"""Training speed on real models: a resnet18 CNN (32x32 and 112x112
+images) and a BERT-like encoder, onnxtrain against PyTorch eager (and
+onnxruntime-training when it is installed in a separate virtual
+environment), plus the time to build the training artifacts of a 24-layer
+encoder.
 
-Run: ``python benchmarks/bench_models.py [--models resnet18 encoder]
-[--repeat 3] [--build]`` (PyTorch and transformers come with
+Run: ``python benchmarks/bench_models.py [--models resnet18 resnet18-112
+encoder] [--repeat 3] [--build]`` (PyTorch and transformers come with
 ``pip install -e ".[bench]"``). ``--ortt PYTHON`` names the interpreter of a
 virtual environment holding ``onnxruntime-training`` (never a dependency of
 onnxtrain; its ``onnxruntime`` would replace the stock one). Default:
@@ -19,7 +20,7 @@ drawn by numpy, the same batches for every system):
   reshapes them), batch 32, softmax cross-entropy, SGD lr 0.01 momentum
   0.9 (onnxruntime-training's SGD has no momentum: the api rows and its
   rows use plain SGD, compared with PyTorch's plain SGD);
-- resnet18-112 (not in the default ``--models``): the same network on
+- resnet18-112: the same network on
   3x112x112 images, batch 8, 15 timed steps: the outputs of the stem
   and of layers 1-3 are wider than the 4x4 up to which onnxtrain lowers a
   Conv to one matrix product (``graph/conv_gemm.py``), so onnxruntime's
@@ -85,6 +86,8 @@ MODELS = {
                       vocab=1000),
 }
 SYSTEMS = ["torch", "estimator", "torch-plain", "api", "ortt"]
+#: the models a run trains unless ``--models`` says otherwise
+DEFAULT_MODELS = ("resnet18", "resnet18-112", "encoder")
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the onnxtrain of this checkout, not an installed one
 sys.path.insert(0, os.path.dirname(HERE))
@@ -450,7 +453,7 @@ def _warmup_loss(name, r):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["resnet18", "encoder"])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
     parser.add_argument("--systems", nargs="+", default=SYSTEMS)
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per cell, alternating systems; median shown")
@@ -466,7 +469,7 @@ def main(argv=None):
         return
     systems = [s for s in args.systems if s != "ortt" or args.ortt]
     folder = tempfile.mkdtemp(prefix="bench_models_onnx_")
-    header = (f"{'model':9} {'system':12} {'steps/s':>8} {'x torch':>8} "
+    header = (f"{'model':12} {'system':12} {'steps/s':>8} {'x torch':>8} "
               f"{'spread':>7} {'warm loss':>10} {'peak MB':>8} {'build MB':>8}")
     print(header)
     print("-" * len(header))
@@ -494,13 +497,13 @@ def main(argv=None):
                                      MODELS[name]["optimizer"] == "sgd") else "torch"
             ratio = rate / rows[base][0] if base in rows else float("nan")
             build = "" if r.get("build_mb") is None else f"{r['build_mb']:8.0f}"
-            print(f"{name:9} {system:12} {rate:8.2f} {ratio:8.2f} {spread:7.0%} "
+            print(f"{name:12} {system:12} {rate:8.2f} {ratio:8.2f} {spread:7.0%} "
                   f"{_warmup_loss(name, r):10.5f} {r['peak_mb']:8.0f} {build:>8}")
         print()
     if args.build:
         path = os.path.join(folder, "encoder24.onnx")
         params = export("encoder24", path)
-        print(f"{'build':9} {'system':12} {'seconds':>8} {'nodes':>8} {'peak MB':>8}")
+        print(f"{'build':12} {'system':12} {'seconds':>8} {'nodes':>8} {'peak MB':>8}")
         systems = ["build"] + (["build-ortt"] if args.ortt else [])
         runs = {system: [] for system in systems}
         for _ in range(args.repeat):  # alternating, as the training runs
@@ -512,7 +515,7 @@ def main(argv=None):
             if rs:
                 rs.sort(key=lambda r: r["seconds"])
                 r = rs[len(rs) // 2]
-                print(f"{'encoder24':9} {system:12} {r['seconds']:8.2f} "
+                print(f"{'encoder24':12} {system:12} {r['seconds']:8.2f} "
                       f"{r['losses'][0]:8d} {r['peak_mb']:8.0f}")
 
 
