@@ -19,18 +19,24 @@ CASES = [(3, 4, 2, 2, 5, 3, 1, 1, True),    # every tap reads data
 
 
 def _model(n_ch, h, w, m, k, s, p, bias, group=1, dtype=np.float64):
+    """A Conv model; ``k`` and ``s`` an int or a (height, width) pair, ``p``
+    an int or the four pads (top, left, bottom, right)."""
+    kh, kw = (k, k) if np.isscalar(k) else k
+    sh, sw = (s, s) if np.isscalar(s) else s
+    pads = [p] * 4 if np.isscalar(p) else list(p)
     rng = np.random.default_rng(0)
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     inits = [numpy_helper.from_array(
-        rng.normal(size=(m, n_ch // group, k, k)).astype(dtype), "W")]
+        rng.normal(size=(m, n_ch // group, kh, kw)).astype(dtype), "W")]
     if bias:
         inits.append(numpy_helper.from_array(rng.normal(size=m).astype(dtype), "B"))
     node = helper.make_node("Conv", ["X", "W"] + (["B"] if bias else []), ["Y"],
-                            strides=[s, s], pads=[p] * 4, group=group)
+                            strides=[sh, sw], pads=pads, group=group)
     graph = helper.make_graph(
         [node], "conv", [helper.make_tensor_value_info("X", elem, ["N", n_ch, h, w])],
         [helper.make_tensor_value_info(
-            "Y", elem, ["N", m, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1])],
+            "Y", elem, ["N", m, (h + pads[0] + pads[2] - kh) // sh + 1,
+                        (w + pads[1] + pads[3] - kw) // sw + 1])],
         inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -184,7 +190,16 @@ WEIGHT_GEMM_CASES = [(2, 3, 8, 8, 4, 3, 1, 1),
                      (2, 3, 8, 8, 4, 1, 1, 0),    # 1x1
                      (2, 2, 9, 8, 3, 3, 2, 1),    # stride 2, odd size
                      (3, 3, 16, 16, 2, 7, 2, 3),  # resnet's 7x7 stem
-                     (2, 4, 16, 16, 3, 1, 2, 0)]  # 1x1 downsample
+                     (2, 4, 16, 16, 3, 1, 2, 0),  # 1x1 downsample
+                     # pads differing per side, kernels and strides per axis
+                     # (a swapped begin/end pad or axis shows here only)
+                     (2, 3, 7, 6, 4, 3, 1, [0, 1, 2, 1]),
+                     (2, 3, 6, 7, 4, (2, 3), 1, [1, 0, 0, 2]),
+                     (2, 3, 8, 7, 4, (3, 2), (2, 1), [1, 0, 1, 1])]
+
+
+def _stride_1(s):
+    return all(v == 1 for v in np.atleast_1d(s))
 
 
 @pytest.mark.parametrize("form", ["rows", "columns"])
@@ -204,14 +219,14 @@ def test_conv_weight_gradient_as_one_gemm(case, form, monkeypatch):
     ops = [node.op_type for node in backward.graph.node]
     # dW: one GEMM over the rows one Gather makes (no Slice per tap); dX at
     # stride 1: one more, on the rows of dY (no ConvTranspose)
-    gemms = 1 if s > 1 else 2
+    gemms = 2 if _stride_1(s) else 1
     assert ops.count("MatMul") + ops.count("Gemm") == gemms, ops
     assert ops.count("Gather") == gemms, ops
     assert ops.count("Gemm") == (form == "columns"), ops
     # dW transposed back from (M, K, C) by the rows form only
     assert sum(node.op_type == "Transpose" and list(node.attribute[0].ints) == [0, 3, 1, 2]
-               for node in backward.graph.node) == (form == "rows") + (s == 1), ops
-    assert "Conv" not in ops and ("ConvTranspose" in ops) == (s > 1), ops
+               for node in backward.graph.node) == (form == "rows") + _stride_1(s), ops
+    assert "Conv" not in ops and ("ConvTranspose" in ops) == (not _stride_1(s)), ops
     x = np.random.default_rng(1).normal(size=(n, c, h, w)).astype(np.float32)
     feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     check_gradients(model, ["X", "W", "B"], dict(feeds, X=x), eps=0.5, tol=1e-4)
@@ -220,7 +235,8 @@ def test_conv_weight_gradient_as_one_gemm(case, form, monkeypatch):
 @pytest.mark.parametrize("n, c, m, pixels, columns", [
     (8, 512, 512, 16, True),   # resnet18 layer4 at 112x112: the weight is big
     (8, 3, 64, 56 * 56, True),  # the stem: runs of 3 values in rows
-    ("N", 3, 64, 16 * 16, True),  # a symbolic batch counts as 8
+    # a symbolic batch counts as 8: columns from 8 images here, rows at 4
+    ("N", 10, 20, 16, True), (8, 10, 20, 16, True), (4, 10, 20, 16, False),
     (8, 64, 64, 28 * 28, False),  # layer1 at 112x112: many pixels
     (8, 128, 128, 14 * 14, False)])
 def test_weight_gradient_form_choice(n, c, m, pixels, columns):
@@ -229,7 +245,7 @@ def test_weight_gradient_form_choice(n, c, m, pixels, columns):
     assert conv._columns_form(n, c, m, pixels) == columns
 
 
-@pytest.mark.parametrize("case", [c for c in WEIGHT_GEMM_CASES if c[6] == 1]
+@pytest.mark.parametrize("case", [c for c in WEIGHT_GEMM_CASES if _stride_1(c[6])]
                          + [(2, 3, 16, 16, 4, 3, 1, 1)])
 def test_conv_input_gradient_as_a_conv(case, monkeypatch):
     # from _CONV_DX_MIN_PIXELS input pixels (16x16 here), dX is a Conv of
