@@ -14,7 +14,7 @@ from ._files import load_onnx_file
 from .autodiff import is_nondifferentiable, trainable_initializers
 from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
-from .graph.scopes import subgraphs
+from .graph.scopes import rename_graph_values
 from .training_mode import batchnorm_buffers, running_statistics
 
 __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
@@ -302,27 +302,8 @@ def onnx_rename_weights(model):
     rename = {n: f"I{i:0{width}d}_{n}" for i, n in enumerate(names)}
     for init in new.graph.initializer:
         init.name = rename[init.name]
-    _rename_tensors(new.graph, rename)
+    rename_graph_values(new.graph, rename)
     return new
-
-
-def _rename_tensors(graph, rename):
-    """Rename node inputs / outputs and graph inputs / outputs of ``graph``
-    (and the node inputs of its subgraphs) in place."""
-    for values in (graph.input, graph.output, graph.value_info):
-        for value in values:
-            value.name = rename.get(value.name, value.name)
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            node.input[i] = rename.get(name, name)
-        for i, name in enumerate(node.output):
-            node.output[i] = rename.get(name, name)
-        for sub in subgraphs(node):
-            inner = {i.name for i in sub.input} | {
-                i.name for i in sub.initializer} | {
-                o for n in sub.node for o in n.output}
-            _rename_tensors(sub, {k: v for k, v in rename.items()
-                                  if k not in inner})
 
 
 #: add_loss_output's score names (onnxcustom's) -> onnxtrain loss names.
@@ -505,7 +486,7 @@ def _free_names(model, names):
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    _rename_tensors(copy.graph, rename)
+    rename_graph_values(copy.graph, rename)
     return copy
 
 

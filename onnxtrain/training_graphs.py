@@ -34,7 +34,7 @@ from .graph.broadcasts import avoid_slow_broadcasts
 from .graph.conv_gemm import lower_small_convs
 from .graph.aliasing import writes_after_reads
 from .graph.cse import eliminate_common_subexpressions
-from .graph.scopes import subgraphs, without_unread
+from .graph.scopes import rename_values, subgraphs, without_unread
 from .autodiff.backward import rename_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 from .training_mode import updated_name, with_running_statistics_updates
@@ -327,8 +327,8 @@ def update_in_place(step):
         else_outputs.append(_renamed_value_info(by_name[target], kept))
     # one pass over the nodes for all the renames (one per parameter took
     # 0.2 s of resnet18's first fit)
-    _rename_everywhere(inside, renamed_inside)
-    _rename_everywhere(outside, renamed_outside)
+    rename_values(inside, renamed_inside)
+    rename_values(outside, renamed_outside)
     inside += identities
     then_graph = helper.make_graph(inside, "update", [], then_outputs)
     then_names = [o.name for o in then_outputs]
@@ -365,18 +365,6 @@ def _copy_node(node):
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     return copy
-
-
-def _rename_everywhere(nodes, renames):
-    """``nodes`` (copies, no subgraphs) write and read ``renames[old]`` for
-    every name ``old`` of ``renames``."""
-    if not renames:
-        return
-    for node in nodes:
-        for field in (node.output, node.input):
-            for i, name in enumerate(field):
-                if name in renames:
-                    field[i] = renames[name]
 
 
 def _renamed_value_info(value, name):

@@ -56,8 +56,7 @@ def implicit_inputs(node):
     """Outer-scope names a node's subgraphs read (sorted; [] without
     subgraphs): the rule of a control-flow op returns their gradients after
     those of ``node.input``."""
-    if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-               for a in node.attribute):
+    if not subgraphs(node):
         return []
     return sorted(subgraph_outer_reads(node))
 
@@ -459,9 +458,7 @@ def fold_output_identities(nodes, outputs):
     for node in nodes:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    holders = [n for n in nodes if any(
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-        for a in n.attribute)]  # their subgraphs may read the value too
+    holders = [n for n in nodes if subgraphs(n)]  # their subgraphs may read the value too
     removed = set()
     for out in outputs:
         while True:

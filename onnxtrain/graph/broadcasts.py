@@ -33,6 +33,7 @@ from onnx import helper, numpy_helper
 
 from .builder import GraphBuilder, opset_of
 from .shapes import infer_value_types
+from .symbolic import broadcast_shapes
 
 __all__ = ["avoid_slow_broadcasts", "may_broadcast_slowly", "ELEMENTWISE_BROADCASTS"]
 
@@ -46,16 +47,6 @@ ELEMENTWISE_BROADCASTS = frozenset({
 #: a symbolic dimension counted as this many) from which a scalar operand
 #: is padded; below, the per-call cost is a few microseconds at most.
 MIN_RUNS = 1024
-
-
-def _broadcast(shapes):
-    rank = max(len(s) for s in shapes)
-    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for dims in zip(*padded):
-        sizes = {d for d in dims if d != 1}
-        out.append(sizes.pop() if len(sizes) == 1 else (1 if not sizes else None))
-    return tuple(out)
 
 
 def _ends_in_ones(shape):
@@ -202,7 +193,7 @@ def _scalars_to_pad(node, types):
     shapes = [types.get(name, (None, None))[1] for name in node.input]
     out = types.get(node.output[0], (None, None))[1]
     if out is None or any(s is None for s in shapes) or \
-            not _ends_in_ones(_broadcast(shapes)):
+            not _ends_in_ones(broadcast_shapes(shapes)):
         return []
     return [i for i, s in enumerate(shapes)
             if len(s) < len(out) and all(d == 1 for d in s)]

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 
-from onnx import AttributeProto, NodeProto, TensorProto, numpy_helper
+from onnx import NodeProto, TensorProto, numpy_helper
 
-from .scopes import subgraph_outer_reads
+from .scopes import subgraph_outer_reads, subgraphs
 
 __all__ = ["eliminate_common_subexpressions"]
 
@@ -34,7 +34,6 @@ SMALL_CONSTANT = 64
 RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomNormalLike",
                         "RandomUniform", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})
-_GRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
 
 
 def eliminate_common_subexpressions(nodes, keep=(), initializers=None):
@@ -125,7 +124,7 @@ def _key(node, inputs):
         return None
     attributes = ()
     if len(node.attribute):
-        if any(a.type in _GRAPH_TYPES for a in node.attribute):
+        if subgraphs(node):
             return None
         attributes = tuple(a.SerializeToString()
                            for a in sorted(node.attribute, key=lambda a: a.name))

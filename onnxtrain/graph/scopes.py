@@ -2,7 +2,8 @@
 included (If branches, Loop and Scan bodies read outer values by name)."""
 from __future__ import annotations
 
-__all__ = ["subgraphs", "subgraph_outer_reads", "node_reads", "without_unread"]
+__all__ = ["subgraphs", "subgraph_outer_reads", "node_reads", "without_unread",
+           "rename_values", "rename_graph_values"]
 
 
 def subgraphs(node):
@@ -49,3 +50,29 @@ def without_unread(nodes, needed):
             read |= node_reads(node)
     kept.reverse()
     return kept, read
+
+
+def rename_values(nodes, rename):
+    """Make ``nodes`` read and write ``rename[name]`` for every name of the
+    dict ``rename``, in place; in their subgraphs too, except the names a
+    subgraph defines itself (its inputs, initializers and node outputs)."""
+    if not rename:
+        return
+    for node in nodes:
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                if name in rename:
+                    field[i] = rename[name]
+        for sub in subgraphs(node):
+            inner = {i.name for i in sub.input} | {i.name for i in sub.initializer}
+            inner |= {o for n in sub.node for o in n.output}
+            rename_graph_values(sub, {k: v for k, v in rename.items() if k not in inner})
+
+
+def rename_graph_values(graph, rename):
+    """:func:`rename_values` on ``graph``'s nodes, and its inputs, outputs
+    and value_info renamed too."""
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:
+            value.name = rename.get(value.name, value.name)
+    rename_values(graph.node, rename)

@@ -34,7 +34,7 @@ from onnx import numpy_helper
 
 from .builder import constant_node_value
 
-__all__ = ["refine_symbolic_dims", "broadcast_dims"]
+__all__ = ["refine_symbolic_dims", "broadcast_dims", "broadcast_shapes"]
 
 #: Ops whose output has the numpy broadcast of their inputs' shapes.
 BROADCAST_OPS = frozenset({
@@ -70,7 +70,9 @@ def broadcast_dims(dims):
         else None
 
 
-def _broadcast_shapes(shapes):
+def broadcast_shapes(shapes):
+    """The numpy broadcast of ``shapes`` (tuples of dims: int, symbol or
+    None), each output dim by :func:`broadcast_dims`."""
     rank = max(len(s) for s in shapes)
     padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
     return tuple(broadcast_dims(axis) for axis in zip(*padded))
@@ -150,7 +152,7 @@ class _Refiner:
         elif node.op_type in BROADCAST_OPS:
             shapes = [self.shape(i) for i in node.input if i]
             if shapes and all(s is not None for s in shapes):
-                self._learn(node.output[0], _broadcast_shapes(shapes))
+                self._learn(node.output[0], broadcast_shapes(shapes))
 
     def _op_Constant(self, node):
         # a tensor ``value`` (its type read before its values: most of an
@@ -212,7 +214,7 @@ class _Refiner:
         a, b = self.shape(node.input[0]), self.shape(node.input[1])
         if a is None or b is None or len(a) < 2 or len(b) < 2:
             return
-        batch = _broadcast_shapes([a[:-2], b[:-2]]) if len(a) > 2 or len(b) > 2 else ()
+        batch = broadcast_shapes([a[:-2], b[:-2]]) if len(a) > 2 or len(b) > 2 else ()
         self._learn(node.output[0], batch + (a[-2], b[-1]))
 
     def _op_Reshape(self, node):

@@ -48,19 +48,15 @@ from collections import ChainMap
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from ...graph import FLOAT_TYPES, clean_shape
 from ...graph.builder import constant_node_value
+from ...graph.scopes import subgraphs
 from ..backward import _accumulate, fold_output_identities, implicit_inputs
 from ..expansion import (differentiate_nodes, outer_reads, prune_unread,
                          record_types, sub_builder)
 from ..registry import register_vjp
-
-
-def _has_subgraphs(node):
-    return any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
-               for a in node.attribute)
 
 
 def _recomputed(ctx, sg, graph, what):
@@ -87,7 +83,7 @@ def _recomputed(ctx, sg, graph, what):
             "Constant", [], [name], name=sg.unique_name("Constant_node"),
             value=numpy_helper.from_array(value, name)))
     for node in graph.node:
-        if _has_subgraphs(node):
+        if subgraphs(node):
             ctx.fail(f"the {what} holds a {node.op_type} node "
                      f"({node.name!r}) with subgraphs: nested control flow "
                      "is not differentiated")
