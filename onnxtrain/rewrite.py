@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .graph.builder import copy_fields
 from .graph.scopes import subgraphs
 from .models import load_model
 from .graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
@@ -362,7 +363,7 @@ def _rewrite_l1_normalizer(builder, node):
     builder.op("Div", x, divisor, outputs=[node.output[0]])
 
 
-def rewrite_ml_linear_ops(model, tie_binary=True):
+def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
     """Replace ``ai.onnx.ml`` linear models by trainable standard ops.
 
     Every ``LinearRegressor`` and ``LinearClassifier`` node of the main graph
@@ -406,12 +407,15 @@ def rewrite_ml_linear_ops(model, tie_binary=True):
     tie_binary : bool, default=True
         Tie the two rows of an antisymmetric binary LinearClassifier into
         one weight column (see above). False keeps two independent rows.
+    copy : bool, default=True
+        False: ``model`` itself (loaded when a path or bytes) when the graph
+        holds none of these operators, no copy (resnet18: 43 MB).
 
     Returns
     -------
     onnx.ModelProto
-        A new model; an unchanged copy when the graph holds none of these
-        operators.
+        A new model; an unchanged copy (or with ``copy=False`` ``model``
+        itself) when the graph holds none of these operators.
 
     Raises
     ------
@@ -422,11 +426,12 @@ def rewrite_ml_linear_ops(model, tie_binary=True):
         feature count that does not match the input's shape.
     """
     source = load_model(model)
+    targets = {"LinearRegressor", "LinearClassifier"}
+    if not any(n.domain == ML_DOMAIN and n.op_type in targets
+               for n in source.graph.node):
+        return _copy(source) if copy else source
     new = _copy(source)
     graph = new.graph
-    targets = {"LinearRegressor", "LinearClassifier"}
-    if not any(n.domain == ML_DOMAIN and n.op_type in targets for n in graph.node):
-        return new
     opset = _ensure_default_opset(new)
     builder = GraphBuilder(opset, used_names=_graph_names(graph),
                            value_types=infer_value_types(source))
@@ -468,10 +473,15 @@ def _is_float_tensor(value_info):
 
 
 def _keep_output(model, output_name, value_info=None):
-    """A copy of ``model`` whose only output is ``output_name``, without the
-    nodes, initializers, value infos and opset imports it does not need."""
-    new = _copy(model)
-    graph = new.graph
+    """A new model, ``model`` whose only output is ``output_name``, without
+    the nodes, initializers, value infos and opset imports it does not need.
+
+    Only what is kept is copied (not the whole model, then a second copy of
+    the kept part: the upb protobuf runtime frees the memory of a message
+    only with the whole message, so the dropped copy stayed allocated as
+    long as the model; resnet18: 86 MB held and a 129 MB peak for a 43 MB
+    graph). ``model`` is not modified."""
+    graph = model.graph
     if value_info is None:
         value_info = next(o for o in graph.output if o.name == output_name)
     needed = {output_name}
@@ -485,16 +495,20 @@ def _keep_output(model, output_name, value_info=None):
     kept.reverse()
     produced = {o for n in kept for o in n.output if o}
     removed_inits = {i.name for i in graph.initializer if i.name not in needed}
-    inits = [i for i in graph.initializer if i.name in needed]
-    sparse = [s for s in graph.sparse_initializer if s.values.name in needed]
-    inputs = [i for i in graph.input if i.name not in removed_inits]
-    infos = [v for v in graph.value_info
-             if v.name != output_name and (v.name in produced or v.name in needed)]
-    for field, values in ((graph.node, kept), (graph.initializer, inits),
-                          (graph.sparse_initializer, sparse),
-                          (graph.input, inputs), (graph.value_info, infos),
-                          (graph.output, [value_info])):
-        _replace(field, values)
+    lists = {
+        "node": kept,
+        "initializer": [i for i in graph.initializer if i.name in needed],
+        "sparse_initializer": [s for s in graph.sparse_initializer
+                               if s.values.name in needed],
+        "input": [i for i in graph.input if i.name not in removed_inits],
+        "value_info": [v for v in graph.value_info if v.name != output_name and (
+            v.name in produced or v.name in needed)],
+        "output": [value_info]}
+    new = onnx.ModelProto()
+    copy_fields(new, model, skip=("graph",))
+    copy_fields(new.graph, graph, skip=tuple(lists))
+    for field, values in lists.items():
+        getattr(new.graph, field).extend(values)  # copies each message
     _tidy_opsets(new)
     return new
 

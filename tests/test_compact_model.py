@@ -6,6 +6,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.graph import compact_model, without_initializer_values
+from onnxtrain.graph.builder import copy_fields
 
 
 def _linear_model(dtype):
@@ -49,3 +50,33 @@ def test_without_initializer_values_keeps_names_types_dims():
     np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[0]),
                                   np.arange(12).reshape(3, 4))
     assert light.graph.node == model.graph.node
+
+
+def test_without_initializer_values_is_the_cleared_copy():
+    """The selective copy equals the whole copy with the values cleared,
+    every other field kept (doc strings, metadata, value infos, external
+    data fields of the tensors that keep their values)."""
+    model = _linear_model(np.float32)
+    model.doc_string, model.graph.doc_string = "m", "g"
+    model.metadata_props.add().key = "k"
+    model.graph.value_info.append(helper.make_tensor_value_info("xw", 1, ["N", 4]))
+    model.graph.initializer[0].doc_string = "weight"
+    light = without_initializer_values(model, ["W"])
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    for field in ("raw_data", "float_data"):
+        expected.graph.initializer[0].ClearField(field)
+    assert light.SerializeToString() == expected.SerializeToString()
+    assert light.graph.initializer[0].doc_string == "weight"
+
+
+def test_copy_fields_skips_the_named_fields():
+    node = helper.make_node("Gemm", ["a", "b"], ["c"], name="n", alpha=2.0,
+                            doc_string="d")
+    copy = copy_fields(onnx.NodeProto(), node, skip=("attribute", "input"))
+    assert (copy.op_type, copy.name, copy.doc_string) == ("Gemm", "n", "d")
+    assert list(copy.output) == ["c"] and not copy.input and not copy.attribute
+    full = copy_fields(onnx.NodeProto(), node)
+    assert full == node
+    full.attribute[0].f = 3.0  # a copy: the source is not touched
+    assert node.attribute[0].f == 2.0

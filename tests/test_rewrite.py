@@ -210,6 +210,38 @@ def test_without_linear_ops_returns_a_copy():
     new = rewrite_ml_linear_ops(onx)
     assert new is not onx
     assert new.SerializeToString() == onx.SerializeToString()
+    # copy=False: the model itself when there is nothing to rewrite, a new
+    # model when there is
+    assert rewrite_ml_linear_ops(onx, copy=False) is onx
+    _, linear = _converted("LogisticRegression", "multi", False)
+    before = linear.SerializeToString()
+    rewritten = rewrite_ml_linear_ops(linear, copy=False)
+    assert rewritten is not linear and linear.SerializeToString() == before
+    assert "LinearClassifier" not in {n.op_type for n in rewritten.graph.node}
+
+
+def test_kept_output_copies_every_other_field():
+    """prediction_graph copies only what it keeps: the model's and the
+    graph's other fields (metadata, doc strings, functions, producer)
+    come along, the caller's model is not modified."""
+    _, onx = _converted("MLPClassifier", "multi", False)
+    onx.doc_string = "model doc"
+    onx.graph.doc_string = "graph doc"
+    onx.model_version = 7
+    entry = onx.metadata_props.add()
+    entry.key, entry.value = "k", "v"
+    onx.functions.add().CopyFrom(helper.make_function(
+        "custom", "f", ["a"], ["b"], [helper.make_node("Neg", ["a"], ["b"])],
+        [helper.make_opsetid("", 17)]))
+    before = onx.SerializeToString()
+    new = prediction_graph(onx, "probabilities")
+    assert onx.SerializeToString() == before
+    assert new.doc_string == "model doc" and new.graph.doc_string == "graph doc"
+    assert new.model_version == 7 and new.producer_name == onx.producer_name
+    assert [(e.key, e.value) for e in new.metadata_props] == [("k", "v")]
+    assert [f.name for f in new.functions] == ["f"]
+    assert new.graph.name == onx.graph.name
+    assert [o.name for o in new.graph.output] == ["probabilities"]
 
 
 # --------------------------------------------------------------------------

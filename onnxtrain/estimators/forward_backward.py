@@ -231,7 +231,7 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
 
     # ------------------------------------------------------------ graph
     def _make_training_model(self, model):
-        model = rewrite_ml_linear_ops(model)
+        model = rewrite_ml_linear_ops(model, copy=False)
         return model, prediction_graph(model)
 
     # ---------------------------------------------------------- targets
@@ -510,7 +510,7 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
             training_path, callbacks, n_threads)
 
     def _make_training_model(self, model):
-        model = rewrite_ml_linear_ops(model)
+        model = rewrite_ml_linear_ops(model, copy=False)
         return model, probability_graph(model)[0]
 
     def _adapt_loss(self, loss):

@@ -515,22 +515,56 @@ def compact_model(model):
 
 
 def without_initializer_values(model, names):
-    """A compact copy of ``model`` (:func:`compact_model`) whose initializers
-    ``names`` keep their name, type and dims but not their values: for a
-    model kept only to build graphs that take those initializers as inputs,
-    their values living elsewhere (an engine's weights).
+    """A copy of ``model`` whose initializers ``names`` keep their name, type
+    and dims but not their values: for a model kept only to build graphs
+    that take those initializers as inputs, their values living elsewhere
+    (an engine's weights).
 
-    The copy is cleared before it is serialized: only the values kept are
-    serialized and parsed again (resnet18: one 45 MB copy, no 45 MB
-    serialization and parse)."""
+    Only what is kept is copied (:func:`copy_fields`): no full copy whose
+    values are then cleared, which the upb protobuf runtime keeps allocated
+    as long as the copy lives (resnet18: a 43 MB copy, then a compaction's
+    serialization and parse, at the peak of a fit's build)."""
     names = set(names)
     light = onnx.ModelProto()
-    light.CopyFrom(model)
-    for init in light.graph.initializer:
+    copy_fields(light, model, skip=("graph",))
+    copy_fields(light.graph, model.graph, skip=("initializer",))
+    skip = VALUE_FIELDS + ("external_data", "data_location")
+    for init in model.graph.initializer:
         if init.name in names:
-            for field in VALUE_FIELDS + ("external_data", "data_location"):
-                init.ClearField(field)
-    return compact_model(light)
+            copy_fields(light.graph.initializer.add(), init, skip=skip)
+        else:
+            light.graph.initializer.append(init)  # a copy
+    return light
+
+
+def copy_fields(target, source, skip=()):
+    """Copy every field set in the protobuf message ``source`` but those
+    named in ``skip`` into ``target``, an empty message of the same type:
+    a copy of part of a message without copying the rest first.
+
+    Parameters
+    ----------
+    target, source : google.protobuf.message.Message
+    skip : tuple of str, default=()
+        Field names left out.
+
+    Returns
+    -------
+    target
+    """
+    for field, value in source.ListFields():
+        if field.name in skip:
+            continue
+        if field.message_type is None:
+            if isinstance(value, (str, bytes, int, float, bool)):
+                setattr(target, field.name, value)
+            else:  # a repeated scalar field
+                getattr(target, field.name).extend(value)
+        elif hasattr(value, "extend"):  # a repeated message field: copies
+            getattr(target, field.name).extend(value)
+        else:
+            getattr(target, field.name).CopyFrom(value)
+    return target
 
 
 def default_ir_version(opset_imports):
