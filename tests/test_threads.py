@@ -185,6 +185,8 @@ def test_sessions_spin_within_a_run_and_stop_after_it(mlp_onnx, regression_data)
     options = default_session_options(2, spinning=False)
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.intra_op_num_threads == 2
+    # no memory pattern: its block came on top of the arena's (sessions.py)
+    assert options.enable_mem_pattern is False
 
 
 def test_spinning_can_be_turned_off(mlp_onnx, regression_data, monkeypatch):

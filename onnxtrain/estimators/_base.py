@@ -175,8 +175,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
                                                 in_place=ours)
             # no compact_model copy: the graph is a new message holding only
             # what it keeps (rewrite._keep_output), the Dropouts removed in
-            # place aside (resnet18: a 45 MB serialization and 43 MB parse
-            # less, the fit's peak 85 MB lower)
+            # place aside (resnet18: a 45 MB serialization and a 43 MB parse
+            # less at the peak of the fit's build)
             # (model_onnx, graph, its inferred types, weight values dropped)
             cached = self._model_cache = (self.model_onnx, training,
                                           cached[2] if same else {}, False)

@@ -77,13 +77,16 @@ def default_session_options(intra_op_num_threads=None, spinning=None, model=None
     -----
     onnxruntime's memory pattern (``enable_mem_pattern``, on by default)
     records the first run's allocations and makes every later run take one
-    block of their total size, while the arena keeps the blocks of the
-    first run: a training step held both. Without it the arena reuses its
-    blocks: peak resident memory of the benchmarks' training runs (CPU)
-    resnet18 estimator 326 -> 282 MB, api at 112x112 259 -> 188, encoder
-    estimator 127 -> 85, api 103 -> 59; the steps as fast (alternating
-    steps of two estimators in one process: resnet18 66.6 against 66.9 ms,
-    encoder 23.7 against 24.1; not measured on a GPU).
+    block of their total size from the arena, which keeps the first run's
+    blocks: a training step's session could hold both, depending on what
+    the process allocated and freed before (glibc's threshold for giving
+    large blocks back to the system moves with its history). Without it
+    the arena reuses its blocks. Peak resident memory where the pattern's
+    block came on top (the README's "Speed" section): resnet18 estimator
+    326 -> 282 MB, api at 112x112 259 -> 188, encoder estimator 127 -> 85;
+    steps as fast (alternating steps of two estimators in one process:
+    resnet18 66.6 against 66.9 ms, encoder 23.7 against 24.1; not measured
+    on a GPU).
     """
     if intra_op_num_threads is None:
         intra_op_num_threads = current_session_threads()
