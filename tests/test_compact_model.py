@@ -52,15 +52,33 @@ def test_without_initializer_values_keeps_names_types_dims():
     assert light.graph.node == model.graph.node
 
 
-def test_without_initializer_values_is_the_cleared_copy():
-    """The selective copy equals the whole copy with the values cleared,
-    every other field kept (doc strings, metadata, value infos, external
-    data fields of the tensors that keep their values)."""
-    model = _linear_model(np.float32)
+def _decorated(model):
+    """``model`` with a field of every kind the selective copies must keep:
+    doc strings, metadata, a function, training_info, a value info, and a
+    field no onnx version knows (field 100 of ModelProto and GraphProto)."""
     model.doc_string, model.graph.doc_string = "m", "g"
     model.metadata_props.add().key = "k"
+    model.functions.append(helper.make_function(
+        "custom", "f", ["a"], ["b"], [helper.make_node("Neg", ["a"], ["b"])],
+        [helper.make_opsetid("", 17)]))
+    model.training_info.add().algorithm.name = "algorithm"
     model.graph.value_info.append(helper.make_tensor_value_info("xw", 1, ["N", 4]))
+    unknown = b"\xa0\x06\x05"  # field 100, varint 5
+    graph = onnx.GraphProto.FromString(model.graph.SerializeToString() + unknown)
+    model.graph.CopyFrom(graph)
+    return onnx.ModelProto.FromString(model.SerializeToString() + unknown)
+
+
+def test_without_initializer_values_is_the_cleared_copy():
+    """The selective copy equals the whole copy with the values cleared,
+    every other field kept: those of _decorated, and the external-data
+    fields of the tensors that keep their values."""
+    model = _decorated(_linear_model(np.float32))
     model.graph.initializer[0].doc_string = "weight"
+    kept = model.graph.initializer[1]
+    kept.data_location = onnx.TensorProto.EXTERNAL
+    entry = kept.external_data.add()
+    entry.key, entry.value = "location", "weights.bin"
     light = without_initializer_values(model, ["W"])
     expected = onnx.ModelProto()
     expected.CopyFrom(model)
@@ -68,6 +86,8 @@ def test_without_initializer_values_is_the_cleared_copy():
         expected.graph.initializer[0].ClearField(field)
     assert light.SerializeToString() == expected.SerializeToString()
     assert light.graph.initializer[0].doc_string == "weight"
+    assert light.graph.initializer[1].external_data[0].value == "weights.bin"
+    assert not light.graph.initializer[0].raw_data
 
 
 def test_copy_fields_skips_the_named_fields():
@@ -80,3 +100,79 @@ def test_copy_fields_skips_the_named_fields():
     assert full == node
     full.attribute[0].f = 3.0  # a copy: the source is not touched
     assert node.attribute[0].f == 2.0
+    # a singular message field
+    info = helper.make_tensor_value_info("v", 1, ["N", 3])
+    copy = copy_fields(onnx.ValueInfoProto(), info, skip=("name",))
+    assert copy.type == info.type and not copy.name
+    # a field the schema does not know: the whole message is copied
+    model = _decorated(_linear_model(np.float32))
+    copy = copy_fields(onnx.ModelProto(), model, skip=("graph",))
+    model.ClearField("graph")
+    assert copy.SerializeToString() == model.SerializeToString()
+
+
+def test_copy_fields_of_maps():
+    """Map fields (none in onnx's messages): scalar and message values."""
+    from google.protobuf import struct_pb2
+    source = struct_pb2.Struct()
+    source.update({"a": 1.0, "b": {"c": "d"}})
+    assert copy_fields(struct_pb2.Struct(), source) == source
+
+
+def test_prediction_graph_copies_every_kept_field():
+    """prediction_graph of a graph whose every node computes the output:
+    the model itself, byte for byte (fields of _decorated included, the
+    value info of a kept value, training_info, unknown fields)."""
+    from onnxtrain.rewrite import prediction_graph
+    model = _decorated(_linear_model(np.float32))
+    before = model.SerializeToString()
+    new = prediction_graph(model, "Y")
+    assert new.SerializeToString() == before
+    assert model.SerializeToString() == before
+    # a dropped node takes its value info along, the rest stays
+    new = prediction_graph(model, "xw")
+    assert [n.op_type for n in new.graph.node] == ["MatMul"]
+    assert [i.name for i in new.graph.initializer] == ["W"]
+    assert not new.graph.value_info and new.training_info == model.training_info
+
+
+def test_running_statistics_copy_keeps_every_other_field():
+    """with_running_statistics_updates builds its model field by field: the
+    fields of _decorated stay, and the running statistics of an export
+    listing its initializers as inputs (keep_initializers_as_inputs) become
+    inputs once, at the end."""
+    from onnxtrain.training_mode import updated_name, with_running_statistics_updates
+    vi = helper.make_tensor_value_info
+    stats = {n: numpy_helper.from_array(np.full(2, v, np.float32), n)
+             for n, v in (("scale", 1.0), ("bias", 0.0), ("mean", 0.0), ("var", 1.0))}
+    graph = helper.make_graph(
+        [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                          ["y", "mean_out", "var_out"], training_mode=1)],
+        "g", [vi("x", 1, ["N", 2, 3])] + [vi(n, 1, [2]) for n in
+                                          ("mean", "var", "scale", "bias")],
+        [vi("y", 1, ["N", 2, 3])], list(stats.values()))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.graph.value_info.append(vi("y", 1, ["N", 2, 3]))
+    model = _decorated(model)
+    before = model.SerializeToString()
+    for as_inputs in (True, False):
+        new, buffers, initial = with_running_statistics_updates(model, as_inputs=as_inputs)
+        assert model.SerializeToString() == before
+        assert buffers == ["mean", "var"]
+        assert (new.doc_string, new.graph.doc_string) == ("m", "g")
+        assert new.metadata_props == model.metadata_props
+        assert new.functions == model.functions
+        assert new.training_info == model.training_info
+        assert new.graph.value_info == model.graph.value_info
+        inputs = [i.name for i in new.graph.input]
+        inits = [i.name for i in new.graph.initializer]
+        if as_inputs:  # moved to the end, listed once
+            assert inputs == ["x", "scale", "bias", "mean", "var"]
+            assert "mean" not in inits and "var" not in inits
+        else:  # left where they were, initializers too
+            assert inputs == ["x", "mean", "var", "scale", "bias"]
+            assert inits[:4] == ["scale", "bias", "mean", "var"]
+        assert [o.name for o in new.graph.output] == [
+            "y", updated_name("mean"), updated_name("var")]
+        np.testing.assert_array_equal(initial["var"], np.ones(2, np.float32))
+        assert new.SerializeToString().endswith(b"\xa0\x06\x05")

@@ -542,6 +542,12 @@ def copy_fields(target, source, skip=()):
     named in ``skip`` into ``target``, an empty message of the same type:
     a copy of part of a message without copying the rest first.
 
+    A ``source`` holding fields this protobuf schema does not know (a model
+    written by a newer onnx) or extensions is copied whole and the
+    ``skip`` fields cleared, so that nothing of it is lost (the cleared
+    fields then stay allocated with ``target``: upb frees a message's
+    memory only with the whole message).
+
     Parameters
     ----------
     target, source : google.protobuf.message.Message
@@ -552,19 +558,45 @@ def copy_fields(target, source, skip=()):
     -------
     target
     """
-    for field, value in source.ListFields():
+    fields = source.ListFields()
+    if _has_unknown_fields(source) or any(f.is_extension for f, _ in fields):
+        target.CopyFrom(source)
+        for name in skip:
+            target.ClearField(name)
+        return target
+    for field, value in fields:
         if field.name in skip:
             continue
-        if field.message_type is None:
-            if isinstance(value, (str, bytes, int, float, bool)):
-                setattr(target, field.name, value)
-            else:  # a repeated scalar field
-                getattr(target, field.name).extend(value)
-        elif hasattr(value, "extend"):  # a repeated message field: copies
-            getattr(target, field.name).extend(value)
-        else:
+        if _is_repeated(field):
+            container = getattr(target, field.name)
+            entry = field.message_type
+            if entry is not None and entry.GetOptions().map_entry:
+                if entry.fields_by_name["value"].message_type is None:
+                    container.update(value)
+                else:
+                    for key, item in value.items():
+                        container[key].CopyFrom(item)
+            else:  # repeated scalars, or messages (extend copies them)
+                container.extend(value)
+        elif field.message_type is not None:
             getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
     return target
+
+
+def _is_repeated(field):
+    repeated = getattr(field, "is_repeated", None)  # protobuf >= 6
+    return field.label == field.LABEL_REPEATED if repeated is None else repeated
+
+
+def _has_unknown_fields(message):
+    """Whether ``message`` itself holds fields its schema does not know."""
+    try:
+        from google.protobuf import unknown_fields
+    except ImportError:  # protobuf < 4.21
+        return len(message.UnknownFields()) > 0
+    return len(unknown_fields.UnknownFieldSet(message)) > 0
 
 
 def default_ir_version(opset_imports):
