@@ -591,11 +591,15 @@ def _is_repeated(field):
 
 
 def _has_unknown_fields(message):
-    """Whether ``message`` itself holds fields its schema does not know."""
+    """Whether ``message`` itself holds fields its schema does not know
+    (True when this protobuf cannot tell: the caller then copies whole)."""
     try:
         from google.protobuf import unknown_fields
-    except ImportError:  # protobuf < 4.21
-        return len(message.UnknownFields()) > 0
+    except ImportError:  # an older protobuf
+        try:
+            return len(message.UnknownFields()) > 0
+        except (AttributeError, NotImplementedError):
+            return True
     return len(unknown_fields.UnknownFieldSet(message)) > 0
 
 
