@@ -506,7 +506,9 @@ def compact_model(model):
     graph.initializer[:]`` then ``extend``) stay allocated as long as the
     model lives. resnet18's training model, 45 MB serialized, held 86 MB;
     this copy (one serialization and one parse, about 0.1 s) holds 43 MB.
-    A model protobuf cannot serialize (2 GB or more) is returned as it is."""
+    A model protobuf cannot serialize (2 GB or more) is returned as it is.
+    onnxtrain's own rewrites copy only what they keep instead
+    (:func:`copy_fields`), leaving nothing to compact."""
     try:
         data = model.SerializeToString()
     except (EncodeError, ValueError):  # upb raises EncodeError past 2 GB

@@ -5,7 +5,7 @@ import math
 
 import onnx
 
-from .builder import tensor_value_info
+from .builder import copy_fields, tensor_value_info
 from .symbolic import refine_symbolic_dims
 
 __all__ = ["clean_shape", "infer_value_types", "type_of_value_info"]
@@ -75,16 +75,8 @@ def _without_weights(model):
     if not heavy:
         return model
     light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    new = light.graph
-    new.name = graph.name
-    new.node.extend(graph.node)
-    new.input.extend(graph.input)
-    new.output.extend(graph.output)
-    new.value_info.extend(graph.value_info)
-    new.sparse_initializer.extend(graph.sparse_initializer)
+    copy_fields(light, model, skip=("graph",))
+    new = copy_fields(light.graph, graph, skip=("initializer",))
     names = {t.name for t in heavy}
     new.initializer.extend(t for t in graph.initializer if t.name not in names)
     declared = {i.name for i in graph.input}
