@@ -8,6 +8,7 @@ use standard ONNX ops only and run on the plain onnxruntime package
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import os
 import pathlib
@@ -16,11 +17,15 @@ import onnx
 from onnx import numpy_helper
 
 from . import onnxblock
-from .api.checkpoint import checkpoint_to_bytes
-from .graph import opset_of
-from .onnxblock._base import load_model, owned_base
+from ._gc import gc_paused
+from .api.checkpoint import (check_checkpoint_entries, checkpoint_to_bytes,
+                             write_checkpoint)
+from .graph import FLOAT_TYPES, opset_of
+from .graph.builder import without_initializer_values
+from .onnxblock._base import owned_base, read_model
 from .onnxblock.optim import build_optimizer_model
 from .runtime.ort_format import save_ort_format
+from .training_mode import running_statistics
 
 __all__ = ["LossType", "OptimType", "generate_artifacts"]
 
@@ -180,6 +185,7 @@ def _check_targets(model, loss):
             "target name.")
 
 
+@gc_paused
 def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
                        optimizer=None, artifact_directory=None, prefix="",
                        ort_format=False, custom_op_library=None,
@@ -280,10 +286,21 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
             "custom_op_library is not supported: onnxtrain's artifacts use "
             "standard ONNX ops only.")
     directory = _artifact_directory(artifact_directory, prefix, overwrite)
-    base_model = load_model(model)
+    source = read_model(model)  # read, never edited
     requires_grad = _name_list(requires_grad)
     frozen_params = _name_list(frozen_params)
-    _check_parameters(base_model, requires_grad, frozen_params)
+    _check_parameters(source, requires_grad, frozen_params)
+    # the blocks edit a copy of the model without the trained weights'
+    # values (they become graph inputs; no rule reads a weight it
+    # differentiates as a constant): the checkpoint reads them from
+    # ``source``. One copy of the weights fewer, and none of the copies the
+    # build makes of its model carries them (20 MB for a 24-layer encoder).
+    # Running statistics keep theirs (frozen whatever the lists say, their
+    # update reads their initial values)
+    valueless = (set(requires_grad) & {i.name for i in source.graph.initializer
+                                       if i.data_type in FLOAT_TYPES}) \
+        - set(running_statistics(source))
+    base_model = without_initializer_values(source, valueless)
     loss_block = _resolve_loss(loss)
     optimizer_block = _resolve_optimizer(optimizer)
     if optimizer_block is not None and not requires_grad:
@@ -316,9 +333,13 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         opset = opset_of(base_model) or 0  # the base model's, as onnxruntime
         files["optimizer_model"] = build_optimizer_model(
             optimizer_block, trainable, opset if opset >= 9 else None)
-    entries = [(t.name, numpy_helper.to_array(t), t.name in trainable_names)
-               for t in params]
-    files["checkpoint"] = checkpoint_to_bytes(entries)
+    stored = {i.name: i for i in source.graph.initializer if i.name in valueless}
+    entries = [(t.name, numpy_helper.to_array(stored.get(t.name, t)),
+                t.name in trainable_names) for t in params]
+    # streamed into its file by _write (no 20 MB bytes copy), its
+    # arguments checked now, before any file is written
+    check_checkpoint_entries(entries)
+    files["checkpoint"] = functools.partial(write_checkpoint, parameters=entries)
     if nominal_checkpoint:
         files["nominal_checkpoint"] = checkpoint_to_bytes(entries, nominal=True)
     paths = _write(files, directory, prefix)
@@ -383,7 +404,8 @@ def _write_ort_format(paths):
 
 
 def _write(files, directory, prefix):
-    """Write ``files`` (key -> ModelProto or bytes) and remove the files of
+    """Write ``files`` (key -> ModelProto, bytes, or a function writing the
+    file at the path it is given) and remove the files of
     an earlier generation with the same prefix that this one does not
     replace."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -391,7 +413,9 @@ def _write(files, directory, prefix):
     for key, content in files.items():
         suffix = ".onnx" if key.endswith("model") else ""
         path = directory / f"{prefix}{key}{suffix}"
-        if isinstance(content, onnx.ModelProto):
+        if callable(content):  # writes the file itself (a checkpoint)
+            content(path)
+        elif isinstance(content, onnx.ModelProto):
             # onnx appends to an existing external data file: start afresh
             data = path.with_name(f"{path.name}.data")
             data.unlink(missing_ok=True)

@@ -1,10 +1,12 @@
 """generate_artifacts: the seed-000 example, layouts, errors before writing,
 no mutation of the caller's model."""
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import api, artifacts
@@ -246,6 +248,58 @@ def test_caller_model_is_not_mutated(tmp_path):
                                  artifact_directory=tmp_path, nominal_checkpoint=True)
     assert model.SerializeToString() == before
     assert (tmp_path / "nominal_checkpoint").is_file()
+
+
+def _with_initializer(tensor):
+    model = two_head_model()
+    model.graph.initializer.append(tensor)
+    return model
+
+
+def test_non_float_parameter_refused_with_its_own_message(tmp_path):
+    # the build leaves the trained weights' values out of its copy: an
+    # integer initializer asked for training still gets the clear message,
+    # not a failure reading a value the copy does not hold
+    model = _with_initializer(numpy_helper.from_array(np.array([1, 2], np.int64),
+                                                      "counts"))
+    with pytest.raises(ValueError, match=r"\['counts'\] are not float"):
+        artifacts.generate_artifacts(model, requires_grad=TRAINABLE + ["counts"],
+                                     loss=_WeightedLoss(),
+                                     artifact_directory=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_dtype_refused_before_any_file_is_written(tmp_path):
+    # the checkpoint is streamed into its file after the models: its
+    # arguments are checked before the first file
+    model = _with_initializer(helper.make_tensor("names", TensorProto.STRING,
+                                                 [1], [b"a"]))
+    with pytest.raises(TypeError, match="bool, int and float arrays"):
+        artifacts.generate_artifacts(model, requires_grad=TRAINABLE,
+                                     frozen_params=FROZEN + ["names"],
+                                     loss=_WeightedLoss(),
+                                     artifact_directory=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_holds_the_values_of_the_callers_model(tmp_path):
+    # the trained weights' values are read from the caller's model (the
+    # build's copy holds none), the frozen ones from the copy
+    model = two_head_model(seed=3)
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=TRAINABLE, frozen_params=FROZEN,
+        loss=_WeightedLoss(), optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    order = [i.name for i in model.graph.initializer if i.name in TRAINABLE + FROZEN]
+    assert list(state.parameters.keys()) == order
+    for name, parameter in state.parameters.items():
+        np.testing.assert_array_equal(parameter.data, inits[name])
+        assert parameter.requires_grad == (name in TRAINABLE)
+    training = onnx.load(paths["training_model"])
+    assert not {i.name for i in training.graph.initializer} & set(TRAINABLE + FROZEN)
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".partial")]
 
 
 def test_model_with_external_data_path_and_proto(tmp_path):

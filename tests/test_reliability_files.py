@@ -529,3 +529,33 @@ def test_non_onnx_file_named_by_every_loader(tmp_path, content, reason):
         message = str(info.value)
         assert f"{path} is not an ONNX model ({reason}" in message, \
             (where, message)
+
+
+def test_checkpoint_write_failing_midway_keeps_the_previous_file(tmp_path,
+                                                                  monkeypatch):
+    # streamed into a file beside the target, which replaces it only once
+    # complete: a failure leaves the previous checkpoint and no partial file
+    from onnxtrain.api import checkpoint
+    path = tmp_path / "checkpoint"
+    entries = [("a", np.arange(6, dtype=np.float32).reshape(2, 3), True),
+               ("b", np.ones(4, dtype=np.float64), False)]
+    checkpoint.write_checkpoint(path, entries, {"epoch": 3})
+    before = path.read_bytes()
+    assert before == checkpoint.checkpoint_to_bytes(entries, {"epoch": 3})
+    original = checkpoint._Writer.array
+    calls = []
+
+    def failing(self, value, dtype=None):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return original(self, value, dtype)
+
+    monkeypatch.setattr(checkpoint._Writer, "array", failing)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.write_checkpoint(path, [(n, v + 1, g) for n, v, g in entries])
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint"]
+    with pytest.raises(TypeError, match="bool, int and float"):
+        checkpoint.write_checkpoint(tmp_path / "other", [("s", np.array(["x"]), False)])
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint"]

@@ -271,6 +271,31 @@ def current_base():
     return state
 
 
+def read_model(model):
+    """``model`` itself (a ModelProto) or the model a path holds, loaded with
+    its external data: the model :func:`load_model` copies, for a caller
+    that only reads it.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`load_model`.
+    """
+    if isinstance(model, (str, pathlib.Path)):
+        return load_onnx_file(model)
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model must be an onnx.ModelProto, a str or a "
+                        f"pathlib.Path, not {type(model).__name__}.")
+    external = [t.name for t in model.graph.initializer
+                if t.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        raise ValueError(
+            f"Initializers {external[:5]} of the model point to external data "
+            "that was not loaded; pass the model's path, or load it with "
+            "onnx.load(path) (load_external_data=True).")
+    return model
+
+
 def load_model(model):
     """A private copy of ``model`` (ModelProto, str or pathlib.Path).
 
@@ -286,19 +311,9 @@ def load_model(model):
         for a path to a file that is not an ONNX model.
     """
     if isinstance(model, (str, pathlib.Path)):
-        return load_onnx_file(model)
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"model must be an onnx.ModelProto, a str or a "
-                        f"pathlib.Path, not {type(model).__name__}.")
-    external = [t.name for t in model.graph.initializer
-                if t.data_location == onnx.TensorProto.EXTERNAL]
-    if external:
-        raise ValueError(
-            f"Initializers {external[:5]} of the model point to external data "
-            "that was not loaded; pass the model's path, or load it with "
-            "onnx.load(path) (load_external_data=True).")
+        return read_model(model)  # loaded here: already private
     copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    copy.CopyFrom(read_model(model))
     return copy
 
 
