@@ -42,7 +42,10 @@ steps per second of the timed steps (after warm-up steps that build the
 sessions; timed in chunks of 5 steps, the median chunk counts, so that a
 burst of load on a shared machine moves one chunk, not the run; the
 column ``spread`` is max/min - 1 of the medians over the repeats), the ratio to PyTorch eager of the same optimizer measured in the
-same run, the mean loss of the warm-up steps (equal across systems: the
+same run (``x torch``: of the medians over the repeats; ``paired``: the
+median over the repeats of the ratio within each repeat, the two runs a
+few minutes apart, which a slow drift of a shared machine's speed moves
+together), the mean loss of the warm-up steps (equal across systems: the
 same math; later steps drift apart by rounding, these trainings being
 chaotic), the peak resident memory the run adds to the process (``peak
 MB``; for the api systems, that of the training once the artifacts are
@@ -442,6 +445,18 @@ def _child(python, name, system, path, params):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _paired_ratio(runs, base_runs):
+    """Median over the repeats of the ratio of a system's rate to its
+    PyTorch baseline's rate measured in the same repeat (minutes apart, not
+    the whole run apart): a drift of the machine's speed over the run moves
+    both members of a pair. NaN without a common repeat."""
+    base = dict(base_runs)
+    ratios = sorted(r["rate"] / base[k]["rate"] for k, r in runs if k in base)
+    if not ratios:
+        return float("nan")
+    return float(np.median(ratios))
+
+
 def _warmup_loss(name, r):
     """Mean loss of the warm-up steps. Later steps drift apart by rounding:
     these trainings are chaotic (PyTorch on one thread and on two differs
@@ -470,35 +485,38 @@ def main(argv=None):
     systems = [s for s in args.systems if s != "ortt" or args.ortt]
     folder = tempfile.mkdtemp(prefix="bench_models_onnx_")
     header = (f"{'model':12} {'system':12} {'steps/s':>8} {'x torch':>8} "
-              f"{'spread':>7} {'warm loss':>10} {'peak MB':>8} {'build MB':>8}")
+              f"{'paired':>8} {'spread':>7} {'warm loss':>10} {'peak MB':>8} "
+              f"{'build MB':>8}")
     print(header)
     print("-" * len(header))
     for name in args.models:
         path = os.path.join(folder, f"{name}.onnx")
         params = export(name, path)
-        runs = {s: [] for s in systems}
-        for _ in range(args.repeat):
+        runs = {s: [] for s in systems}  # (repeat, result)
+        for repeat in range(args.repeat):
             for system in systems:
                 if system == "torch-plain" and MODELS[name]["optimizer"] != "sgd":
                     continue
                 python = args.ortt if system == "ortt" else sys.executable
                 r = _child(python, name, system, path, params)
                 if r is not None:
-                    runs[system].append(r)
+                    runs[system].append((repeat, r))
         rows = {}
         for system, rs in runs.items():
             if rs:
-                rates = sorted(r["rate"] for r in rs)
+                rates = sorted(r["rate"] for _, r in rs)
                 mid = rates[len(rates) // 2]
-                r = min(rs, key=lambda r: abs(r["rate"] - mid))
+                r = min((r for _, r in rs), key=lambda r: abs(r["rate"] - mid))
                 rows[system] = (mid, rates[-1] / rates[0] - 1, r)
         for system, (rate, spread, r) in rows.items():
             base = "torch-plain" if (system in ("api", "ortt", "torch-plain") and
                                      MODELS[name]["optimizer"] == "sgd") else "torch"
             ratio = rate / rows[base][0] if base in rows else float("nan")
+            paired = _paired_ratio(runs[system], runs.get(base, []))
             build = "" if r.get("build_mb") is None else f"{r['build_mb']:8.0f}"
-            print(f"{name:12} {system:12} {rate:8.2f} {ratio:8.2f} {spread:7.0%} "
-                  f"{_warmup_loss(name, r):10.5f} {r['peak_mb']:8.0f} {build:>8}")
+            print(f"{name:12} {system:12} {rate:8.2f} {ratio:8.2f} {paired:8.2f} "
+                  f"{spread:7.0%} {_warmup_loss(name, r):10.5f} {r['peak_mb']:8.0f} "
+                  f"{build:>8}")
         print()
     if args.build:
         path = os.path.join(folder, "encoder24.onnx")
