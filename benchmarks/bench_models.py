@@ -60,7 +60,6 @@ median shown): seconds, nodes of the training graph, peak memory added.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import resource
@@ -328,23 +327,26 @@ def _artifacts(name, path, params, folder, ort):
 
 
 def run_api(name, path, params, ort, memory=None):
-    """Steps of the api on ``generate_artifacts``'s files. ``memory`` (a
+    """Steps of the api on ``generate_artifacts``'s files, built by a
+    process of their own (artifacts are built once, offline, in
+    onnxruntime-training's workflow; in this process, the memory the build
+    freed but its allocator kept would hold part of the training's
+    allocations and hide them from the training's peak). ``memory`` (a
     dict, optional) receives ``build_mb``, the peak resident memory the
-    artifacts' build added, and ``before_kb``, the resident memory after
-    it, where the peak is reset: artifacts are built once, offline
-    (onnxruntime-training's workflow), and the training that follows is
-    the run measured."""
+    build added to its process, and ``before_kb``, this process's resident
+    memory before the training, where the peak is reset."""
     if ort:
         from onnxruntime.training import api
     else:
         from onnxtrain import api
     cfg = MODELS[name]
     folder = tempfile.mkdtemp(prefix="bench_models_")
-    before = _rss_kb()
-    _artifacts(name, path, params, folder, ort)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--artifacts", name, path,
+         json.dumps(params), folder, "ortt" if ort else "onnxtrain"],
+        capture_output=True, text=True, check=True)
     if memory is not None:
-        gc.collect()
-        memory["build_mb"] = (_rss_kb(field="VmHWM") - before) / 1024
+        memory["build_mb"] = json.loads(out.stdout.strip().splitlines()[-1])["build_mb"]
         memory["before_kb"] = _rss_kb(reset_peak=True)
     state = api.CheckpointState.load_checkpoint(os.path.join(folder, "checkpoint"))
     # no eval model: onnxruntime-training's eval model of a training-mode
@@ -477,7 +479,19 @@ def main(argv=None):
     parser.add_argument("--ortt", default=os.environ.get("ONNXTRAIN_ORTT_PYTHON"),
                         help="python of a venv with onnxruntime-training")
     parser.add_argument("--one", nargs=4, metavar=("MODEL", "SYSTEM", "PATH", "PARAMS"))
+    parser.add_argument("--artifacts", nargs=5,
+                        metavar=("MODEL", "PATH", "PARAMS", "FOLDER", "BUILDER"))
     args = parser.parse_args(argv)
+    if args.artifacts:  # the api rows' build, in a process of its own
+        name, path, params, folder, builder = args.artifacts
+        if builder == "ortt":
+            import onnxruntime.training.artifacts  # noqa: F401
+        else:
+            import onnxtrain.artifacts  # noqa: F401
+        before = _rss_kb(reset_peak=True)
+        _artifacts(name, path, json.loads(params), folder, builder == "ortt")
+        print(json.dumps(dict(build_mb=(_rss_kb(field="VmHWM") - before) / 1024)))
+        return
     if args.one:
         name, system, path, params = args.one
         one(name, system, path, json.loads(params))

@@ -47,7 +47,8 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["FORMAT", "VERSION", "checkpoint_to_bytes", "read_checkpoint",
-           "write_checkpoint", "check_checkpoint_entries", "encode_property", "decode_property"]
+           "write_checkpoint", "check_checkpoint_entries", "encode_property",
+           "decode_property"]
 
 FORMAT = "onnxtrain.checkpoint"
 VERSION = 1
@@ -210,8 +211,8 @@ def write_checkpoint(path, parameters, properties=None, optimizer=None,
 
     The arguments are checked first (:func:`check_checkpoint_entries`);
     the archive is then streamed into a new file beside ``path``
-    (``<path>.<process>.<thread>.partial``), which replaces ``path`` once complete
-    (``os.replace``): no copy of the archive in memory, and an error or an
+    (``<path>.<process>.<thread>.partial``), which replaces ``path`` once
+    complete (``os.replace``): no copy of the archive in memory, and an error or an
     interruption never leaves a truncated checkpoint at ``path`` (an
     existing one stays as it was).
 
