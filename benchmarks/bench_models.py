@@ -48,13 +48,15 @@ few minutes apart, which a slow drift of a shared machine's speed moves
 together), the mean loss of the warm-up steps (equal across systems: the
 same math; later steps drift apart by rounding, these trainings being
 chaotic), the peak resident memory the run adds to the process (``peak
-MB``; for the api systems, that of the training once the artifacts are
-built, the build's own peak being ``build MB``: artifacts are built once,
-offline; the estimator builds its graphs inside ``fit``, counted in its
-peak).
+MB``; for the api systems, that of the training, the artifacts being
+built by a process of their own, whose peak is ``build MB``: artifacts
+are built once, offline; the estimator builds its graphs inside ``fit``,
+counted in its peak).
 
 ``--build``: ``generate_artifacts`` on the 24-layer encoder (onnxtrain and,
-with ``--ortt``, onnxruntime-training, alternating over the repeats, the
+with ``--ortt``, onnxruntime-training, alternating over ``--build-repeat``
+repeats, 9 by default; ``paired``: the median over the repeats of the
+build's seconds over onnxruntime-training's in the same repeat; the
 median shown): seconds, nodes of the training graph, peak memory added.
 """
 from __future__ import annotations
@@ -470,12 +472,15 @@ def _warmup_loss(name, r):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS),
+                        help="models to train (none: with --build, the build only)")
     parser.add_argument("--systems", nargs="+", default=SYSTEMS)
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per cell, alternating systems; median shown")
     parser.add_argument("--build", action="store_true",
                         help="also time generate_artifacts on the 24-layer encoder")
+    parser.add_argument("--build-repeat", type=int, default=9,
+                        help="builds per system, alternating (each a second or two)")
     parser.add_argument("--ortt", default=os.environ.get("ONNXTRAIN_ORTT_PYTHON"),
                         help="python of a venv with onnxruntime-training")
     parser.add_argument("--one", nargs=4, metavar=("MODEL", "SYSTEM", "PATH", "PARAMS"))
@@ -501,8 +506,9 @@ def main(argv=None):
     header = (f"{'model':12} {'system':12} {'steps/s':>8} {'x torch':>8} "
               f"{'paired':>8} {'spread':>7} {'warm loss':>10} {'peak MB':>8} "
               f"{'build MB':>8}")
-    print(header)
-    print("-" * len(header))
+    if args.models:
+        print(header)
+        print("-" * len(header))
     for name in args.models:
         path = os.path.join(folder, f"{name}.onnx")
         params = export(name, path)
@@ -535,19 +541,26 @@ def main(argv=None):
     if args.build:
         path = os.path.join(folder, "encoder24.onnx")
         params = export("encoder24", path)
-        print(f"{'build':12} {'system':12} {'seconds':>8} {'nodes':>8} {'peak MB':>8}")
+        print(f"{'build':12} {'system':12} {'seconds':>8} {'paired':>8} "
+              f"{'nodes':>8} {'peak MB':>8}")
         systems = ["build"] + (["build-ortt"] if args.ortt else [])
-        runs = {system: [] for system in systems}
-        for _ in range(args.repeat):  # alternating, as the training runs
+        runs = {system: [] for system in systems}  # (repeat, result)
+        for repeat in range(args.build_repeat):  # alternating, as the training runs
             for system in systems:
                 python = args.ortt if system == "build-ortt" else sys.executable
-                runs[system].append(_child(python, "encoder24", system, path, params))
+                r = _child(python, "encoder24", system, path, params)
+                if r is not None:
+                    runs[system].append((repeat, r))
         for system in systems:
-            rs = [r for r in runs[system] if r]
+            rs = sorted((r for _, r in runs[system]), key=lambda r: r["seconds"])
             if rs:
-                rs.sort(key=lambda r: r["seconds"])
                 r = rs[len(rs) // 2]
-                print(f"{'encoder24':12} {system:12} {r['seconds']:8.2f} "
+                # seconds relative to onnxruntime-training's build of the
+                # same repeat (the inverse of a speed ratio: below 1 is faster)
+                paired = _paired_ratio(
+                    [(k, {"rate": x["seconds"]}) for k, x in runs[system]],
+                    [(k, {"rate": x["seconds"]}) for k, x in runs.get("build-ortt", [])])
+                print(f"{'encoder24':12} {system:12} {r['seconds']:8.2f} {paired:8.2f} "
                       f"{r['losses'][0]:8d} {r['peak_mb']:8.0f}")
 
 
