@@ -34,8 +34,10 @@ drawn by numpy, the same batches for every system):
 
 Systems, each in its own process, one after the other, alternating over the
 repeats: ``torch`` (eager, all cores), ``estimator``
-(``OrtGradientForwardBackwardClassifier`` on the TorchScript export,
-training_path 'auto'), ``api`` (``artifacts.generate_artifacts`` then
+(``OrtGradientForwardBackwardClassifier`` on the TorchScript export
+loaded by ``onnx.load``, which the caller holds, training_path 'auto'),
+``estimator-file`` (the same, given the file's path: the estimator holds
+no loaded copy of the model between its builds), ``api`` (``artifacts.generate_artifacts`` then
 ``api.Module``/``api.Optimizer``, one call per step), ``ortt``
 (onnxruntime-training's artifacts and api on the same export). Printed:
 steps per second of the timed steps (after warm-up steps that build the
@@ -89,7 +91,7 @@ MODELS = {
                       optimizer="adamw", lr=1e-3, weight_decay=0.01, layers=24,
                       vocab=1000),
 }
-SYSTEMS = ["torch", "estimator", "torch-plain", "api", "ortt"]
+SYSTEMS = ["torch", "estimator", "estimator-file", "torch-plain", "api", "ortt"]
 #: the models a run trains unless ``--models`` says otherwise
 DEFAULT_MODELS = ("resnet18", "resnet18-112", "encoder")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -237,7 +239,11 @@ def run_torch(name, plain):
     return clock.done(), losses
 
 
-def run_estimator(name, path, params):
+def run_estimator(name, path, params, from_file=False):
+    """Steps of the estimator on the model loaded here (its ``model_onnx``
+    the loaded ModelProto, which the caller holds) or, ``from_file``, on
+    the file's path (the estimator loads it at each build and holds no
+    loaded copy of it between its builds)."""
     import onnx
     from onnxtrain import (LearningRateAdamW, LearningRateSGDNesterov,
                            OrtGradientForwardBackwardClassifier)
@@ -250,7 +256,7 @@ def run_estimator(name, path, params):
         rate = LearningRateAdamW(cfg["lr"], weight_decay=cfg["weight_decay"])
     X, y = batches(name)
     b, w = cfg["batch"], cfg["warmup"]
-    onx = onnx.load(path)
+    onx = path if from_file else onnx.load(path)
 
     # warm_start: training starts from the graph's initializers; the
     # warm-up partial_fit builds the graphs and sessions, the timed one
@@ -403,8 +409,9 @@ def one(name, system, path, params):
         losses = [nodes]
     elif system.startswith("torch"):
         seconds, losses = run_torch(name, plain=system == "torch-plain")
-    elif system == "estimator":
-        seconds, losses = run_estimator(name, path, params)
+    elif system in ("estimator", "estimator-file"):
+        seconds, losses = run_estimator(name, path, params,
+                                        from_file=system == "estimator-file")
     else:
         seconds, losses = run_api(name, path, params, ort=system == "ortt",
                                   memory=memory)
@@ -466,7 +473,7 @@ def _warmup_loss(name, r):
     these trainings are chaotic (PyTorch on one thread and on two differs
     by 2e-4 at the fourth resnet18 step and by 0.1 at the sixth)."""
     losses = r["losses"]
-    return float(losses[0] if r["system"] == "estimator"
+    return float(losses[0] if r["system"].startswith("estimator")
                  else np.mean(losses[:MODELS[name]["warmup"]]))
 
 
