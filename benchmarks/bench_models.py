@@ -510,7 +510,7 @@ def main(argv=None):
         return
     systems = [s for s in args.systems if s != "ortt" or args.ortt]
     folder = tempfile.mkdtemp(prefix="bench_models_onnx_")
-    header = (f"{'model':12} {'system':12} {'steps/s':>8} {'x torch':>8} "
+    header = (f"{'model':12} {'system':14} {'steps/s':>8} {'x torch':>8} "
               f"{'paired':>8} {'spread':>7} {'warm loss':>10} {'peak MB':>8} "
               f"{'build MB':>8}")
     if args.models:
@@ -541,14 +541,14 @@ def main(argv=None):
             ratio = rate / rows[base][0] if base in rows else float("nan")
             paired = _paired_ratio(runs[system], runs.get(base, []))
             build = "" if r.get("build_mb") is None else f"{r['build_mb']:8.0f}"
-            print(f"{name:12} {system:12} {rate:8.2f} {ratio:8.2f} {paired:8.2f} "
+            print(f"{name:12} {system:14} {rate:8.2f} {ratio:8.2f} {paired:8.2f} "
                   f"{spread:7.0%} {_warmup_loss(name, r):10.5f} {r['peak_mb']:8.0f} "
                   f"{build:>8}")
         print()
     if args.build:
         path = os.path.join(folder, "encoder24.onnx")
         params = export("encoder24", path)
-        print(f"{'build':12} {'system':12} {'seconds':>8} {'paired':>8} "
+        print(f"{'build':12} {'system':14} {'seconds':>8} {'paired':>8} "
               f"{'nodes':>8} {'peak MB':>8}")
         systems = ["build"] + (["build-ortt"] if args.ortt else [])
         runs = {system: [] for system in systems}  # (repeat, result)
@@ -567,7 +567,7 @@ def main(argv=None):
                 paired = _paired_ratio(
                     [(k, {"rate": x["seconds"]}) for k, x in runs[system]],
                     [(k, {"rate": x["seconds"]}) for k, x in runs.get("build-ortt", [])])
-                print(f"{'encoder24':12} {system:12} {r['seconds']:8.2f} {paired:8.2f} "
+                print(f"{'encoder24':12} {system:14} {r['seconds']:8.2f} {paired:8.2f} "
                       f"{r['losses'][0]:8d} {r['peak_mb']:8.0f}")
 
 
