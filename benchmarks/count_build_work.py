@@ -21,7 +21,7 @@ import numpy as np
 __all__ = ["count_build_work", "counting", "CASES"]
 
 CASES = ("split", "fused", "loop", "classifier-split", "classifier-loop",
-         "artifacts")
+         "batchnorm-fused", "artifacts", "batchnorm-artifacts")
 
 
 def _replace_everywhere(original, replacement):
@@ -137,6 +137,36 @@ def _classifier_model(X, y):
     return to_onnx(skl, X[:1], options={"zipmap": False})
 
 
+def _batchnorm_model():
+    """X (N, 1, 4, 4) -> Conv 3x3 (4 channels) -> BatchNormalization in
+    training mode -> Relu -> (N, 64) -> MatMul -> Y (N, 1)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.RandomState(0)
+    channels = 4
+    inits = [numpy_helper.from_array(value, name) for name, value in [
+        ("W", (0.3 * rng.randn(channels, 1, 3, 3)).astype(np.float32)),
+        ("scale", np.ones(channels, np.float32)),
+        ("bias", np.zeros(channels, np.float32)),
+        ("mean", np.zeros(channels, np.float32)),
+        ("var", np.ones(channels, np.float32)),
+        ("W2", (0.1 * rng.randn(channels * 16, 1)).astype(np.float32)),
+        ("shape", np.array([0, channels * 16], np.int64))]]
+    nodes = [
+        helper.make_node("Conv", ["X", "W"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["conv", "scale", "bias", "mean", "var"],
+                         ["bn", "bn_mean", "bn_var"], training_mode=1, momentum=0.9),
+        helper.make_node("Relu", ["bn"], ["relu"]),
+        helper.make_node("Reshape", ["relu", "shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "W2"], ["Y"])]
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                     [None, 1, 4, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def count_build_work(case):
     """The counts of one ``case`` (see :data:`CASES`) as a dict."""
     from onnxtrain import (OrtGradientForwardBackwardClassifier,
@@ -146,6 +176,11 @@ def count_build_work(case):
 
     X, y = _data()
     model = _mlp_model(X, y)
+    if case.startswith("batchnorm-"):
+        case = case.split("-")[1]
+        model = _batchnorm_model()
+        X = np.random.RandomState(1).randn(64, 1, 4, 4).astype(np.float32)
+        y = X.reshape(64, -1)[:, :3].sum(axis=1).astype(np.float32)
     if case == "artifacts":
         trainable = trainable_initializers(model)
         with tempfile.TemporaryDirectory() as folder, counting() as counts:

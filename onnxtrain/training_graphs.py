@@ -784,7 +784,8 @@ class TrainingGraphs:
         # the batch statistics from the nodes' outputs on the CPU (the
         # CUDA kernel outputs the unbiased variance)
         model, buffers, _ = with_running_statistics_updates(
-            model, node_statistics=self.in_place)
+            model, node_statistics=self.in_place,
+            types=None if rewritten else self.types)
         if buffers != self.buffer_names:
             return "the running statistics do not all reach the logits"
         loss_graph = self._loss_graph(loss, rewritten, weighted, opset)

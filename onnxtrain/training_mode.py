@@ -135,7 +135,8 @@ def updated_name(buffer):
     return f"{buffer}__new"
 
 
-def with_running_statistics_updates(model, as_inputs=True, node_statistics=False):
+def with_running_statistics_updates(model, as_inputs=True, node_statistics=False,
+                                    types=None):
     """A copy of ``model`` whose training steps also output the updated
     running statistics.
 
@@ -177,6 +178,9 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
     node_statistics : bool, default=False
         Whether the update and the gradients read the batch statistics from
         the node's outputs (see above; onnxruntime's CPU kernel only).
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known
+        (shape inference runs otherwise).
 
     Returns
     -------
@@ -212,7 +216,7 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
                          "initializers: their initial values are unknown.")
     taken = {n for node in source.node for n in list(node.input) + list(node.output)}
     taken |= set(inits) | {i.name for i in source.input}
-    types = infer_value_types(model)
+    types = infer_value_types(model) if types is None else types
     updates = GraphBuilder(opset, taken, types, prefix=_HELPER)
     masks = GraphBuilder(opset, taken, types, prefix=_MASK)
     nodes = []

@@ -27,6 +27,12 @@ EXPECTED = {
     # loss_grad_onnx_, which the seed reads)
     "classifier-split": (1, 2, 1, 4),
     "classifier-loop": (1, 2, 2, 1),
+    # BatchNormalization in training mode: the model with the running
+    # statistics' updates is typed once more (it has new values), its
+    # step graph once more (slow broadcasts); the updates' builds and the
+    # engine's check of the weights reuse the types they are given (6
+    # inferences before)
+    "batchnorm-fused": (1, 3, 1, 1),
 }
 
 
@@ -46,6 +52,16 @@ def test_generate_artifacts_runs_one_reverse_pass():
     assert got["reverse passes"] == 1
     assert got["loss-graph builds"] == 1
     assert got["shape inferences"] == 1  # shared by the outputs and the reverse pass
+    assert got["sessions"] == 0
+
+
+def test_generate_artifacts_with_batchnorm_infers_three_times():
+    # the base model, the model with the statistics' updates, and that
+    # model with its 4x4-output Conv lowered to a product (4 before: the
+    # updates' build inferred its input's types again)
+    got = counts.count_build_work("batchnorm-artifacts")
+    assert got["reverse passes"] == 1
+    assert got["shape inferences"] == 3
     assert got["sessions"] == 0
 
 

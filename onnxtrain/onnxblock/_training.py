@@ -232,10 +232,13 @@ def build_training_models(state, output_names, trainable, frozen):
     base = state.model
     trainable, frozen = classify_running_statistics(base, trainable, frozen)
     inits = _check_parameters(base.graph, trainable, frozen)
-    model, updated, _ = with_running_statistics_updates(base, as_inputs=False)
+    model, updated, _ = with_running_statistics_updates(base, as_inputs=False,
+                                                        types=types)
+    if updated:  # values the base model lacks
+        types = infer_value_types(model)
     # the training graph only: the eval model keeps the Conv nodes
-    lowered = lower_small_convs(model, trainable, None if updated else types)
-    if updated or lowered is not model:  # values the base model lacks
+    lowered = lower_small_convs(model, trainable, types)
+    if lowered is not model:  # values of its own
         model = lowered
         types = infer_value_types(model)
     # Dropouts of probability 0 copy their input: no node, no gradient rule

@@ -80,7 +80,11 @@ class OrtGradientForwardBackward:
         outputs that depend on the weights).
     types : dict, default=None
         The model's :func:`~onnxtrain.graph.infer_value_types` when the
-        caller has it (shape inference then does not run again).
+        caller has it (shape inference then does not run again). With
+        ``gradient_models``, they only serve to check ``weights_to_train``,
+        and the types of a model that ``model_onnx`` extends with new values
+        do (a value they lack counts as a float: the check may find more
+        weights reaching an output, never fewer).
     gradient_models : callable, default=None
         Returns the :class:`~onnxtrain.autodiff.GradientModels` to run
         (:meth:`onnxtrain.training_graphs.TrainingGraphs.split` for a
