@@ -1,12 +1,17 @@
-"""Python's cyclic garbage collector paused during graph builds.
+"""The objects of the process frozen for Python's cyclic garbage collector
+during graph builds.
 
 A build creates tens of thousands of short-lived Python objects (protobuf
 wrappers, dicts, tuples); their allocations trigger the collector's full
 (oldest-generation) passes, which walk every object of the process, the
-imported modules' included: 70-100 ms of a 0.55 s 24-layer
-``generate_artifacts`` in a fresh process (``gc.callbacks`` timing). A
-build's objects are freed by reference counting; the few cycles it leaves
-are collected at the first collection after it.
+imported modules' included: 60-100 ms of a 0.45-0.55 s 24-layer
+``generate_artifacts`` in a fresh process, 65 ms of resnet18's first
+``partial_fit`` (``gc.callbacks`` timing). ``gc.freeze()`` at the start of
+a build moves the objects that exist to the collector's permanent
+generation, so that its passes during the build walk the build's own
+objects only (5 ms), and ``gc.unfreeze()`` at its end gives them back.
+Collection itself goes on: the collector is never disabled, whatever
+other threads do with ``gc.enable`` and ``gc.disable``.
 """
 from __future__ import annotations
 
@@ -14,24 +19,27 @@ import functools
 import gc
 import threading
 
-__all__ = ["gc_paused"]
+__all__ = ["gc_frozen"]
 
 _LOCK = threading.Lock()
 _DEPTH = 0
-_RESTORE = False
+_FROZE = False
 
 
-class _Paused:
-    """Context manager: the collector disabled until the outermost (or, with
-    threads, the last) paused section exits, then enabled again if it was
-    enabled when the first section entered."""
+class _Frozen:
+    """Context manager: ``gc.freeze()`` when the first section enters,
+    ``gc.unfreeze()`` when the last one exits (sections nest and may run on
+    several threads at once). A process that already holds frozen objects
+    (its own ``gc.freeze()``, e.g. before forking workers) is left as it
+    is: unfreezing would undo it."""
 
     def __enter__(self):
-        global _DEPTH, _RESTORE
+        global _DEPTH, _FROZE
         with _LOCK:
             if _DEPTH == 0:
-                _RESTORE = gc.isenabled()
-                gc.disable()
+                _FROZE = gc.get_freeze_count() == 0
+                if _FROZE:
+                    gc.freeze()
             _DEPTH += 1
         return self
 
@@ -39,24 +47,27 @@ class _Paused:
         global _DEPTH
         with _LOCK:
             _DEPTH -= 1
-            if _DEPTH == 0 and _RESTORE:
-                gc.enable()
+            if _DEPTH == 0 and _FROZE:
+                gc.unfreeze()
         return False
 
 
-def gc_paused(function=None):
-    """The cyclic collector paused while ``function`` runs (a decorator), or
-    a context manager when called without argument.
+def gc_frozen(function=None):
+    """The process's objects frozen for the cyclic collector while
+    ``function`` runs (a decorator), or a context manager when called
+    without argument (see the module docstring).
 
-    Sections nest and may run on several threads at once: the collector is
-    enabled again when the last one exits, and only if it was enabled when
-    the first one entered (a caller that disabled it keeps it disabled).
+    Sections nest and may run on several threads at once: the objects are
+    unfrozen when the last one exits. Nothing is frozen when the process
+    already holds frozen objects. Cycles among objects that existed before
+    the build are collected after it; a process forked during a build
+    keeps them frozen.
     """
     if function is None:
-        return _Paused()
+        return _Frozen()
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        with _Paused():
+        with _Frozen():
             return function(*args, **kwargs)
     return wrapper

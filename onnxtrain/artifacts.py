@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import onnxblock
-from ._gc import gc_paused
+from ._gc import gc_frozen
 from .api.checkpoint import (check_checkpoint_entries, checkpoint_to_bytes,
                              write_checkpoint)
 from .graph import FLOAT_TYPES, opset_of
@@ -185,7 +185,7 @@ def _check_targets(model, loss):
             "target name.")
 
 
-@gc_paused
+@gc_frozen
 def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
                        optimizer=None, artifact_directory=None, prefix="",
                        ort_format=False, custom_op_library=None,
@@ -290,18 +290,22 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     requires_grad = _name_list(requires_grad)
     frozen_params = _name_list(frozen_params)
     _check_parameters(source, requires_grad, frozen_params)
-    # the blocks edit a copy of the model without the trained weights'
-    # values (they become graph inputs; no rule reads a weight it
-    # differentiates as a constant): the checkpoint reads them from
-    # ``source``. One copy of the weights fewer, and none of the copies the
-    # build makes of its model carries them (20 MB for a 24-layer encoder).
-    # Running statistics keep theirs (frozen whatever the lists say, their
-    # update reads their initial values)
-    valueless = (set(requires_grad) & {i.name for i in source.graph.initializer
-                                       if i.data_type in FLOAT_TYPES}) \
-        - set(running_statistics(source))
-    base_model = without_initializer_values(source, valueless)
     loss_block = _resolve_loss(loss)
+    # with a built-in loss (or none), the blocks edit a copy of the model
+    # without the trained weights' values (they become graph inputs; no
+    # rule reads a weight it differentiates as a constant), and the
+    # checkpoint reads them from ``source``: one copy of the weights fewer,
+    # and none of the copies the build makes of its model carries them (20
+    # MB for a 24-layer encoder). A custom loss Block gets every value in
+    # ``base``, as it did: it may read, check or edit the weights. Running
+    # statistics keep theirs (frozen whatever the lists say, their update
+    # reads their initial values)
+    valueless = set()
+    if loss_block is None or type(loss_block) in _BUILTIN_LOSSES:
+        valueless = (set(requires_grad) & {i.name for i in source.graph.initializer
+                                           if i.data_type in FLOAT_TYPES}) \
+            - set(running_statistics(source))
+    base_model = without_initializer_values(source, valueless)
     optimizer_block = _resolve_optimizer(optimizer)
     if optimizer_block is not None and not requires_grad:
         raise ValueError("An optimizer model needs trainable parameters: "

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 from onnx import TensorProto, helper
 
-from ._gc import gc_paused
+from ._gc import gc_frozen
 from .autodiff import build_fused_model, build_gradient_models
 from .graph.broadcasts import avoid_slow_broadcasts
 from .graph.conv_gemm import lower_small_convs
@@ -749,7 +749,7 @@ class TrainingGraphs:
                                                      outputs, types)
         return self._cache[key]
 
-    @gc_paused
+    @gc_frozen
     def get(self, kind, weighted):
         """The graph ``kind`` as a :class:`TrainingStep`, or a str saying
         why it is unavailable: 'step' (:func:`update_in_place` of the flat

@@ -302,6 +302,42 @@ def test_checkpoint_holds_the_values_of_the_callers_model(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".partial")]
 
 
+class _ReadingAndEditingLoss(onnxblock.Block):
+    """A custom loss that reads a trained weight in ``base``, runs the
+    checker on it and edits the weight (onnxblock lets a block edit its
+    base model)."""
+
+    def __init__(self):
+        self._mse = onnxblock.loss.MSELoss()
+        self.read = None
+
+    def build(self, output1, output2):
+        inits = {i.name: i for i in self.base.graph.initializer}
+        self.read = numpy_helper.to_array(inits["weight1"]).copy()
+        onnx.checker.check_model(self.base)
+        inits["weight1"].CopyFrom(numpy_helper.from_array(
+            np.zeros_like(self.read), "weight1"))
+        return self._mse(output1, target_name="target1")
+
+
+def test_a_custom_loss_block_sees_and_edits_the_weights_values(tmp_path):
+    # the build leaves the trained weights' values out of its copy only
+    # with a built-in loss: a custom block keeps reading, checking and
+    # editing them, and its edit reaches the checkpoint
+    model = two_head_model(seed=4)
+    loss = _ReadingAndEditingLoss()
+    paths = artifacts.generate_artifacts(model, requires_grad=TRAINABLE,
+                                         loss=loss, artifact_directory=tmp_path)
+    original = numpy_helper.to_array(
+        {i.name: i for i in model.graph.initializer}["weight1"])
+    np.testing.assert_array_equal(loss.read, original)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    np.testing.assert_array_equal(state.parameters["weight1"].data,
+                                  np.zeros_like(original))
+    np.testing.assert_array_equal(state.parameters["bias1"].data, numpy_helper.to_array(
+        {i.name: i for i in model.graph.initializer}["bias1"]))
+
+
 def test_model_with_external_data_path_and_proto(tmp_path):
     source = tmp_path / "ext"
     source.mkdir()

@@ -539,9 +539,12 @@ def test_checkpoint_write_failing_midway_keeps_the_previous_file(tmp_path,
     path = tmp_path / "checkpoint"
     entries = [("a", np.arange(6, dtype=np.float32).reshape(2, 3), True),
                ("b", np.ones(4, dtype=np.float64), False)]
-    checkpoint.write_checkpoint(path, entries, {"epoch": 3})
+    # a generator of parameters is read once for the check, once to write
+    checkpoint.write_checkpoint(path, (entry for entry in entries), {"epoch": 3})
     before = path.read_bytes()
-    assert before == checkpoint.checkpoint_to_bytes(entries, {"epoch": 3})
+    state = api.CheckpointState.load_checkpoint(str(path))
+    assert list(state.parameters.keys()) == ["a", "b"]
+    np.testing.assert_array_equal(state.parameters["a"].data, entries[0][1])
     original = checkpoint._Writer.array
     calls = []
 
@@ -559,3 +562,23 @@ def test_checkpoint_write_failing_midway_keeps_the_previous_file(tmp_path,
     with pytest.raises(TypeError, match="bool, int and float"):
         checkpoint.write_checkpoint(tmp_path / "other", [("s", np.array(["x"]), False)])
     assert sorted(os.listdir(tmp_path)) == ["checkpoint"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions and links")
+def test_checkpoint_write_keeps_permissions_and_links(tmp_path):
+    from onnxtrain.api import checkpoint
+    entries = [("a", np.arange(3, dtype=np.float32), True)]
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "checkpoint"
+    checkpoint.write_checkpoint(target, entries)
+    os.chmod(target, 0o640)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    checkpoint.write_checkpoint(link, [("a", np.ones(3, dtype=np.float32), True)])
+    assert link.is_symlink()  # written through the link, into its target
+    assert (target.stat().st_mode & 0o777) == 0o640
+    state = api.CheckpointState.load_checkpoint(str(target))
+    np.testing.assert_array_equal(state.parameters["a"].data, np.ones(3))
+    assert sorted(os.listdir(tmp_path / "real")) == ["checkpoint"]
+    with pytest.raises(FileNotFoundError, match="nodir"):
+        checkpoint.write_checkpoint(tmp_path / "nodir" / "checkpoint", entries)

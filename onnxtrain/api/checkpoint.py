@@ -39,7 +39,8 @@ import io
 import json
 import math
 import os
-import threading
+import secrets
+import stat
 import time
 import zipfile
 from typing import NamedTuple
@@ -210,26 +211,45 @@ def write_checkpoint(path, parameters, properties=None, optimizer=None,
     ``path``.
 
     The arguments are checked first (:func:`check_checkpoint_entries`);
-    the archive is then streamed into a new file beside ``path``
-    (``<path>.<process>.<thread>.partial``), which replaces ``path`` once
-    complete (``os.replace``): no copy of the archive in memory, and an error or an
-    interruption never leaves a truncated checkpoint at ``path`` (an
-    existing one stays as it was).
+    the archive is then streamed into a new file in ``path``'s directory
+    (``.checkpoint-<random>.partial``, with the permissions of the file it
+    replaces), which replaces the file ``path`` names once complete
+    (``os.replace``; through a symbolic link, its target): no copy of the
+    archive in memory, and an error or an interruption never leaves a
+    truncated checkpoint at ``path`` (an existing one stays as it was; a
+    process killed while writing leaves its partial file).
 
     Raises
     ------
     TypeError
         As :func:`checkpoint_to_bytes`, before any file is created.
     OSError
-        From the file system.
+        From the file system (naming ``path``).
     """
+    parameters = list(parameters)  # read twice: checked, then written
     check_checkpoint_entries(parameters, properties, optimizer, nominal)
-    path = os.fspath(path)
-    partial = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"
+    target = os.path.realpath(os.fspath(path))
     try:
-        with open(partial, "wb") as f:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = None  # a new file: the process's umask applies, as to open()
+    while True:
+        partial = os.path.join(os.path.dirname(target),
+                               f".checkpoint-{secrets.token_hex(6)}.partial")
+        try:
+            handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                             | getattr(os, "O_BINARY", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from exc
+    try:
+        with os.fdopen(handle, "wb") as f:
             _write_archive(f, parameters, properties, optimizer, nominal)
-        os.replace(partial, path)
+        if mode is not None:
+            os.chmod(partial, mode)
+        os.replace(partial, target)
     except BaseException:
         if os.path.exists(partial):
             os.remove(partial)

@@ -16,7 +16,7 @@ from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
-from .._gc import gc_paused
+from .._gc import gc_frozen
 from .._small import full_repr
 from ..graph import (elem_type_to_numpy, infer_value_types, opset_of,
                      without_initializer_values)
@@ -260,7 +260,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         graphs[False]
         return graphs
 
-    @gc_paused
+    @gc_frozen
     def _new_trainer(self):
         """A trainer on the graph's weights (see :meth:`_training_model`)."""
         trainer = StepRunner(self._training_model(values=True), self.weights_to_train_,
