@@ -37,7 +37,8 @@ repeats: ``torch`` (eager, all cores), ``estimator``
 (``OrtGradientForwardBackwardClassifier`` on the TorchScript export
 loaded by ``onnx.load``, which the caller holds, training_path 'auto'),
 ``estimator-file`` (the same, given the file's path: the estimator holds
-no loaded copy of the model between its builds), ``api`` (``artifacts.generate_artifacts`` then
+no loaded copy of the model between its builds), ``api``
+(``artifacts.generate_artifacts`` then
 ``api.Module``/``api.Optimizer``, one call per step), ``ortt``
 (onnxruntime-training's artifacts and api on the same export). Printed:
 steps per second of the timed steps (after warm-up steps that build the
@@ -456,13 +457,14 @@ def _child(python, name, system, path, params):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _paired_ratio(runs, base_runs):
-    """Median over the repeats of the ratio of a system's rate to its
-    PyTorch baseline's rate measured in the same repeat (minutes apart, not
-    the whole run apart): a drift of the machine's speed over the run moves
-    both members of a pair. NaN without a common repeat."""
+def _paired_ratio(runs, base_runs, key="rate"):
+    """Median over the repeats of the ratio of a system's ``key`` (steps per
+    second, or a build's seconds) to its baseline's measured in the same
+    repeat (minutes apart, not the whole run apart): a drift of the
+    machine's speed over the run moves both members of a pair. ``runs``:
+    ``(repeat, result)`` pairs. NaN without a common repeat."""
     base = dict(base_runs)
-    ratios = sorted(r["rate"] / base[k]["rate"] for k, r in runs if k in base)
+    ratios = sorted(r[key] / base[k][key] for k, r in runs if k in base)
     if not ratios:
         return float("nan")
     return float(np.median(ratios))
@@ -564,9 +566,8 @@ def main(argv=None):
                 r = rs[len(rs) // 2]
                 # seconds relative to onnxruntime-training's build of the
                 # same repeat (the inverse of a speed ratio: below 1 is faster)
-                paired = _paired_ratio(
-                    [(k, {"rate": x["seconds"]}) for k, x in runs[system]],
-                    [(k, {"rate": x["seconds"]}) for k, x in runs.get("build-ortt", [])])
+                paired = _paired_ratio(runs[system], runs.get("build-ortt", []),
+                                       key="seconds")
                 print(f"{'encoder24':12} {system:14} {r['seconds']:8.2f} {paired:8.2f} "
                       f"{r['losses'][0]:8d} {r['peak_mb']:8.0f}")
 
