@@ -197,6 +197,48 @@ def test_flat_update_shares_the_buffers_and_reads_assigned_values(tmp_path):
         assert np.shares_memory(raw._grad.numpy(), flat["grad"])
 
 
+def test_segments_group_small_parameters_and_keep_large_ones_alone():
+    from onnxtrain.api._flat import SEGMENT_SIZE, segment_sizes
+    assert segment_sizes([3, 5, 10, 2, 1, 20], minimum=8) == [8, 10, 3, 20]
+    assert segment_sizes([1, 2, 3], minimum=1) == [1, 2, 3]
+    assert segment_sizes([4, 4], minimum=100) == [8]
+    # resnet18's largest weight alone, its small ones together
+    sizes = [9408, 64, 64, 2359296, 512, 512, 589824, 512]
+    assert segment_sizes(sizes) == [9536, 2359296, 591360]
+    assert SEGMENT_SIZE == 1 << 20
+
+
+@pytest.mark.parametrize("minimum", [1, 12, 1 << 20], ids=["each", "grouped", "one"])
+@pytest.mark.parametrize("block, reference", [
+    (onnxblock.optim.SGD(), SGDReference()),
+    (onnxblock.optim.AdamW(weight_decay=0.01), AdamWReference(weight_decay=0.01)),
+], ids=["SGD", "AdamW"])
+def test_flat_update_over_segments_computes_the_reference(tmp_path, monkeypatch,
+                                                          minimum, block, reference):
+    import onnxtrain.api._flat as flat_module
+    monkeypatch.setattr(flat_module, "SEGMENT_SIZE", minimum)
+    state, module, optimizer = open_training(make_artifacts(tmp_path, block))
+    sizes = [state.parameters[n].data.size for n in TRAINABLE]
+    segments = flat_module.segment_sizes(sizes, minimum)
+    assert sizes == [15, 3, 10, 2]
+    assert len(segments) == {1: 4, 12: 3, 1 << 20: 1}[minimum]
+    assert len(optimizer._flat.feeds) == len(segments) * (2 + len(reference.state_names))
+    moments = {n: {k: np.zeros_like(state.parameters[n].data)
+                   for k in reference.state_names} for n in TRAINABLE}
+    for step, lr in enumerate([0.01, 0.05, 0.02], start=1):
+        x, t1, _ = batch(8, np.float64, seed=step)
+        before = {n: state.parameters[n].data for n in TRAINABLE}
+        module(x, t1)
+        grads = {n: state.parameters[n].grad for n in TRAINABLE}
+        optimizer.set_learning_rate(lr)
+        optimizer.step()
+        module.lazy_reset_grad()
+        for name in TRAINABLE:
+            expected = reference.update(before[name], grads[name], moments[name], lr, step)
+            np.testing.assert_allclose(state.parameters[name].data, expected,
+                                       rtol=1e-12, atol=1e-15)
+
+
 def test_flat_update_not_for_a_model_with_a_constant_changed(tmp_path):
     paths = make_artifacts(tmp_path, onnxblock.optim.AdamW(), np.float32)
     assert open_training(paths)[2]._flat is not None

@@ -13,6 +13,17 @@ optimizer state is then a view of one flat buffer per kind, so that no
 copy joins or splits them: the module writes each gradient into its view,
 the update writes the parameters and states in place (PyTorch's
 ``foreach`` optimizers group their kernels in the same spirit).
+
+The update runs over *segments* of those buffers, consecutive parameters
+holding together at least :data:`SEGMENT_SIZE` elements (a larger
+parameter is a segment of its own), rather than over each buffer whole:
+the temporaries of one segment's ops then stay in the processor's caches
+for the next op to read, where the whole buffer's went to memory and came
+back. Measured on resnet18's 11.2M parameters (2 cores, plain SGD, ``p -
+lr * g`` as Mul then Sub): one update over the whole buffers 4.3-4.9 ms,
+over 11 segments of at least 1M elements 2.7-2.8 ms, over each of the 62
+parameters 3.2-3.8 ms (one kernel per op and parameter costs more than it
+saves); a 2-layer encoder's 533K parameters stay one segment.
 """
 from __future__ import annotations
 
@@ -23,10 +34,51 @@ from ..graph import elem_type_to_numpy, opset_of
 from ..onnxblock import optim
 from ..runtime import to_numpy, to_ortvalue
 
-__all__ = ["flat_optimizer_model", "FlatBuffers", "FLAT_NAME"]
+__all__ = ["flat_optimizer_model", "FlatBuffers", "segment_sizes",
+           "segment_name", "FLAT_NAME", "SEGMENT_SIZE"]
 
-#: Name of the parameter of the flat optimizer model.
+#: Prefix of the names of the parameters of the flat optimizer model.
 FLAT_NAME = "parameters"
+
+#: Fewest elements of a segment (see the module docstring): 1M elements
+#: (4 MB in float32), a size for which one kernel's temporary stays in a
+#: server processor's last-level cache.
+SEGMENT_SIZE = 1 << 20
+
+
+def segment_sizes(sizes, minimum=None):
+    """Sizes of the segments of parameters of sizes ``sizes`` (in order):
+    each segment takes the next parameters until it holds ``minimum``
+    elements or more, and a parameter of ``minimum`` elements or more
+    starts a segment of its own.
+
+    Parameters
+    ----------
+    sizes : list of int
+        Number of elements of each parameter, in the buffers' order.
+    minimum : int, default=None
+        None: :data:`SEGMENT_SIZE`.
+
+    Returns
+    -------
+    list of int
+        Elements of each segment; their sum is ``sum(sizes)``.
+    """
+    minimum = SEGMENT_SIZE if minimum is None else minimum
+    segments, current = [], 0
+    for size in sizes:
+        if current and (current >= minimum or size >= minimum):
+            segments.append(current)
+            current = 0
+        current += size
+    if current or not segments:
+        segments.append(current)
+    return segments
+
+
+def segment_name(index):
+    """Name of the ``index``-th parameter of the flat optimizer model."""
+    return f"{FLAT_NAME}_{index}"
 
 
 def _block(layout):
@@ -52,8 +104,8 @@ def _same_graph(a, b):
 
 
 def flat_optimizer_model(model, layout, specs):
-    """The optimizer model of ``model``'s update for one parameter of all
-    ``specs``' elements, or None.
+    """The optimizer model of ``model``'s update for one parameter per
+    segment of ``specs``' elements (:func:`segment_sizes`), or None.
 
     Parameters
     ----------
@@ -68,9 +120,9 @@ def flat_optimizer_model(model, layout, specs):
     Returns
     -------
     onnx.ModelProto or None
-        Inputs ``learning_rate``, ``step``, :data:`FLAT_NAME`,
-        ``{FLAT_NAME}_grad`` and one ``{FLAT_NAME}.<state>`` per state (1-D,
-        the parameters' sizes summed); None unless every parameter has the
+        Inputs ``learning_rate``, ``step`` and for each segment ``k``
+        :func:`segment_name` ``(k)``, its ``_grad`` and one ``.<state>`` per
+        state (1-D, of the segment's size); None unless every parameter has the
         same element type and ``model``'s graph equals, byte for byte, what
         :func:`~onnxtrain.onnxblock.optim.build_optimizer_model` builds for
         the metadata's optimizer and ``specs``.
@@ -84,14 +136,16 @@ def flat_optimizer_model(model, layout, specs):
     opset = opset_of(model)
     if not _same_graph(optim.build_optimizer_model(block, specs, opset), model):
         return None
-    total = int(sum(np.prod(shape, dtype=np.int64) for _, _, shape in specs))
-    return optim.build_optimizer_model(block, [(FLAT_NAME, specs[0][1], [total])], opset)
+    sizes = segment_sizes([int(np.prod(shape, dtype=np.int64)) for _, _, shape in specs])
+    return optim.build_optimizer_model(
+        block, [(segment_name(k), specs[0][1], [n]) for k, n in enumerate(sizes)], opset)
 
 
 class FlatBuffers:
     """One flat host buffer per kind (parameters, gradients, each state),
     each parameter's value, gradient and states being OrtValues over views
-    of them.
+    of them, and the flat model's feeds: OrtValues over each segment
+    (:func:`segment_sizes`) of the buffers.
 
     Parameters
     ----------
@@ -109,17 +163,23 @@ class FlatBuffers:
         self.names, self.state_names = list(names), list(state_names)
         kinds = ["value", "grad"] + self.state_names
         self.flat = {k: np.zeros(total, dtype=dtype) for k in kinds}
-        self.whole = {k: to_ortvalue(v) for k, v in self.flat.items()}
         # kind -> name -> OrtValue over the parameter's slice of the buffer
         self.views = {k: {n: to_ortvalue(self.flat[k][a:b].reshape(shape))
                           for n, a, b, shape in zip(names, offsets[:-1], offsets[1:], shapes)}
                       for k in kinds}
-        # the flat model's inputs and the outputs written over them
-        inputs = {FLAT_NAME: "value", f"{FLAT_NAME}_grad": "grad"}
-        inputs.update((f"{FLAT_NAME}.{key}", key) for key in self.state_names)
-        self.feeds = {name: self.whole[kind] for name, kind in inputs.items()}
-        self.into = {f"{name}.updated": self.whole[kind]
-                     for name, kind in inputs.items() if kind != "grad"}
+        # the flat model's inputs, views of each segment, and the outputs
+        # written over them
+        self.feeds, self.into = {}, {}
+        ends = np.cumsum([0] + segment_sizes(sizes))
+        for k, (a, b) in enumerate(zip(ends[:-1], ends[1:])):
+            name = segment_name(k)
+            inputs = {name: "value", f"{name}_grad": "grad"}
+            inputs.update((f"{name}.{key}", key) for key in self.state_names)
+            for input_name, kind in inputs.items():
+                view = to_ortvalue(self.flat[kind][a:b])
+                self.feeds[input_name] = view
+                if kind != "grad":
+                    self.into[f"{input_name}.updated"] = view
 
     def attach(self, params, states):
         """:meth:`sync` now (the parameters' and states' own arrays are then
