@@ -23,7 +23,10 @@ back. Measured on resnet18's 11.2M parameters (2 cores, plain SGD, ``p -
 lr * g`` as Mul then Sub): one update over the whole buffers 4.3-4.9 ms,
 over 11 segments of at least 1M elements 2.7-2.8 ms, over each of the 62
 parameters 3.2-3.8 ms (one kernel per op and parameter costs more than it
-saves); a 2-layer encoder's 533K parameters stay one segment.
+saves); a 2-layer encoder's 533K parameters stay one segment. The arena of
+the optimizer's session keeps a block for the largest temporary: one of
+the whole buffer's size made resnet18's api training peak 212 MB, 177 MB
+with segments.
 """
 from __future__ import annotations
 
