@@ -36,7 +36,7 @@ from .graph.conv_gemm import lower_small_convs
 from .graph.aliasing import writes_after_reads
 from .graph.cse import eliminate_common_subexpressions
 from .graph.scopes import rename_values, subgraphs, without_unread
-from .autodiff.backward import rename_reads
+from .autodiff.backward import rename_many_reads
 from .graph import GraphBuilder, infer_value_types, make_model, opset_of
 from .training_mode import updated_name, with_running_statistics_updates
 
@@ -559,8 +559,7 @@ def _renamed_nodes(nodes, rename):
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
         out.append(copy)
-    for old, new in rename.items():  # the new names are all fresh
-        rename_reads(out, old, new)
+    rename_many_reads(out, rename)  # the new names are all fresh
     return out
 
 

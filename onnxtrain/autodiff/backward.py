@@ -408,20 +408,33 @@ def _final_gradient(g, grads, w):
 def rename_reads(nodes, old, new):
     """Make ``nodes`` (and the subgraphs they hold, where ``old`` is not
     defined locally) read ``new`` wherever they read ``old``."""
+    rename_many_reads(nodes, {old: new})
+
+
+def rename_many_reads(nodes, rename):
+    """:func:`rename_reads` for every ``old -> new`` of the dict ``rename``
+    in one pass over the nodes (a pass per name took 12 s of a
+    MobileNetV2's first fit: 420 carried values, each renamed over the
+    loop body's 3,000 nodes and the update's subgraph). Renames apply
+    once: a new name that is also a key is not renamed again."""
+    if not rename:
+        return
     for node in nodes:
         for i, name in enumerate(node.input):
-            if name == old:
-                node.input[i] = new
+            if name in rename:
+                node.input[i] = rename[name]
         for graph in subgraphs(node):
             local = {v.name for v in graph.input}
             local |= {v.name for v in graph.initializer}
             local |= {o for n in graph.node for o in n.output}
-            if old in local:  # shadowed: the subgraph's own value
+            # a name the subgraph defines is its own value (shadowed)
+            inner = {k: v for k, v in rename.items() if k not in local}
+            if not inner:
                 continue
-            rename_reads(graph.node, old, new)
+            rename_many_reads(graph.node, inner)
             for out in graph.output:
-                if out.name == old:
-                    out.name = new
+                if out.name in inner:
+                    out.name = inner[out.name]
 
 
 def fold_output_identities(nodes, outputs):
@@ -459,6 +472,7 @@ def fold_output_identities(nodes, outputs):
         for name in node.input:
             readers.setdefault(name, []).append(node)
     holders = [n for n in nodes if subgraphs(n)]  # their subgraphs may read the value too
+    held = {}  # value -> output, renamed in the holders' subgraphs at the end
     removed = set()
     for out in outputs:
         while True:
@@ -476,8 +490,9 @@ def fold_output_identities(nodes, outputs):
             del producers[value]
             moved = [r for r in readers.pop(value, []) if r is not node]
             rename_reads(moved, value, out)
-            rename_reads(holders, value, out)
+            held[value] = out  # never an output itself, nor renamed again
             readers.setdefault(out, []).extend(moved)
+    rename_many_reads(holders, held)  # one pass, not one per output
     if removed:
         nodes[:] = [n for n in nodes if id(n) not in removed]
 
