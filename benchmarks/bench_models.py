@@ -1,11 +1,11 @@
 """Training speed on real models: a resnet18 CNN (32x32 and 112x112
-images) and a BERT-like encoder, onnxtrain against PyTorch eager (and
+images), a MobileNetV2 CNN and a BERT-like encoder, onnxtrain against PyTorch eager (and
 onnxruntime-training when it is installed in a separate virtual
 environment), plus the time to build the training artifacts of a 24-layer
 encoder.
 
 Run: ``python benchmarks/bench_models.py [--models resnet18 resnet18-112
-encoder] [--repeat 3] [--build]`` (PyTorch and transformers come with
+mobilenetv2 encoder] [--repeat 3] [--build]`` (PyTorch and transformers come with
 ``pip install -e ".[bench]"``). ``--ortt PYTHON`` names the interpreter of a
 virtual environment holding ``onnxruntime-training`` (never a dependency of
 onnxtrain; its ``onnxruntime`` would replace the stock one). Default:
@@ -26,6 +26,15 @@ drawn by numpy, the same batches for every system):
   Conv to one matrix product (``graph/conv_gemm.py``), so onnxruntime's
   Conv kernels and their gradients run there (at 32x32 they run in the
   stem and layer1 only);
+- mobilenetv2: MobileNetV2's layer table (Sandler et al., "MobileNetV2:
+  Inverted Residuals and Linear Bottlenecks", 2018, table 2: a 3x3/2 stem
+  of 32 channels, 17 inverted residual blocks of expansion 6 with 3x3
+  depthwise convolutions (``groups`` = channels), ReLU6, BatchNorm in
+  training mode, a 1x1 convolution to 1280 channels, average pool, a
+  linear head), width 1.0, 10 classes, 3x32x32 images as rows, batch 32,
+  softmax cross-entropy, SGD lr 0.01 momentum 0.9 (the api rows plain SGD,
+  as resnet18's): depthwise convolutions and many small layers (158
+  parameters, 52 BatchNorms);
 - encoder: transformers' ``BertModel`` from a ``BertConfig`` (hidden 128,
   2 layers, 2 heads, intermediate 512, vocabulary 1000, no dropout, eager
   attention), the [CLS] row through a linear head to 2 classes; token ids
@@ -85,6 +94,8 @@ MODELS = {
     "resnet18-112": dict(batch=8, warmup=3, steps=15, classes=10, size=112,
                          features=3 * 112 * 112, optimizer="sgd", lr=0.01,
                          momentum=0.9),
+    "mobilenetv2": dict(batch=32, warmup=3, steps=25, classes=10, size=32,
+                        features=3 * 32 * 32, optimizer="sgd", lr=0.01, momentum=0.9),
     "encoder": dict(batch=16, warmup=3, steps=40, classes=2, features=64,
                     optimizer="adamw", lr=1e-3, weight_decay=0.01, layers=2,
                     vocab=1000),
@@ -94,7 +105,7 @@ MODELS = {
 }
 SYSTEMS = ["torch", "estimator", "estimator-file", "torch-plain", "api", "ortt"]
 #: the models a run trains unless ``--models`` says otherwise
-DEFAULT_MODELS = ("resnet18", "resnet18-112", "encoder")
+DEFAULT_MODELS = ("resnet18", "resnet18-112", "mobilenetv2", "encoder")
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the onnxtrain of this checkout, not an installed one
 sys.path.insert(0, os.path.dirname(HERE))
@@ -106,7 +117,7 @@ def batches(name):
     cfg = MODELS[name]
     n = cfg["batch"] * (cfg["warmup"] + cfg["steps"])
     rng = np.random.RandomState(0)
-    if name.startswith("resnet18"):
+    if "size" in cfg:  # images, as rows
         X = rng.randn(n, cfg["features"]).astype(np.float32)
     else:
         X = rng.randint(0, cfg["vocab"], size=(n, cfg["features"])).astype(np.float32)
@@ -164,6 +175,8 @@ def torch_model(name):
                 return self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
 
         return ResNet18(MODELS[name]["classes"])
+    if name.startswith("mobilenetv2"):
+        return _mobilenet_v2(MODELS[name])
 
     from transformers import BertConfig, BertModel
     cfg = MODELS[name]
@@ -185,6 +198,54 @@ def torch_model(name):
             return self.head(hidden[:, 0])
 
     return Encoder()
+
+
+def _mobilenet_v2(cfg):
+    """MobileNetV2 (see the module docstring) on images given as rows."""
+    import torch
+    from torch import nn
+    size = cfg["size"]
+
+    def conv_bn(cin, cout, kernel, stride=1, groups=1, relu=True):
+        layers = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups,
+                            bias=False), nn.BatchNorm2d(cout)]
+        return layers + [nn.ReLU6()] if relu else layers
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin, cout, stride, expansion):
+            super().__init__()
+            hidden = cin * expansion
+            layers = conv_bn(cin, hidden, 1) if expansion != 1 else []
+            layers += conv_bn(hidden, hidden, 3, stride, groups=hidden)
+            layers += conv_bn(hidden, cout, 1, relu=False)  # linear bottleneck
+            self.block = nn.Sequential(*layers)
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):
+            return x + self.block(x) if self.residual else self.block(x)
+
+    class MobileNetV2(nn.Module):
+        # (expansion, channels, blocks, first stride): the paper's table 2
+        TABLE = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                 (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+
+        def __init__(self, classes):
+            super().__init__()
+            layers, cin = conv_bn(3, 32, 3, 2), 32
+            for expansion, cout, blocks, stride in self.TABLE:
+                for i in range(blocks):
+                    layers.append(InvertedResidual(cin, cout, stride if i == 0 else 1,
+                                                   expansion))
+                    cin = cout
+            layers += conv_bn(cin, 1280, 1)
+            self.features = nn.Sequential(*layers)
+            self.classifier = nn.Linear(1280, classes)
+
+        def forward(self, x):
+            x = self.features(x.reshape(-1, 3, size, size))
+            return self.classifier(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
+
+    return MobileNetV2(cfg["classes"])
 
 
 def export(name, path):

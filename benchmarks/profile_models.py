@@ -55,7 +55,7 @@ def _shapes(described):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="resnet18", choices=["resnet18", "resnet18-112", "encoder"])
+    parser.add_argument("--model", default="resnet18", choices=[m for m in bench.MODELS if m != "encoder24"])
     parser.add_argument("--system", default="api", choices=["api", "estimator"])
     parser.add_argument("--nodes", type=int, default=0,
                         help="also list the slowest nodes")

@@ -211,6 +211,24 @@ class VJPContext:
         """Zeros of the run-time shape of ``x`` in the node's element type."""
         return self.g.zeros_like(x, self.dtype)
 
+    def masked(self, value, mask):
+        """``value`` where the bool ``mask`` is true, zero elsewhere, as
+        ``Mul(value, Cast(mask))``: what ``Where(mask, value, 0)`` gives
+        for finite values, 15-30x faster on onnxruntime's CPU (its Where
+        kernel, measured at (32, 96, 16, 16): 3.2 ms with a scalar 0, 6.3
+        ms with a tensor of zeros, 0.2 ms for Cast and Mul). An inf or NaN
+        of ``value`` where ``mask`` is false gives NaN, not 0 (as the Relu
+        rule: a gradient that is not finite has diverged already), and a
+        negative value gives -0."""
+        return self.op("Mul", value, self.g.cast(mask, self.dtype))
+
+    def select(self, condition, a, b):
+        """``Where(condition, a, b)`` for finite ``a`` and ``b``, as
+        ``masked(a, condition) + masked(b, Not(condition))`` (see
+        :meth:`masked`; exact: one of the two products is a zero)."""
+        return self.op("Add", self.masked(a, condition),
+                       self.masked(b, self.op("Not", condition)))
+
     def sum_to(self, grad, grad_shape, target):
         """See :func:`sum_to`."""
         return sum_to(self.g, grad, grad_shape, target)

@@ -20,7 +20,7 @@ def _leaky_relu(ctx, gy):
     x = ctx.inputs[0]
     alpha = ctx.const(ctx.attr("alpha", 0.01))
     negative = ctx.op("Mul", gy, alpha)
-    return ctx.op("Where", ctx.op("Greater", x, ctx.const(0)), gy, negative)
+    return ctx.select(ctx.op("Greater", x, ctx.const(0)), gy, negative)
 
 
 @register_vjp("Sigmoid")
@@ -73,7 +73,7 @@ def _log_softmax(ctx, gy):
 def _where_positive(ctx, positive, negative):
     """``positive`` where the input is > 0, else ``negative``."""
     x = ctx.inputs[0]
-    return ctx.op("Where", ctx.op("Greater", x, ctx.const(0)), positive, negative)
+    return ctx.select(ctx.op("Greater", x, ctx.const(0)), positive, negative)
 
 
 @register_vjp("Elu")
@@ -115,7 +115,7 @@ def _prelu(ctx, gy):
 def _thresholded_relu(ctx, gy):
     alpha = ctx.const(ctx.attr("alpha", 1.0))
     above = ctx.op("Greater", ctx.inputs[0], alpha)
-    return ctx.op("Where", above, gy, ctx.const(0))
+    return ctx.masked(gy, above)
 
 
 @register_vjp("Softplus")
@@ -138,8 +138,7 @@ def _hard_sigmoid(ctx, gy):
                ctx.const(ctx.attr("beta", 0.5)))
     inside = ctx.op("And", ctx.op("Greater", z, ctx.const(0)),
                     ctx.op("Less", z, ctx.const(1)))
-    return ctx.op("Where", inside, ctx.op("Mul", gy, ctx.const(alpha)),
-                  ctx.const(0))
+    return ctx.masked(ctx.op("Mul", gy, ctx.const(alpha)), inside)
 
 
 @register_vjp("HardSwish")
@@ -159,7 +158,7 @@ def _shrink(ctx, gy):
     x = ctx.inputs[0]
     outside = ctx.op("Or", ctx.op("Less", x, ctx.const(-lambd)),
                      ctx.op("Greater", x, ctx.const(lambd)))
-    return ctx.op("Where", outside, gy, ctx.const(0))
+    return ctx.masked(gy, outside)
 
 
 @register_vjp("Mish")

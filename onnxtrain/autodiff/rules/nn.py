@@ -41,8 +41,7 @@ def _dropout(ctx, gy, g_mask=None):
         return _runtime_scale_vjp(ctx, gy, mask, training)
     if scale is None:
         return gy
-    return ctx.op("Where", mask, ctx.op("Mul", gy, ctx.const(scale)),
-                  ctx.const(0)), None, None
+    return ctx.masked(ctx.op("Mul", gy, ctx.const(scale)), mask), None, None
 
 
 def _runtime_scale_vjp(ctx, gy, mask, training):
@@ -51,5 +50,5 @@ def _runtime_scale_vjp(ctx, gy, mask, training):
     ratio = ctx.const(0.5) if ratio is None else ctx.g.cast(ratio, ctx.dtype)
     scale = ctx.op("Div", ctx.const(1), ctx.op("Sub", ctx.const(1), ratio))
     scale = ctx.op("Where", training, scale, ctx.const(1))
-    kept = ctx.op("Where", mask, gy, ctx.const(0))
+    kept = ctx.masked(gy, mask)
     return ctx.op("Mul", kept, scale), None, None
