@@ -69,6 +69,60 @@ def test_lowered_conv_values_and_gradients(case, any_size):
     check_gradients(lowered, ["X"] + weights, dict(feeds, X=x))
 
 
+# depthwise: (N, C, H, W, kernel, stride, pad, bias), group = C = M; images
+# of at most as many pixels as the kernel has taps
+DEPTHWISE = [(3, 4, 2, 2, 3, 1, 1, True),    # every tap reads data
+             (2, 6, 1, 1, 3, 1, 1, False),   # 1x1 input: the centre tap only
+             (2, 3, 3, 3, 3, 2, 1, True),    # stride 2
+             (2, 3, 2, 2, 3, 2, 1, False),   # 2x2 -> 1x1 at stride 2
+             (2, 3, 1, 1, 1, 1, 0, True),    # 1x1 kernel: a scale per channel
+             (2, 2, 1, 3, 3, 1, 1, False),   # one row of taps reads data
+             (2, 3, 3, 2, (3, 2), (2, 1), (1, 0, 0, 1), True)]  # uneven
+
+
+@pytest.mark.parametrize("case", DEPTHWISE)
+def test_lowered_depthwise_conv_values_and_gradients(case):
+    n, c, h, w, k, s, p, bias = case
+    weights = ["W", "B"] if bias else ["W"]
+    x = np.random.default_rng(1).normal(size=(n, c, h, w))
+    model = _model(c, h, w, c, k, s, p, bias, group=c, dtype=np.float32)
+    lowered = conv_gemm.lower_small_convs(model, weights)
+    ops = {node.op_type for node in lowered.graph.node}
+    assert "Conv" not in ops and "ConvTranspose" not in ops
+    x32 = x.astype(np.float32)
+    np.testing.assert_allclose(run(session(lowered), {"X": x32})["Y"],
+                               run(session(model), {"X": x32})["Y"], rtol=1e-5, atol=1e-5)
+    lowered = conv_gemm.lower_small_convs(
+        _model(c, h, w, c, k, s, p, bias, group=c), weights)
+    feeds = {i.name: numpy_helper.to_array(i) for i in lowered.graph.initializer
+             if i.name in weights}
+    _, grads = check_gradients(lowered, ["X"] + weights, dict(feeds, X=x))
+    # the gradient of the Conv itself (onnxruntime's grouped kernels)
+    _, direct = check_gradients(_model(c, h, w, c, k, s, p, bias, group=c, dtype=np.float32),
+                                ["X"] + weights, dict({k_: v.astype(np.float32)
+                                                       for k_, v in feeds.items()}, X=x32),
+                                eps=0.5, tol=1e-3)
+    for name in ["X"] + weights:
+        np.testing.assert_allclose(grads[name], direct[name], rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_convs_lowered_up_to_their_size():
+    small = _model(4, 3, 3, 4, 3, 1, 1, False, group=4)       # 9 pixels, 9 taps
+    assert conv_gemm.lower_small_convs(small, ["W"]) is not small
+    large = _model(4, 4, 4, 4, 3, 1, 1, False, group=4)       # 16 pixels
+    assert conv_gemm.lower_small_convs(large, ["W"]) is large
+    # a lowered Conv keeps only the input and the effective weight for its
+    # gradients: no product of the forward is read by the backward
+    from onnxtrain.autodiff import build_gradient_models
+    lowered = conv_gemm.lower_small_convs(small, ["W"])
+    products = {n.output[0] for n in lowered.graph.node if n.op_type == "Mul"}
+    backward = build_gradient_models(lowered, ["W"]).backward_model
+    read = {i for n in backward.graph.node for i in n.input}
+    assert products and not products & read
+    multiplier = _model(2, 2, 2, 4, 3, 1, 1, False, group=2)  # 2 filters a channel
+    assert conv_gemm.lower_small_convs(multiplier, ["W"]) is multiplier
+
+
 def test_im2col_gather_matrix_against_numpy():
     # P maps every (input pixel) to the (tap, output pixel) reading it; a
     # tap reading padding has a zero column
