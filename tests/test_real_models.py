@@ -525,3 +525,81 @@ def test_dropout_is_active_in_api_training_and_off_at_eval(tmp_path):
     (logits,) = _run(exported, {"x": X_test})
     np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-4)
     np.testing.assert_array_equal(_run(exported, {"x": X_test})[0], logits)
+
+
+class DepthwiseNet(torch.nn.Module):
+    """MobileNet's layers on 1x8x8 digits: a 3x3/2 stem, an inverted
+    residual block whose depthwise 3x3 runs over 4x4 images (onnxruntime's
+    grouped kernels), a stride-2 one from 4x4 down to 2x2 (the same) and
+    one over 2x2 with a residual (lowered: graph/conv_gemm.py), ReLU6
+    (Clip), BatchNorms in
+    training mode, an average pool and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+
+        def block(cin, cout, stride, hidden):
+            return nn.Sequential(
+                nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+                nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+                nn.BatchNorm2d(hidden), nn.ReLU6(),
+                nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+        self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, 2, 1, bias=False),
+                                  nn.BatchNorm2d(8), nn.ReLU6())
+        self.b1, self.b2, self.b3 = block(8, 8, 1, 16), block(8, 12, 2, 24), block(12, 12, 1, 24)
+        self.fc = nn.Linear(12, 10)
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = h + self.b1(h)
+        h = self.b2(h)
+        h = h + self.b3(h)
+        return self.fc(torch.mean(h, dim=(2, 3)))
+
+
+@pytest.mark.parametrize("path", ["split", "fused", "loop"])
+def test_depthwise_separable_cnn_trains_as_torch(path):
+    X, y, X_test, y_test = _digits()
+    torch.manual_seed(0)
+    net = DepthwiseNet()
+    model = _export(net, [torch.from_numpy(X[:2])], ["x"])
+    est = _estimator(model, 3, path).fit(X, y)
+    curve = _torch_fit(net, [X], y, 3)
+    assert est.training_path_ == path
+    np.testing.assert_allclose(est.train_losses_, curve, rtol=2e-4)
+    if path != "split":  # the depthwise Convs over 2x2 images are lowered
+        step = est._trainer.fused_graph("flat step", False).model
+        convs = {i for n in step.graph.node if n.op_type in ("Conv", "ConvTranspose")
+                 for i in n.input}
+        # over 4x4 images: onnxruntime's kernels; over 2x2: lowered
+        assert {"b1.3.weight", "b2.3.weight"} <= convs
+        assert "b3.3.weight" not in convs
+    (logits,) = _run(est.get_trained_onnx(), {"x": X_test})
+    np.testing.assert_allclose(logits, _torch_eval(net, [X_test]), rtol=1e-3, atol=1e-4)
+
+
+def test_depthwise_separable_cnn_trains_as_torch_through_artifacts(tmp_path):
+    X, y, _, _ = _digits()
+    torch.manual_seed(0)
+    net = DepthwiseNet()
+    model = _export(net, [torch.from_numpy(X[:2])], ["x"])
+    state, module, optimizer = _cnn_artifacts(tmp_path, model)
+    training = onnx.load(tmp_path / "training_model.onnx")
+    convs = {i for n in training.graph.node if n.op_type in ("Conv", "ConvTranspose")
+             for i in n.input}
+    assert "b2.3.weight" in convs and "b3.3.weight" not in convs  # lowered
+    curve = []
+    for _ in range(2):
+        module.train()
+        total = 0.0
+        for start in range(0, len(y), BATCH):
+            loss = module(X[start:start + BATCH], y[start:start + BATCH])
+            optimizer.step()
+            module.lazy_reset_grad()
+            total += loss.item() * len(y[start:start + BATCH])
+        curve.append(total / len(y))
+    np.testing.assert_allclose(curve, _torch_fit(net, [X], y, 2), rtol=2e-4)
+    np.testing.assert_allclose(state.parameters["b3.4.running_var"].data,
+                               net.b3[4].running_var.numpy(), rtol=1e-4, atol=1e-6)
