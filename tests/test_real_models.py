@@ -301,15 +301,11 @@ def _cnn_artifacts(tmp_path, model):
     return state, module, optimizer
 
 
-def test_cnn_with_batchnorm_trains_as_torch_through_artifacts(tmp_path):
-    X, y, X_test, y_test = _digits()
-    torch.manual_seed(0)
-    net = CNN()
-    model = _export(net, [torch.from_numpy(X[:2])], ["x"])
-    state, module, optimizer = _cnn_artifacts(tmp_path, model)
-    assert not state.parameters["bn.running_var"].requires_grad
+def _api_fit(module, optimizer, X, y, epochs):
+    """The api's training loop over batches in row order; the loss per
+    epoch weighted by rows (as :func:`_torch_fit`)."""
     curve = []
-    for _ in range(3):
+    for _ in range(epochs):
         module.train()
         total = 0.0
         for start in range(0, len(y), BATCH):
@@ -318,6 +314,17 @@ def test_cnn_with_batchnorm_trains_as_torch_through_artifacts(tmp_path):
             module.lazy_reset_grad()
             total += loss.item() * len(y[start:start + BATCH])
         curve.append(total / len(y))
+    return curve
+
+
+def test_cnn_with_batchnorm_trains_as_torch_through_artifacts(tmp_path):
+    X, y, X_test, y_test = _digits()
+    torch.manual_seed(0)
+    net = CNN()
+    model = _export(net, [torch.from_numpy(X[:2])], ["x"])
+    state, module, optimizer = _cnn_artifacts(tmp_path, model)
+    assert not state.parameters["bn.running_var"].requires_grad
+    curve = _api_fit(module, optimizer, X, y, 3)
     np.testing.assert_allclose(curve, _torch_fit(net, [X], y, 3), rtol=2e-4)
     np.testing.assert_allclose(state.parameters["bn.running_var"].data,
                                net.bn.running_var.numpy(), rtol=1e-4, atol=1e-6)
@@ -590,16 +597,7 @@ def test_depthwise_separable_cnn_trains_as_torch_through_artifacts(tmp_path):
     convs = {i for n in training.graph.node if n.op_type in ("Conv", "ConvTranspose")
              for i in n.input}
     assert "b2.3.weight" in convs and "b3.3.weight" not in convs  # lowered
-    curve = []
-    for _ in range(2):
-        module.train()
-        total = 0.0
-        for start in range(0, len(y), BATCH):
-            loss = module(X[start:start + BATCH], y[start:start + BATCH])
-            optimizer.step()
-            module.lazy_reset_grad()
-            total += loss.item() * len(y[start:start + BATCH])
-        curve.append(total / len(y))
+    curve = _api_fit(module, optimizer, X, y, 2)
     np.testing.assert_allclose(curve, _torch_fit(net, [X], y, 2), rtol=2e-4)
     np.testing.assert_allclose(state.parameters["b3.4.running_var"].data,
                                net.b3[4].running_var.numpy(), rtol=1e-4, atol=1e-6)
