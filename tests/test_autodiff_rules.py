@@ -724,3 +724,49 @@ def test_opset_8_dense_layer_and_max_pool_gradients():
     _check_split(pool, ["X"], {"X": RNG.permutation(16).reshape(1, 1, 4, 4) * 0.5})
     gm = build_gradient_models(pool, ["X"])
     assert "Scatter" in {n.op_type for n in gm.backward_model.graph.node}
+
+
+@pytest.mark.parametrize("op, inputs, attrs", [
+    ("Clip", ["x", "zero"], {}),                 # torch.clamp(d2, min=0)
+    ("Max", ["x", "zero"], {}),
+    ("Where", ["positive", "x", "zero"], {}),
+], ids=["Clip-min", "Max", "Where"])
+def test_sanitizing_ops_send_no_gradient_to_the_value_they_dropped(op, inputs, attrs):
+    """sqrt(clamp(d2, min=0)) at a d2 rounded slightly below 0: Sqrt's
+    gradient at 0 is inf, and the op that chose 0 sends the input none
+    (0, as PyTorch), not inf * 0 = NaN (these rules keep Where; only
+    activations take the masked product, see VJPContext.masked)."""
+    F = TensorProto.FLOAT
+    x = np.array([-1e-7, 0.25, 4.0, -2.0], np.float32)
+    nodes = [(op, inputs, ["c"], attrs), ("Sqrt", ["c"], ["y"])]
+    if op == "Where":
+        nodes.insert(0, ("Greater", ["x", "zero"], ["positive"]))
+    model = _model(nodes, {"x": (F, [4])}, {"y": (F, [4])},
+                   {"zero": np.array(0, np.float32)}, opset=17)
+    gm = build_gradient_models(model, ["x"])
+    _, grads = split_gradients(gm, {"x": x}, {"y": np.ones(4, np.float32)})
+    np.testing.assert_array_equal(grads["x"], [0, 1, 0.25, 0])
+
+
+def test_celu_gradient_does_not_overflow_at_large_inputs():
+    F = TensorProto.FLOAT
+    x = np.array([-0.1, 0.5, 8.0, 9.0, 100.0], np.float32)  # x / alpha up to 1000
+    model = _model([("Celu", ["x"], ["y"], {"alpha": 0.1})], {"x": (F, [5])},
+                   {"y": (F, [5])}, {}, opset=17)
+    gm = build_gradient_models(model, ["x"])
+    _, grads = split_gradients(gm, {"x": x}, {"y": np.ones(5, np.float32)})
+    np.testing.assert_allclose(grads["x"], [np.exp(-1), 1, 1, 1, 1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op, attrs", [("LeakyRelu", {"alpha": 0.1}), ("Elu", {}),
+                                       ("Selu", {}), ("Celu", {})])
+def test_slope_activations_keep_an_inf_gradient_where_where_did(op, attrs):
+    """The slope is selected by masks, then multiplies the gradient once:
+    an inf gradient stays inf (times a finite nonzero slope), never NaN."""
+    F = TensorProto.FLOAT
+    x = np.array([-1.0, 2.0], np.float32)
+    model = _model([(op, ["x"], ["y"], attrs)], {"x": (F, [2])}, {"y": (F, [2])}, {},
+                   opset=17)
+    gm = build_gradient_models(model, ["x"])
+    _, grads = split_gradients(gm, {"x": x}, {"y": np.full(2, np.inf, np.float32)})
+    assert np.isinf(grads["x"]).all(), grads["x"]

@@ -217,15 +217,21 @@ class VJPContext:
         for finite values, 15-30x faster on onnxruntime's CPU (its Where
         kernel, measured at (32, 96, 16, 16): 3.2 ms with a scalar 0, 6.3
         ms with a tensor of zeros, 0.2 ms for Cast and Mul). An inf or NaN
-        of ``value`` where ``mask`` is false gives NaN, not 0 (as the Relu
-        rule: a gradient that is not finite has diverged already), and a
-        negative value gives -0."""
+        of ``value`` where ``mask`` is false gives NaN, not 0, and a
+        negative value gives -0. An inf gradient is legitimate where an op
+        that sanitizes its input chose the other value (``sqrt(clamp(d,
+        min=0))`` at a slightly negative ``d``: Sqrt's gradient at 0):
+        rules use this for activations only (Relu, a Clip with both
+        bounds, Dropout, ThresholdedRelu, HardSigmoid, Shrink), and
+        Where, Max, Min and a Clip with one bound keep Where."""
         return self.op("Mul", value, self.g.cast(mask, self.dtype))
 
     def select(self, condition, a, b):
-        """``Where(condition, a, b)`` for finite ``a`` and ``b``, as
-        ``masked(a, condition) + masked(b, Not(condition))`` (see
-        :meth:`masked`; exact: one of the two products is a zero)."""
+        """``Where(condition, a, b)`` for finite ``a`` and ``b`` (slopes,
+        not gradients: a rule multiplies the gradient by the result, once,
+        so that its inf stays where Where would have put it), as
+        ``masked(a, condition) + masked(b, Not(condition))`` (exact: one
+        of the two products is a zero; NaN where either is not finite)."""
         return self.op("Add", self.masked(a, condition),
                        self.masked(b, self.op("Not", condition)))
 

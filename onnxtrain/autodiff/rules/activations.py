@@ -17,10 +17,8 @@ def _relu(ctx, gy):
 
 @register_vjp("LeakyRelu")
 def _leaky_relu(ctx, gy):
-    x = ctx.inputs[0]
     alpha = ctx.const(ctx.attr("alpha", 0.01))
-    negative = ctx.op("Mul", gy, alpha)
-    return ctx.select(ctx.op("Greater", x, ctx.const(0)), gy, negative)
+    return ctx.op("Mul", gy, _positive_slope(ctx, ctx.const(1), alpha))
 
 
 @register_vjp("Sigmoid")
@@ -70,8 +68,11 @@ def _log_softmax(ctx, gy):
     return ctx.op("Where", ctx.op("IsNaN", ctx.outputs[0]), ctx.const(0), dx)
 
 
-def _where_positive(ctx, positive, negative):
-    """``positive`` where the input is > 0, else ``negative``."""
+def _positive_slope(ctx, positive, negative):
+    """The slope ``positive`` where the input is > 0, else ``negative``
+    (finite values), selected by masks (:meth:`ctx.select`): the gradient
+    is then ``gy`` times it, one product, so that an inf of ``gy`` stays
+    where Where would have put it."""
     x = ctx.inputs[0]
     return ctx.select(ctx.op("Greater", x, ctx.const(0)), positive, negative)
 
@@ -81,7 +82,7 @@ def _elu(ctx, gy):
     # x <= 0: y = alpha (e^x - 1), dy/dx = y + alpha
     alpha = ctx.const(ctx.attr("alpha", 1.0))
     slope = ctx.op("Add", ctx.outputs[0], alpha)
-    return _where_positive(ctx, gy, ctx.op("Mul", gy, slope))
+    return ctx.op("Mul", gy, _positive_slope(ctx, ctx.const(1), slope))
 
 
 @register_vjp("Selu")
@@ -90,25 +91,25 @@ def _selu(ctx, gy):
     alpha = ctx.attr("alpha", 1.67326319217681884765625)
     gamma = ctx.attr("gamma", 1.05070102214813232421875)
     slope = ctx.op("Add", ctx.outputs[0], ctx.const(alpha * gamma))
-    return _where_positive(ctx, ctx.op("Mul", gy, ctx.const(gamma)),
-                           ctx.op("Mul", gy, slope))
+    return ctx.op("Mul", gy, _positive_slope(ctx, ctx.const(gamma), slope))
 
 
 @register_vjp("Celu")
 def _celu(ctx, gy):
-    # x <= 0: y = alpha (e^(x/alpha) - 1), dy/dx = e^(x/alpha)
+    # x <= 0: y = alpha (e^(x/alpha) - 1), dy/dx = e^(x/alpha); x > 0: 1,
+    # e^(min(x, 0)/alpha) for both (no overflow of e^(x/alpha) at large x)
     alpha = ctx.const(ctx.attr("alpha", 1.0))
-    slope = ctx.op("Exp", ctx.op("Div", ctx.inputs[0], alpha))
-    return _where_positive(ctx, gy, ctx.op("Mul", gy, slope))
+    x = ctx.op("Min", ctx.inputs[0], ctx.const(0))
+    return ctx.op("Mul", gy, ctx.op("Exp", ctx.op("Div", x, alpha)))
 
 
 @register_vjp("PRelu", unbroadcast=True)
 def _prelu(ctx, gy):
     # y = x (x > 0), slope x (x <= 0)
     x, slope = ctx.inputs
-    zero = ctx.const(0)
-    gx = _where_positive(ctx, gy, ctx.op("Mul", gy, slope))
-    return gx, _where_positive(ctx, zero, ctx.op("Mul", gy, x))
+    gx = ctx.op("Mul", gy, _positive_slope(ctx, ctx.const(1), slope))
+    negative = ctx.masked(x, ctx.op("Not", ctx.op("Greater", x, ctx.const(0))))
+    return gx, ctx.op("Mul", gy, negative)
 
 
 @register_vjp("ThresholdedRelu")

@@ -10,14 +10,14 @@ from ..registry import register_vjp
 def _extremum(ctx, gy):
     # Max/Min(x_0, x_1, ...): x_i receives gy where it is the first equal
     # to the result
-    y = ctx.outputs[0]
+    y, zero = ctx.outputs[0], ctx.const(0)
     taken, grads = None, []
     for x in ctx.inputs:
         hit = ctx.op("Equal", x, y)
         if taken is not None:
             hit = ctx.op("And", hit, ctx.op("Not", taken))
         taken = hit if taken is None else ctx.op("Or", taken, hit)
-        grads.append(ctx.masked(gy, hit))
+        grads.append(ctx.op("Where", hit, gy, zero))
     return tuple(grads)
 
 
@@ -27,9 +27,12 @@ register_vjp("Min", unbroadcast=True)(_extremum)
 
 @register_vjp("Where", unbroadcast=True)
 def _where(ctx, gy):
-    condition = ctx.inputs[0]
-    return (None, ctx.masked(gy, condition) if ctx.needs_grad[1] else None,
-            ctx.masked(gy, ctx.op("Not", condition)) if ctx.needs_grad[2] else None)
+    # Where, not ctx.masked: Where and Max/Min sanitize values (the input of
+    # a Sqrt, a Log), whose gradient may be inf where they chose the other
+    # input: it goes to zero there, as in PyTorch (inf * 0 would be NaN)
+    condition, zero = ctx.inputs[0], ctx.const(0)
+    return (None, ctx.op("Where", condition, gy, zero) if ctx.needs_grad[1] else None,
+            ctx.op("Where", condition, zero, gy) if ctx.needs_grad[2] else None)
 
 
 def _clip_bounds(ctx):
@@ -44,23 +47,26 @@ def _clip_bounds(ctx):
 @register_vjp("Clip", unbroadcast=True)
 def _clip(ctx, gy):
     # y = min(max(x, low), high); ties go to x
-    # (x's gradient a masked product, see ctx.masked: ReLU6 is a Clip)
     x = ctx.inputs[0]
     low, high = _clip_bounds(ctx)
-    keep, g_low, g_high = None, None, None
-    wants_low = len(ctx.needs_grad) > 1 and ctx.needs_grad[1]
-    wants_high = len(ctx.needs_grad) > 2 and ctx.needs_grad[2]
-    if low is not None:
+    wants_bounds = any(ctx.needs_grad[1:3])
+    if low is not None and high is not None and not wants_bounds:
+        # both bounds, an activation (ReLU6, Hardtanh): a masked product
+        # (ctx.masked), 15-30x faster than Where; a Clip with one bound
+        # sanitizes (sqrt(clamp(d2, min=0))) and keeps Where below
         keep = ctx.op("Not", ctx.op("Less", x, low))
-        if wants_low:
-            g_low = ctx.masked(gy, ctx.op("Not", keep))
+        below = ctx.op("Not", ctx.op("Greater", ctx.op("Max", x, low), high))
+        return (ctx.masked(gy, ctx.op("And", keep, below)), None, None)[:len(ctx.inputs)]
+    zero = ctx.const(0)
+    inside, g_low, g_high = gy, None, None
+    if low is not None:
+        above = ctx.op("Not", ctx.op("Less", x, low))
+        g_low = ctx.op("Where", above, zero, inside)
+        inside = ctx.op("Where", above, inside, zero)
         x = ctx.op("Max", x, low)
     if high is not None:
         below = ctx.op("Not", ctx.op("Greater", x, high))
-        if wants_high:
-            g_high = ctx.masked(gy, ctx.op("Not", below))
-        if g_low is not None:
-            g_low = ctx.masked(g_low, below)
-        keep = below if keep is None else ctx.op("And", keep, below)
-    inside = gy if keep is None else ctx.masked(gy, keep)
+        g_high = ctx.op("Where", below, zero, gy)
+        inside = ctx.op("Where", below, inside, zero)
+        g_low = g_low and ctx.op("Where", below, g_low, zero)
     return (inside, g_low, g_high)[:len(ctx.inputs)]
