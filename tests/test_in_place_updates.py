@@ -174,22 +174,32 @@ def test_flat_update_only_for_the_models_generate_artifacts_writes(tmp_path, blo
         assert open_training(paths)[2]._flat is None
 
 
+def _step_against_reference(state, module, optimizer, step, lr, reference, moments,
+                            atol=0):
+    """One training call and optimizer step on batch ``step``; every
+    trained parameter then equals the numpy ``reference``'s update
+    (``moments``: name -> state dict, updated)."""
+    x, t1, _ = batch(8, np.float64, seed=step)
+    before = {n: state.parameters[n].data for n in TRAINABLE}
+    module(x, t1)
+    grads = {n: state.parameters[n].grad for n in TRAINABLE}
+    optimizer.set_learning_rate(lr)
+    optimizer.step()
+    module.lazy_reset_grad()
+    for name in TRAINABLE:
+        expected = reference.update(before[name], grads[name], moments[name], lr, step)
+        np.testing.assert_allclose(state.parameters[name].data, expected,
+                                   rtol=1e-12, atol=atol)
+
+
 def test_flat_update_shares_the_buffers_and_reads_assigned_values(tmp_path):
     state, module, optimizer = open_training(make_artifacts(tmp_path, onnxblock.optim.SGD()))
     assert optimizer._flat is not None
     for step, lr in enumerate([0.01, 0.05], start=1):
-        x, t1, _ = batch(8, np.float64, seed=step)
         if step == 2:  # assigned by the user between steps: copied in
             state.parameters["weight1"] = np.full(state.parameters["weight1"].shape, 0.5)
-        before = {n: state.parameters[n].data for n in TRAINABLE}
-        module(x, t1)
-        grads = {n: state.parameters[n].grad for n in TRAINABLE}
-        optimizer.set_learning_rate(lr)
-        optimizer.step()
-        module.lazy_reset_grad()
-        for name in TRAINABLE:
-            np.testing.assert_allclose(state.parameters[name].data,
-                                       before[name] - lr * grads[name], rtol=1e-12)
+        _step_against_reference(state, module, optimizer, step, lr, SGDReference(),
+                                {n: {} for n in TRAINABLE})
     flat = optimizer._flat.flat
     for name in TRAINABLE:
         raw = state.parameters.raw(name)
@@ -226,17 +236,8 @@ def test_flat_update_over_segments_computes_the_reference(tmp_path, monkeypatch,
     moments = {n: {k: np.zeros_like(state.parameters[n].data)
                    for k in reference.state_names} for n in TRAINABLE}
     for step, lr in enumerate([0.01, 0.05, 0.02], start=1):
-        x, t1, _ = batch(8, np.float64, seed=step)
-        before = {n: state.parameters[n].data for n in TRAINABLE}
-        module(x, t1)
-        grads = {n: state.parameters[n].grad for n in TRAINABLE}
-        optimizer.set_learning_rate(lr)
-        optimizer.step()
-        module.lazy_reset_grad()
-        for name in TRAINABLE:
-            expected = reference.update(before[name], grads[name], moments[name], lr, step)
-            np.testing.assert_allclose(state.parameters[name].data, expected,
-                                       rtol=1e-12, atol=1e-15)
+        _step_against_reference(state, module, optimizer, step, lr, reference, moments,
+                                atol=1e-15)
 
 
 def test_flat_update_not_for_a_model_with_a_constant_changed(tmp_path):

@@ -11,8 +11,7 @@ def _relu(ctx, gy):
     # in every step of every MLP. Reading y rather than x leaves x with one
     # reader, the Relu, so onnxruntime fuses a Gemm/MatMul producing x with
     # the Relu (one pass over the activations less per step)
-    mask = ctx.g.cast(ctx.op("Greater", ctx.outputs[0], ctx.const(0)), ctx.dtype)
-    return ctx.op("Mul", gy, mask)
+    return ctx.masked(gy, ctx.op("Greater", ctx.outputs[0], ctx.const(0)))
 
 
 @register_vjp("LeakyRelu")

@@ -54,9 +54,11 @@ def _clip(ctx, gy):
         # both bounds, an activation (ReLU6, Hardtanh): a masked product
         # (ctx.masked), 15-30x faster than Where; a Clip with one bound
         # sanitizes (sqrt(clamp(d2, min=0))) and keeps Where below
-        keep = ctx.op("Not", ctx.op("Less", x, low))
-        below = ctx.op("Not", ctx.op("Greater", ctx.op("Max", x, low), high))
-        return (ctx.masked(gy, ctx.op("And", keep, below)), None, None)[:len(ctx.inputs)]
+        # (x >= low and x <= high: where x < low the first is false, so x
+        # itself, not max(x, low), may meet the second; NaN passes both)
+        keep = ctx.op("And", ctx.op("Not", ctx.op("Less", x, low)),
+                      ctx.op("Not", ctx.op("Greater", x, high)))
+        return (ctx.masked(gy, keep), None, None)[:len(ctx.inputs)]
     zero = ctx.const(0)
     inside, g_low, g_high = gy, None, None
     if low is not None:
