@@ -106,14 +106,14 @@ def _subgraph_inputs(graph, names=None):
 
 def _used_domains(model):
     domains = set()
-
-    def visit(graph):
+    # an explicit stack, not a recursive closure (a closure referring to
+    # itself is a reference cycle left to the garbage collector)
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
         for node in graph.node:
             domains.add(node.domain)
-            for sub in subgraphs(node):
-                visit(sub)
-
-    visit(model.graph)
+            graphs.extend(subgraphs(node))
     for function in model.functions:
         domains.add(function.domain)
         for node in function.node:

@@ -44,26 +44,41 @@ def test_unfrozen_after_an_exception(nothing_frozen):
     assert gc.get_freeze_count() == 0
 
 
+class _Node:
+    pass
+
+
+def _cycle(keep=None):
+    node = _Node()
+    node.self = node
+    if keep is not None:
+        keep.append(node)
+    return weakref.ref(node)
+
+
 def test_older_objects_are_left_out_of_the_passes_until_the_end(nothing_frozen):
-    # a cycle made before the section is frozen: a collection inside the
+    # garbage of the oldest generation is frozen: a collection inside the
     # section leaves it (a disabled collector would not: gc.collect() runs
     # anyway), one after the section collects it; a cycle made inside is
     # collected inside
-    class Node:
-        pass
-
-    def cycle():
-        node = Node()
-        node.self = node
-        return weakref.ref(node)
-
-    old = cycle()
+    kept = []
+    old = _cycle(kept)
+    gc.collect()  # a survivor: now in the oldest generation
+    kept.clear()
     with gc_frozen():
-        new = cycle()
+        new = _cycle()
         gc.collect()
         assert old() is not None and new() is None
     gc.collect()
     assert old() is None
+
+
+def test_young_garbage_is_collected_not_frozen(nothing_frozen):
+    # frozen, a young cycle (e.g. a dropped estimator's) would wait for a
+    # full collection long after the section
+    young = _cycle()
+    with gc_frozen():
+        assert young() is None
 
 
 def test_a_disabled_collector_stays_disabled(nothing_frozen):

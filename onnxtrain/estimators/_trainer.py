@@ -105,9 +105,12 @@ class StepRunner:
         # and the statistics' updates only add values that the check takes
         # for floats (one shape inference of ``running`` less, 19 ms for
         # resnet18)
+        # the callable holds the graphs, not ``self`` nor the engine: no
+        # reference cycle keeps the sessions alive after the runner is gone
+        graphs_box = []
         self.engine = OrtGradientForwardBackward(
             running, weights, device, outputs, types=types,
-            gradient_models=lambda: self.graphs.split(self.engine.model, outputs))
+            gradient_models=lambda engine_model: graphs_box[0].split(engine_model, outputs))
         # the models kept build graphs where the trained weights are inputs:
         # their values (now in engine.weights) left out, 43 MB for resnet18
         self.engine.model = without_initializer_values(running,
@@ -118,6 +121,7 @@ class StepRunner:
             model, weights, learning_rate, fused_spec, loss_models,
             update_model, self.buffer_names, types,
             in_place=self.engine.device.type == "cpu")
+        graphs_box.append(self.graphs)
         self.buffers = [to_ortvalue(initial[b], self.engine.device, owned=True)
                         for b in self.buffer_names]
         self._new_buffers = None

@@ -86,9 +86,10 @@ class OrtGradientForwardBackward:
         do (a value they lack counts as a float: the check may find more
         weights reaching an output, never fewer).
     gradient_models : callable, default=None
-        Returns the :class:`~onnxtrain.autodiff.GradientModels` to run
-        (:meth:`onnxtrain.training_graphs.TrainingGraphs.split` for a
-        trainer), called at the first training step; None: the engine
+        ``gradient_models(model)`` returns the
+        :class:`~onnxtrain.autodiff.GradientModels` of the engine's
+        ``model`` to run (:meth:`onnxtrain.training_graphs.TrainingGraphs.split`
+        for a trainer), called at the first training step; None: the engine
         builds them with :func:`onnxtrain.autodiff.build_gradient_models`.
 
     Attributes
@@ -163,7 +164,7 @@ class OrtGradientForwardBackward:
             with self._lock:
                 if self._models is None:
                     if self._build_models is not None:
-                        models = self._build_models()
+                        models = self._build_models(self.model)
                     else:
                         models = build_gradient_models(
                             self.model, self.weights_to_train, self._outputs,
