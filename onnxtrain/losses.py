@@ -201,6 +201,23 @@ def _clip_bounds(eps, dtype):
     return lo, hi
 
 
+def _clipped(g, probabilities, eps, elem_type):
+    """``(p, inside)``: ``p = clip(probabilities, eps, 1 - eps)`` and the
+    mask (1 or 0, ``elem_type``) of the elements the clipping left as they
+    were, where the derivative of ``p`` is 1 (0 elsewhere)."""
+    lo, hi = _clip_bounds(eps, elem_type_to_numpy(elem_type))
+    p = g.op("Clip", probabilities, g.const(lo, elem_type), g.const(hi, elem_type))
+    return p, g.cast(g.op("Equal", p, probabilities), elem_type)
+
+
+def _binary_log_loss(g, expected, p, elem_type):
+    """``-[y log p + (1 - y) log(1 - p)]`` per element (``p`` clipped)."""
+    one = g.const(1.0, elem_type)
+    return g.op("Neg", g.op("Add", g.op("Mul", expected, g.op("Log", p)),
+                            g.op("Mul", g.op("Sub", one, expected),
+                                 g.op("Log", g.op("Sub", one, p)))))
+
+
 def _float_dtype(array):
     """The dtype the bounds of a numpy ``loss_per_row`` follow."""
     dtype = np.asarray(array).dtype
@@ -395,20 +412,16 @@ class NegLogLearningLoss(BaseLearningLoss):
         _check_eps("eps", self.eps, 0.5)
 
     def _build(self, g, expected, predicted, weight, elem_type, rank):
-        one = g.const(1.0, elem_type)
         if self._sigmoid():
             s = predicted
             loss = logistic_loss_on_logits(g, s, expected, elem_type)
             grad = g.op("Sub", g.op("Sigmoid", s), expected)
         else:
-            lo, hi = _clip_bounds(self.eps, elem_type_to_numpy(elem_type))
-            p = g.op("Clip", predicted, g.const(lo, elem_type), g.const(hi, elem_type))
-            inside = g.cast(g.op("Equal", p, predicted), elem_type)
-            q = g.op("Sub", one, p)
-            not_y = g.op("Sub", one, expected)
-            loss = g.op("Neg", g.op("Add", g.op("Mul", expected, g.op("Log", p)),
-                                    g.op("Mul", not_y, g.op("Log", q))))
-            grad = g.op("Mul", g.op("Sub", g.op("Div", not_y, q),
+            p, inside = _clipped(g, predicted, self.eps, elem_type)
+            one = g.const(1.0, elem_type)
+            loss = _binary_log_loss(g, expected, p, elem_type)
+            grad = g.op("Mul", g.op("Sub", g.op("Div", g.op("Sub", one, expected),
+                                                g.op("Sub", one, p)),
                                     g.op("Div", expected, p)), inside)
         _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
                      mean_over_outputs=False)
@@ -485,9 +498,7 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
             mass = g.reduce_sum(expected, [1], keepdims=1)
             grad = g.op("Sub", g.op("Mul", softmax, mass), expected)
         else:
-            lo, hi = _clip_bounds(self.eps, elem_type_to_numpy(elem_type))
-            p = g.op("Clip", predicted, g.const(lo, elem_type), g.const(hi, elem_type))
-            inside = g.cast(g.op("Equal", p, predicted), elem_type)
+            p, inside = _clipped(g, predicted, self.eps, elem_type)
             log_p = g.op("Log", p)
             grad = g.op("Mul", g.op("Neg", g.op("Div", expected, p)), inside)
         loss = g.op("Neg", g.op("Mul", expected, log_p))
@@ -517,6 +528,66 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
             lo, hi = _clip_bounds(self.eps, dtype)
             log_p = np.log(np.clip(y_pred, float(lo), float(hi)))
         return -(y * log_p).sum(axis=1)
+
+
+class _LogLossOfSigmoid(NegLogLearningLoss):
+    """``NegLogLearningLoss(probability_function=None)`` of ``sigmoid(s)``,
+    computed from the score ``s``: the loss of a graph ending with a
+    Sigmoid, clipping included, for the training steps that stop the
+    graph at the score (``training_graphs.loss_on_logits``).
+
+    The value is that of the clipped probabilities; the gradient w.r.t.
+    ``s`` is ``w (sigmoid(s) - y) / sum(w)`` where the probability lies
+    inside the clipping bounds, 0 outside: the chain rule through the
+    clipped log loss and the Sigmoid, without the Sigmoid's VJP.
+    """
+
+    def _build(self, g, expected, predicted, weight, elem_type, rank):
+        probabilities = g.op("Sigmoid", predicted)
+        p, inside = _clipped(g, probabilities, self.eps, elem_type)
+        loss = _binary_log_loss(g, expected, p, elem_type)
+        grad = g.op("Mul", g.op("Sub", probabilities, expected), inside)
+        _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
+                     mean_over_outputs=False)
+
+    def loss_per_row(self, y, y_pred):
+        """The log loss of ``sigmoid(y_pred)``, one value per row."""
+        y_pred = np.asarray(y_pred)
+        return super().loss_per_row(y, (1 / (1 + np.exp(-y_pred))).astype(y_pred.dtype))
+
+
+class _CrossEntropyOfSoftmax(CrossEntropyLearningLoss):
+    """``CrossEntropyLearningLoss(from_logits=False)`` of ``softmax(z)``,
+    computed from the logits ``z``: the loss of a graph ending with a
+    Softmax, clipping included, for the training steps that stop the graph
+    at the logits (``training_graphs.loss_on_logits``).
+
+    The value is that of the clipped probabilities. With ``m_ij`` = 1 where
+    ``p_ij`` lies inside the clipping bounds, 0 outside, the chain rule
+    through the clipped log and the softmax's Jacobian gives, w.r.t. ``z``::
+
+        Y_grad_ij = w_i (p_ij sum_c y_ic m_ic - y_ij m_ij) / sum(w)
+
+    which is ``w_i (p_i - y_i) / sum(w)`` for one-hot targets when nothing
+    is clipped; no Softmax VJP runs.
+    """
+
+    def _build(self, g, expected, predicted, weight, elem_type, rank):
+        probabilities = g.op("Softmax", predicted, axis=1)
+        p, inside = _clipped(g, probabilities, self.eps, elem_type)
+        loss = g.op("Neg", g.op("Mul", expected, g.op("Log", p)))
+        kept = g.op("Mul", expected, inside)
+        mass = g.reduce_sum(kept, [1], keepdims=1)
+        grad = g.op("Sub", g.op("Mul", probabilities, mass), kept)
+        _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
+                     mean_over_outputs=False)
+
+    def loss_per_row(self, y, y_pred):
+        """The cross entropy of ``softmax(y_pred)``, one value per row."""
+        y_pred = np.asarray(y_pred)
+        shifted = y_pred - y_pred.max(axis=1, keepdims=True)
+        p = np.exp(shifted)
+        return super().loss_per_row(y, (p / p.sum(axis=1, keepdims=True)).astype(y_pred.dtype))
 
 
 class PoissonLearningLoss(BaseLearningLoss):

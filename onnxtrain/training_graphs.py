@@ -667,26 +667,25 @@ def final_activation(model):
 def loss_on_logits(model, loss, types=None):
     """A loss on the probabilities of a final Softmax (cross-entropy) or
     Sigmoid (log loss), rewritten as the same loss on the logits for the
-    fused paths: the gradient w.r.t. the logits is p - y (per row,
-    weighted), skipping the activation's VJP and the clipped log. The value
-    differs from the clipped one only where a probability lies within the
-    loss's ``eps`` of 0 or 1. Returns (model, loss): the arguments
-    themselves when nothing is rewritten, new objects otherwise. ``types``:
-    ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known."""
-    from sklearn.base import clone
-
-    from .losses import CrossEntropyLearningLoss, NegLogLearningLoss
+    fused paths: the activation's VJP is skipped (the gradient w.r.t. the
+    logits is p - y per row where nothing is clipped), and the value and
+    gradient are those of the clipped probabilities, as on the split path.
+    Returns (model, loss): the arguments themselves when nothing is
+    rewritten, new objects otherwise. ``types``: ``model``'s
+    :func:`~onnxtrain.graph.infer_value_types` if known."""
+    from .losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
+                         _CrossEntropyOfSoftmax, _LogLossOfSigmoid)
     from .rewrite import prediction_graph
 
     kind, logits = final_activation(model)
     if kind == "Softmax" and isinstance(loss, CrossEntropyLearningLoss) \
             and not loss.from_logits:
-        return prediction_graph(model, logits, types), clone(loss).set_params(
-            from_logits=True)
+        return prediction_graph(model, logits, types), _CrossEntropyOfSoftmax(
+            **loss.get_params())
     if kind == "Sigmoid" and isinstance(loss, NegLogLearningLoss) \
             and loss.probability_function in (None, "none"):
-        return prediction_graph(model, logits, types), clone(loss).set_params(
-            probability_function="sigmoid")
+        return prediction_graph(model, logits, types), _LogLossOfSigmoid(
+            **loss.get_params())
     return model, loss
 
 

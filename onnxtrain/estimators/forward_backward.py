@@ -439,8 +439,9 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
 
     * (N, n_classes) probabilities, rows summing to 1 (skl2onnx classifiers,
       a final Softmax): trained with ``'cross_entropy'``. When the output
-      comes from a Softmax, the fused paths train on its input (the logits),
-      which gives the same steps up to rounding.
+      comes from a Softmax, the fused paths train on its input (the logits)
+      with the same clipped loss, which gives the same steps up to rounding
+      at any learning rate.
     * (N, 1), two classes: the column is P(``classes_[1]``) and
       ``predict_proba`` returns ``(1 - p, p)``. ``'cross_entropy'`` then
       trains the binary log loss ``-[y log p + (1 - y) log(1 - p)]``
