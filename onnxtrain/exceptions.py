@@ -6,7 +6,10 @@ __all__ = ["ConvergenceError", "ConvergenceWarning", "MissingVJPRuleError",
 
 
 class ConvergenceError(RuntimeError):
-    """Training produced a non-finite loss; the last finite weights are kept."""
+    """Training produced a non-finite loss; the last finite weights are kept
+    (when those predict non-finite values on the training rows, the
+    estimator goes back to its state before the call, or is no longer
+    fitted when it was trained in place)."""
 
 
 class MissingVJPRuleError(NotImplementedError):

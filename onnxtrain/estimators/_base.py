@@ -6,6 +6,7 @@ from __future__ import annotations
 import numbers
 import os
 import threading
+import warnings
 
 import numpy as np
 from onnx import ModelProto
@@ -17,6 +18,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
 from .._gc import gc_frozen
+from ..exceptions import ConvergenceError, ConvergenceWarning
 from .._small import full_repr
 from ..graph import (elem_type_to_numpy, infer_value_types, opset_of,
                      without_initializer_values)
@@ -315,11 +317,50 @@ class BaseOrtGradientEstimator(BaseEstimator):
         the first step (parameters, data, a loss that does not fit the
         graph) leaves the estimator as it was: its parameters, its fitted
         state or the absence of one."""
+        before = self.__dict__.copy()
         X, y, sample_weight, X_val, y_val = self._prepare_or_restore(
             X, y, sample_weight, X_val, y_val, classes, incremental)
-        self._epochs(X, y, sample_weight, X_val, y_val,
-                     1 if incremental else self.max_iter, incremental)
+        self._diverged = None
+        try:
+            self._epochs(X, y, sample_weight, X_val, y_val,
+                         1 if incremental else self.max_iter, incremental)
+        except ConvergenceError as exc:
+            unusable = self._unusable_after_divergence(X, before)
+            if unusable:
+                raise ConvergenceError(f"{exc} {unusable}") from None
+            raise
+        if self._diverged is not None:  # exc=False: the loop warned
+            unusable = self._unusable_after_divergence(X, before)
+            if unusable:
+                warnings.warn(unusable, ConvergenceWarning)
         return self
+
+    def _unusable_after_divergence(self, X, before):
+        """After a non-finite loss, the weights kept must predict finite
+        values on the training rows ``X``. When they do not, the estimator
+        is put back as it was before this call when the call built its own
+        trainer (the earlier one is untouched), else it forgets the fit
+        (its weights were trained in place); returns what happened (None
+        when the kept weights are usable)."""
+        if np.isfinite(self._trainer.predict(X)).all():
+            return None
+        if self._trainer is not before.get("_trainer"):
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            return ("However, those weights predict non-finite values on the "
+                    "training rows: the estimator is back to its state before "
+                    "this call.")
+        self._forget_fit()
+        return ("However, those weights predict non-finite values on the "
+                "training rows: the estimator is no longer fitted (fit it again).")
+
+    def _forget_fit(self):
+        """Drop every fitted attribute: only the parameters remain, as
+        after ``__init__``."""
+        params = self.get_params(deep=False)
+        for key in list(self.__dict__):
+            if key not in params:
+                del self.__dict__[key]
 
     @with_session_threads
     def _initialize(self, X, y, classes=None):
@@ -357,13 +398,14 @@ class BaseOrtGradientEstimator(BaseEstimator):
             model, X, y, sample_weight, classes, first)
         X_val, y_val = self._validate_validation(model, X_val, y_val)
         self._check_batch_dimension(model, X.shape[0])
-        restart = not first and not incremental and self._objects_changed()
+        # objects replaced by set_params take effect now, partial_fit included
+        restart = not first and self._objects_changed()
         if first:
             self._start(model)
         else:
             self._ensure_trainer()
             if restart:
-                self._restart_keeping_weights(model)
+                self._restart_keeping_weights(model, keep_optimizer=incremental)
         if first or restart:
             self._check_start(X[:int(np.clip(self.batch_size, 1, len(X)))])
         if self.early_stopping and not incremental:
@@ -430,15 +472,22 @@ class BaseOrtGradientEstimator(BaseEstimator):
         current = (self.learning_rate, self.learning_loss, self.learning_penalty)
         return any(a is not b for a, b in zip(current, published))
 
-    def _restart_keeping_weights(self, model):
+    def _restart_keeping_weights(self, model, keep_optimizer=False):
         """Resolve the new objects and rebuild the trainer on the current
-        weights (a warm start after set_params)."""
+        weights (a warm start or a partial_fit after set_params). With
+        ``keep_optimizer`` (partial_fit), the optimizer state and step go on
+        when the new update rule keeps the same state (same rule, other
+        hyperparameters); another rule starts from a new state."""
         weights = self._trainer.engine.get_weights()
         buffers = self._trainer.get_buffers()
+        state, steps = self._trainer.get_state(), self._trainer.step_count
+        names = tuple(self.learning_rate_.state_names)
         self._resolve(model)
         self._trainer = self._new_trainer()
         self._trainer.set_weights(weights)
         self._trainer.set_buffers(buffers)
+        if keep_optimizer and tuple(self.learning_rate_.state_names) == names:
+            self._trainer.set_state(state, steps)
         self.learning_rate_.init_learning_rate()
 
     def _publish_objects(self):
@@ -619,8 +668,16 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """
         trainer = self._ensure_trainer()
         if not (isinstance(state, dict) and "optimizer" in state):
-            trainer.set_weights(state)
+            trainer.set_weights(state)  # checks everything before it writes
             return self
+        backup = self.get_state(include_optimizer=True)
+        try:
+            return self._set_full_state(trainer, state)
+        except Exception:
+            self._set_full_state(trainer, backup)
+            raise
+
+    def _set_full_state(self, trainer, state):
         optimizer = state["optimizer"]
         expected = [[tuple(w.shape()) for _ in self.learning_rate_.state_names]
                     for w in trainer.engine.weights]
@@ -630,11 +687,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 f"The optimizer state has shapes {given}; this estimator's update "
                 f"rule {type(self.learning_rate_).__name__} keeps "
                 f"{list(self.learning_rate_.state_names)} per weight: {expected}.")
+        step, n_iter, t = (_state_number(state, key, int) for key in ("step", "n_iter", "t"))
+        rate = _state_number(state, "learning_rate", float)
         trainer.set_weights(state["weights"])  # checks (first)
-        trainer.set_state(optimizer, int(state["step"]))
+        trainer.set_state(optimizer, step)
         trainer.set_buffers(state.get("buffers"))
-        self.learning_rate_.value = float(state["learning_rate"])
-        self.n_iter_, self.t_ = int(state["n_iter"]), int(state["t"])
+        self.learning_rate_.value = rate
+        self.n_iter_, self.t_ = n_iter, t
         if state.get("rng") is not None:
             self._rng = np.random.RandomState()
             self._rng.set_state(state["rng"])
@@ -693,6 +752,22 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._trainer = None
+
+
+def _state_number(state, key, kind):
+    """``kind(state[key])`` for :meth:`BaseOrtGradientEstimator.set_state`,
+    or a ValueError naming the key (a finite number >= 0 is expected)."""
+    if key not in state:
+        raise ValueError(f"The state has no {key!r} (a get_state("
+                         "include_optimizer=True) dict has one).")
+    try:
+        value = kind(state[key])
+    except (TypeError, ValueError, OverflowError):
+        value = None
+    if value is None or not np.isfinite(value) or value < 0:
+        raise ValueError(f"The state's {key!r} must be a finite number >= 0, got "
+                         f"{state[key]!r}.")
+    return value
 
 
 def from_scikit_learn(model):

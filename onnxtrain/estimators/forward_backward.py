@@ -309,7 +309,13 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch over (X, y), continuing from the current weights (the
         first call initializes them as ``fit`` does). Same arguments and
-        errors as :meth:`fit`."""
+        errors as :meth:`fit`.
+
+        A ``learning_rate``, ``learning_loss`` or ``learning_penalty`` set
+        by ``set_params`` since the last call takes effect here; the
+        optimizer state (velocities, moments, step) goes on when the update
+        rule keeps the same state, and starts anew for another rule. A call
+        that raises leaves the estimator as it was."""
         return self._fit(X, y, sample_weight, incremental=True)
 
     def predict(self, X):

@@ -298,6 +298,11 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
             if self.early_stopping:
                 self.validation_scores_.append(np.nan)
 
+    def _unusable_after_divergence(self, X, before):
+        """Nothing here: the MLP estimator checks its predictions after a
+        divergence (``_BaseMLP._check_finite``)."""
+        return None
+
     @property
     def diverged(self):
         """Whether the last fit or partial_fit met a non-finite loss."""
@@ -313,7 +318,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         return self._fit(X, y, sample_weight, incremental=True)
 
     @with_session_threads
-    def restart(self, random_state, **params):
+    def restart(self, random_state, incremental=False, **params):
         """Prepare a later fit or partial_fit of the same network.
 
         scikit-learn's MLP calls ``check_random_state`` at each call, starts
@@ -324,19 +329,28 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         Parameters
         ----------
         random_state : numpy.random.RandomState
+        incremental : bool, default=False
+            For a partial_fit: an update rule or penalty with new
+            parameters takes effect at its first step, keeping the
+            optimizer state when the rule keeps the same one; unchanged
+            ones go on as they are.
         **params
             New values of this loop's parameters. With ``learning_rate``
             (a fit), the optimizer restarts; its update graph is rebuilt
             when the update rule or the penalty changed.
         """
         previous = (self.learning_rate, self.learning_penalty)
+        if incremental and "learning_rate" in params and _same(
+                previous, (params["learning_rate"], params["learning_penalty"])):
+            params = {k: v for k, v in params.items()
+                      if k not in ("learning_rate", "learning_penalty")}
         self.set_params(**params)
         self._rng = random_state
         self._order = None
         if self.early_stopping and self.validation_scores_ is None:
             self.validation_scores_, self.best_validation_score_ = [], -np.inf
-        if "learning_rate" not in params:
-            return
+        if "learning_rate" not in params or incremental:
+            return  # a partial_fit's changed objects: BaseOrtGradientEstimator._prepare_fit
         if _same(previous, (self.learning_rate, self.learning_penalty)):
             self._ensure_trainer().reset_state()
         else:

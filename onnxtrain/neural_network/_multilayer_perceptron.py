@@ -12,6 +12,7 @@ trained inference graph.
 """
 from __future__ import annotations
 
+import functools
 import numbers
 import warnings
 
@@ -45,6 +46,36 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _SPARSE = ["csr", "csc"]
 _NON_FINITE = ("Solver produced non-finite parameter weights. The input data may"
                " contain large values and need to be preprocessed.")
+
+
+class SolverDivergedError(ValueError):
+    """scikit-learn's error for a diverged fit, raised when the estimator
+    keeps usable weights (not put back as it was before the call)."""
+
+
+def _keeps_state_on_error(method):
+    """``method`` (fit, partial_fit, set_state) leaves the estimator as it
+    was when it raises: its attributes and its training loop's (a fit that
+    diverged keeps its last finite weights instead, as scikit-learn's).
+    An error after training began cannot give back weights trained in
+    place: only the attributes are restored then."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        saved = self.__dict__.copy()
+        loop = saved.get("_loop")
+        saved_loop = None if loop is None else loop.__dict__.copy()
+        try:
+            return method(self, *args, **kwargs)
+        except SolverDivergedError:
+            raise
+        except Exception:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            if loop is not None:
+                loop.__dict__.clear()
+                loop.__dict__.update(saved_loop)
+            raise
+    return wrapper
 
 
 def _dense(X):
@@ -142,8 +173,8 @@ class _BaseMLP(BaseEstimator):
     def _fit(self, X, y, sample_weight=None, incremental=False):
         """The one code path of fit and partial_fit."""
         hidden = self._check_fit_params(incremental)
-        first = not hasattr(self, "_loop") or (not self.warm_start
-                                               and not incremental)
+        previous_loop = self.__dict__.get("_loop")
+        first = previous_loop is None or (not self.warm_start and not incremental)
         # weights assigned before the first fit start a warm start or a
         # partial_fit, as scikit-learn's (its first pass tests coefs_)
         assigned = self.__dict__.get("_layers") if (
@@ -162,23 +193,38 @@ class _BaseMLP(BaseEstimator):
         y = y.astype(self._dtype)
         if self.solver == "lbfgs":
             self._fit_lbfgs(X, y, sample_weight)
-            return self._check_finite(diverged=False)
+            return self._check_finite(False, X, previous_loop)
         if not first:
-            settings = self._loop_settings()
-            if incremental:  # partial_fit keeps the optimizer
-                del settings["learning_rate"], settings["learning_penalty"]
-            self._loop.restart(random_state, **settings)
+            # partial_fit keeps the optimizer, unless set_params changed it
+            self._loop.restart(random_state, incremental, **self._loop_settings())
         self._fit_stochastic(X, y, sample_weight, incremental)
-        return self._check_finite(self._loop.diverged and not self.early_stopping)
+        return self._check_finite(self._loop.diverged and not self.early_stopping,
+                                  X, previous_loop)
 
-    def _check_finite(self, diverged):
+    def _check_finite(self, diverged, X, previous_loop):
         """scikit-learn's last check of a fit: a diverged network (a
         non-finite loss without early stopping, whose best weights replace
-        the last ones, or non-finite weights) raises its ValueError."""
+        the last ones, or non-finite weights) raises its ValueError. The
+        weights kept must predict finite values on the training rows ``X``:
+        otherwise the estimator goes back to its state before the call when
+        this call built a new network, or forgets the fit."""
         self._layers = None
-        if diverged or not all(np.isfinite(w).all() for w in self._loop.get_state()):
-            raise ValueError(_NON_FINITE)
-        return self
+        if not diverged and all(np.isfinite(w).all() for w in self._loop.get_state()):
+            return self
+        if np.isfinite(self._loop.output(X)).all():
+            raise SolverDivergedError(_NON_FINITE)
+        if self._loop is not previous_loop:  # restored by _keeps_state_on_error
+            raise ValueError(f"{_NON_FINITE} The weights kept predict non-finite "
+                             "values: the estimator is back to its state before "
+                             "this call.")
+        for key in list(self.__dict__):
+            if key not in self.get_params(deep=False):
+                del self.__dict__[key]
+        raise SolverDivergedError(f"{_NON_FINITE} The weights kept predict non-finite values: "
+                        "the estimator is no longer fitted (fit it again).")
+
+    def __sklearn_is_fitted__(self):
+        return "_loop" in self.__dict__
 
     def _fit_stochastic(self, X, y, sample_weight, incremental):
         """scikit-learn's ``_fit_stochastic``: the loop's epochs (one for
@@ -462,6 +508,7 @@ class _BaseMLP(BaseEstimator):
         self._push_layers()
         return self._loop.get_state(include_optimizer)
 
+    @_keeps_state_on_error
     def set_state(self, state):
         """Restore :meth:`get_state`'s weights or dict; returns self.
 
@@ -707,6 +754,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
                              "allowed for the 'poisson' loss.")
         return X, (y.reshape(-1, 1) if y.ndim == 1 else y)
 
+    @_keeps_state_on_error
     def fit(self, X, y, sample_weight=None):
         """Train the network on (X, y).
 
@@ -731,6 +779,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         return self._fit(X, y, sample_weight, incremental=False)
 
     @available_if(lambda est: est._check_solver())
+    @_keeps_state_on_error
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch over (X, y) from the current weights (the first call
         draws them). Same arguments and errors as :meth:`fit`; early
@@ -958,6 +1007,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
                                  f"has {classes}.")
         return X, self._label_binarizer.transform(y).astype(bool)
 
+    @_keeps_state_on_error
     def fit(self, X, y, sample_weight=None):
         """Train the network on (X, y).
 
@@ -982,6 +1032,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         return self._fit(X, y, sample_weight, incremental=False)
 
     @available_if(lambda est: est._check_solver())
+    @_keeps_state_on_error
     def partial_fit(self, X, y, sample_weight=None, classes=None):
         """One epoch over (X, y) from the current weights.
 

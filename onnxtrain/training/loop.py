@@ -327,6 +327,7 @@ class EpochLoop:
         fit started from when it is the first), never the exploding ones
         the last finite steps left, then raise or warn saying which."""
         est = self.estimator
+        est._diverged = float(loss)
         kept = getattr(est, "_finite_weights", None)
         if est.early_stopping and est._best_weights is not None:
             est._trainer.set_weights(est._best_weights)
