@@ -21,16 +21,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _cyclic_garbage(run):
-    """The objects the cyclic collector finds after ``run()`` (cycles only:
-    reference counting frees everything else)."""
+    """The objects made by ``run()`` that the cyclic collector finds after
+    it (cycles only: reference counting frees everything else). Objects
+    that existed before are left out: an earlier test's may become garbage
+    meanwhile (caches, other threads)."""
+    gc.unfreeze()  # an earlier test's frozen objects: counted as existing
     gc.collect()
+    existing = {id(obj) for obj in gc.get_objects()}
     enabled = gc.isenabled()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         run()
         gc.collect()
-        found = list(gc.garbage)
+        found = [obj for obj in gc.garbage if id(obj) not in existing]
     finally:
         gc.set_debug(0)
         gc.garbage.clear()

@@ -320,7 +320,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         before = self.__dict__.copy()
         X, y, sample_weight, X_val, y_val = self._prepare_or_restore(
             X, y, sample_weight, X_val, y_val, classes, incremental)
-        self._diverged = None
+        self._diverged = self._diverged_to_start = None
         try:
             self._epochs(X, y, sample_weight, X_val, y_val,
                          1 if incremental else self.max_iter, incremental)
@@ -341,8 +341,9 @@ class BaseOrtGradientEstimator(BaseEstimator):
         is put back as it was before this call when the call built its own
         trainer (the earlier one is untouched), else it forgets the fit
         (its weights were trained in place); returns what happened (None
-        when the kept weights are usable)."""
-        if np.isfinite(self._trainer.predict(X)).all():
+        when the kept weights are usable, or are those the call started
+        from: non-finite values then come from the data)."""
+        if self._diverged_to_start or np.isfinite(self._trainer.predict(X)).all():
             return None
         if self._trainer is not before.get("_trainer"):
             self.__dict__.clear()

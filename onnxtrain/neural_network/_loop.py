@@ -141,6 +141,7 @@ class MLPEpochLoop(EpochLoop):
         kept = getattr(est, "_finite_weights", None)
         if kept is not None:
             est._trainer.set_weights(kept[0])
+        self.rolled_back(kept)
         est._finite_weights = None
         est._diverged = float(loss)
 

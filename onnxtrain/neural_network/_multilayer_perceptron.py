@@ -211,7 +211,8 @@ class _BaseMLP(BaseEstimator):
         self._layers = None
         if not diverged and all(np.isfinite(w).all() for w in self._loop.get_state()):
             return self
-        if np.isfinite(self._loop.output(X)).all():
+        if (diverged and getattr(self._loop, "_diverged_to_start", False)) or \
+                np.isfinite(self._loop.output(X)).all():
             raise SolverDivergedError(_NON_FINITE)
         if self._loop is not previous_loop:  # restored by _keeps_state_on_error
             raise ValueError(f"{_NON_FINITE} The weights kept predict non-finite "

@@ -110,6 +110,8 @@ class EpochLoop:
         if not self.incremental:
             est.train_losses_, est.n_iter_ = [], 0
             est.learning_rate_.update_learning_rate(self.schedule_time())
+        # the epoch count of the weights this call starts from (see rolled_back)
+        self.start_epoch = est.n_iter_
         if X_val is not None and est.validation_losses_ is None:
             est.validation_losses_ = []
         path = est._choose_path(sample_weight, batch_size, self)
@@ -320,6 +322,14 @@ class EpochLoop:
         if arrays is not None:
             self.estimator._finite_weights = (arrays, epochs)
 
+    def rolled_back(self, kept):
+        """Record on the estimator whether the weights put back after a
+        divergence, ``kept`` (arrays, epochs) or None, are those this call
+        started from (then the call changed no weight: nothing of its own
+        to check)."""
+        self.estimator._diverged_to_start = (
+            kept is not None and kept[1] == getattr(self, "start_epoch", None))
+
     def non_finite(self, loss, epoch):
         """A non-finite loss at ``epoch``: put back the best validation
         weights (early stopping) or the weights at the end of the last epoch
@@ -335,6 +345,7 @@ class EpochLoop:
                      f"({est.best_validation_score_:.6g}) are kept")
         elif kept is not None:
             est._trainer.set_weights(kept[0])
+            self.rolled_back(kept)
             which = ("the last finite weights are kept: " + (
                 f"those at the end of epoch {kept[1]}, the last whose loss "
                 "was finite" if kept[1] else "those this fit started from"))
