@@ -44,8 +44,10 @@ export async function accuracy(ort, modelBytes, x, labels) {
  * @param {object} recipe reference.json
  * @param {ArrayBuffer} data data.bin
  * @param {object} [options]
- * @param {(step: number, loss: number) => void} [options.onCall] after each
- *   training call
+ * @param {(call: number, loss: number) => (void|Promise<void>)} [options.onCall]
+ *   awaited after each training call
+ * @param {(accuracyBefore: number|null) => (void|Promise<void>)} [options.onStart]
+ *   awaited once the accuracy before training is known
  * @param {string} [options.outputName] the model output whose accuracy is
  *   measured (none: no accuracy)
  * @returns {Promise<object>} `{losses, learningRates, evalLoss, state,
@@ -61,6 +63,7 @@ export async function replay(api, files, recipe, data, options = {}) {
     ? accuracy(api.ort, await module.exportModelForInferencing(null, [options.outputName]), evalX, evalY)
     : null);
   const accuracyBefore = await measure();
+  await options.onStart?.(accuracyBefore);
   optimizer.setLearningRate(recipe.learning_rate);
   const scheduler = recipe.schedule
     ? new api.LinearLRScheduler(optimizer, recipe.schedule[0], recipe.schedule[1], recipe.learning_rate)
@@ -75,7 +78,7 @@ export async function replay(api, files, recipe, data, options = {}) {
       const [x, y] = recipe.batches[call++];
       const loss = await module.run(tensorOf(x, data), tensorOf(y, data));
       losses.push(Number(loss.data[0]));
-      options.onCall?.(losses.length - 1, losses[losses.length - 1]);
+      await options.onCall?.(losses.length - 1, losses[losses.length - 1]);
     }
     learningRates.push(optimizer.getLearningRate());
     await optimizer.step();
