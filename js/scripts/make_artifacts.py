@@ -17,7 +17,9 @@ gets ``OUT_DIR/<model>/`` holding
 - ``reference.json``: the run's recipe (batches per step, learning rates,
   array offsets in ``data.bin``) and what :mod:`onnxtrain.api` gave: the
   loss of every training call, the eval loss after training, and
-  ``python_final.ckpt``, the state after training (optimizer included).
+  ``python_final.ckpt``, the state after training (optimizer included,
+  properties ``epoch=7``, ``best=0.1``, ``missing=nan``, ``name="python"``);
+- for ``linear``, also ``nominal_checkpoint``.
 
 The JS tests replay the recipe and compare with these values.
 """
@@ -164,7 +166,8 @@ def make(name, out_dir, seed=0):
     artifacts.generate_artifacts(
         spec["model"], requires_grad=spec["requires_grad"],
         frozen_params=spec.get("frozen"), loss=spec["loss"],
-        optimizer=spec["optimizer"], artifact_directory=folder)
+        optimizer=spec["optimizer"], artifact_directory=folder,
+        nominal_checkpoint=name == "linear")
     x, y = spec["x"], spec["y"]
     n_train = spec.get("test") or len(x)
     data = _Data()
@@ -211,6 +214,7 @@ def make(name, out_dir, seed=0):
     eval_logits = _logits(module, eval_x)
     recipe["accuracy_after"] = _accuracy(eval_logits, eval_y)
     recipe["eval_logits"] = eval_logits[:4].tolist()
+    state.properties.update(epoch=7, best=0.1, missing=float("nan"), name="python")
     api.CheckpointState.save_checkpoint(state, os.path.join(folder, "python_final.ckpt"),
                                         include_optimizer_state=True)
     with open(os.path.join(folder, "reference.json"), "w") as f:

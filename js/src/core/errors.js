@@ -10,3 +10,14 @@ export class ValueError extends Error {
     this.name = 'ValueError';
   }
 }
+
+/** A short readable rendering of any value for error messages. */
+export function show(value) {
+  if (typeof value === 'bigint') return `${value}n`;
+  if (typeof value === 'number' || value === undefined) return String(value);
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}

@@ -1,7 +1,7 @@
 // Optimizer (runs optimizer_model.onnx) and LinearLRScheduler
 // (onnxtrain.api.Optimizer, onnxtrain.api.LinearLRScheduler).
 
-import { ValueError } from './errors.js';
+import { ValueError, show } from './errors.js';
 import { ARRAYS, sizeOf } from './dtypes.js';
 import { createSession, loadArtifact, makeTensor } from './module.js';
 import { OptimizerState } from './state.js';
@@ -15,14 +15,14 @@ export const OPTIMIZER_METADATA = 'onnxtrain.optimizer_model';
  */
 function checkRate(value, name) {
   if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
-    throw new ValueError(`${name} must be a finite number >= 0, got ${typeof value === 'number' ? value : JSON.stringify(value) ?? String(value)}.`);
+    throw new ValueError(`${name} must be a finite number >= 0, got ${show(value)}.`);
   }
   return value;
 }
 
 function checkStepCount(value, name) {
   if (!Number.isSafeInteger(value) || value < 0) {
-    throw new ValueError(`${name} must be an integer >= 0, got ${JSON.stringify(value) ?? String(value)}.`);
+    throw new ValueError(`${name} must be an integer >= 0, got ${show(value)}.`);
   }
   return value;
 }
