@@ -42,7 +42,13 @@ setRuntime({
   ort,
   read,
   write,
-  sessionOptions: { executionProviders: ['cpu'], graphOptimizationLevel: 'all' },
+  // threads that do not spin between kernels: a training step runs many
+  // short sessions, and the JS thread needs a core between them
+  sessionOptions: {
+    executionProviders: ['cpu'],
+    graphOptimizationLevel: 'all',
+    extra: { session: { intra_op: { allow_spinning: '0' } } },
+  },
 });
 
 export * from './core/index.js';

@@ -25,10 +25,14 @@ export async function loadArtifact(source, key, what) {
   return { bytes, label, info, layout: JSON.parse(text) };
 }
 
-/** @returns {Promise<object>} an onnxruntime InferenceSession */
-export function createSession(bytes) {
+/**
+ * @param {Uint8Array} bytes
+ * @param {object} [overrides] onnxruntime session options over the runtime's
+ * @returns {Promise<object>} an onnxruntime InferenceSession
+ */
+export function createSession(bytes, overrides = {}) {
   const { ort, sessionOptions } = runtime();
-  return ort.InferenceSession.create(bytes, sessionOptions);
+  return ort.InferenceSession.create(bytes, { ...sessionOptions, ...overrides });
 }
 
 /** An onnxruntime Tensor of `type` over `data` (not copied). */
@@ -118,9 +122,10 @@ function checkBatch(specs, checked, what) {
  */
 export class Module {
   /** Use `Module.create`. */
-  constructor(models, state) {
+  constructor(models, state, sessionOptions) {
     this._models = models; // mode -> {bytes, label, info, layout, session}
     this._state = state;
+    this._sessionOptions = sessionOptions;
     this._training = true;
     this._resetGrad = true;
     this._queue = Promise.resolve(); // training calls and steps, one at a time
@@ -133,12 +138,16 @@ export class Module {
    *   parameters; the module reads and updates them
    * @param {string|URL|Uint8Array|ArrayBuffer|null} [evalModel=null]
    *   eval_model.onnx: needed by eval mode and exportModelForInferencing
+   * @param {object} [options]
+   * @param {object} [options.sessionOptions] onnxruntime session options
+   *   (`intraOpNumThreads`, `executionProviders`...) over the entry
+   *   point's defaults, for this module's sessions and its Optimizer's
    * @returns {Promise<Module>}
    * @throws {ValueError} if a model was not written by generate_artifacts,
    *   or the state lacks a parameter of a model or holds one of another
    *   shape or type (checked before any session is created)
    */
-  static async create(trainModel, state, evalModel = null) {
+  static async create(trainModel, state, evalModel = null, { sessionOptions = {} } = {}) {
     const models = { train: await loadArtifact(trainModel, TRAINING_METADATA, 'training model') };
     if (evalModel !== null && evalModel !== undefined) {
       models.eval = await loadArtifact(evalModel, EVAL_METADATA, 'eval model');
@@ -147,9 +156,9 @@ export class Module {
       model.specs = new Map(model.info.inputs.map((i) => [i.name, i]));
       checkParameters(state, mode, model);
     }
-    for (const model of Object.values(models)) model.session = await createSession(model.bytes);
+    for (const model of Object.values(models)) model.session = await createSession(model.bytes, sessionOptions);
     for (const name of models.train.layout.trainable) state.parameters.get(name)._zeroGrad = true;
-    return new Module(models, state);
+    return new Module(models, state, sessionOptions);
   }
 
   /** Sets training mode (calls run the training model); returns this. */

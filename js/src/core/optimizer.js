@@ -75,7 +75,7 @@ export class Optimizer {
         }
       }
     }
-    const session = await createSession(model.bytes);
+    const session = await createSession(model.bytes, module._sessionOptions);
     if (!state.optimizerState) state.optimizerState = new OptimizerState();
     const states = state.optimizerState.states;
     for (const name of layout.parameters) {
