@@ -30,7 +30,8 @@ setRuntime(runtime);
 /**
  * Chooses the execution providers of the sessions created from now on.
  * @param {string[]} providers e.g. ['webgpu', 'wasm'] (onnxruntime-web's
- *   names; the all-in-one build 'onnxruntime-web/webgpu' is needed for WebGPU)
+ *   names; WebGPU needs a build of onnxruntime-web that has it, such as the
+ *   package's default import, not dist/ort.wasm.min.mjs)
  */
 export function setExecutionProviders(providers) {
   runtime.sessionOptions = { ...runtime.sessionOptions, executionProviders: [...providers] };

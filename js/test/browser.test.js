@@ -23,7 +23,7 @@ after(async () => {
   server?.server.close();
 });
 
-it('the demo page trains in chromium and matches Python\'s loss curve', async () => {
+it('the demo page trains in chromium and matches Python\'s loss curve', async (t) => {
   const page = await browser.context.newPage();
   const errors = [];
   page.on('pageerror', (err) => errors.push(String(err)));
@@ -35,7 +35,7 @@ it('the demo page trains in chromium and matches Python\'s loss curve', async ()
   const result = await page.evaluate(() => window.demoResult);
   const recipe = JSON.parse(fs.readFileSync(path.join(ARTIFACTS, 'digits', 'reference.json'), 'utf8'));
   const rel = maxRelDiff(result.losses, recipe.losses);
-  console.log(`  chromium (wasm): ${result.losses.length} training calls, max rel loss diff vs Python ${rel.toExponential(2)}, `
+  t.diagnostic(`chromium (wasm): ${result.losses.length} training calls, max rel loss diff vs Python ${rel.toExponential(2)}, `
     + `accuracy ${result.accuracyBefore} -> ${result.accuracyAfter} (Python ${recipe.accuracy_before} -> ${recipe.accuracy_after}), ${result.stepsPerSecond.toFixed(1)} steps/s`);
   assert.equal(result.losses.length, recipe.losses.length);
   assert.ok(rel <= RTOL, `max rel diff ${rel}`);

@@ -221,6 +221,7 @@ class Reader {
     this.record('optimizer', optimizer, ['step', 'learning_rate', 'states']);
     const step = this.typed('optimizer.step', optimizer.step, 'integer');
     if (step < 0) this.fail('optimizer.step', `${step} is negative.`);
+    if (!Number.isSafeInteger(step)) this.fail('optimizer.step', `${step} is beyond the integers JS numbers hold exactly (2^53).`);
     const rate = this.hexFloat('optimizer.learning_rate', optimizer.learning_rate);
     if (!(Number.isFinite(rate) && rate >= 0)) {
       this.fail('optimizer.learning_rate', `${rate} is not a finite non-negative number.`);
