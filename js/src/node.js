@@ -17,8 +17,9 @@ async function read(source, what) {
   return { bytes: new Uint8Array(await fs.readFile(file)), label: file };
 }
 
-/** Writes a new file beside the target and renames it over the target once
- * complete, so a failing write leaves the previous file as it was. */
+/** Writes a new file beside the target (through a symbolic link: its
+ * target) and renames it over the target once complete, so a failing write
+ * leaves the previous file as it was. */
 async function write(uri, bytes) {
   const file = uri instanceof URL ? fileURLToPath(uri) : uri;
   if (typeof file !== 'string') throw new TypeError(`Expected a path or a file: URL; got ${typeof uri}.`);
@@ -28,9 +29,16 @@ async function write(uri, bytes) {
   } catch {
     // a new file
   }
+  let mode = null; // a replaced file keeps its permissions
+  try {
+    mode = (await fs.stat(target)).mode & 0o7777;
+  } catch {
+    // a new file: the process's umask applies
+  }
   const partial = path.join(path.dirname(target), `.checkpoint-${randomBytes(6).toString('hex')}.partial`);
   try {
     await fs.writeFile(partial, bytes, { flag: 'wx' });
+    if (mode !== null) await fs.chmod(partial, mode);
     await fs.rename(partial, target);
   } catch (err) {
     await fs.rm(partial, { force: true });

@@ -247,8 +247,9 @@ class Reader {
     for (const p of pending) {
       const bytes = files[p.entry];
       if (!bytes || bytes.length !== p.nbytes) this.fail(p.field, `entry ${JSON.stringify(p.entry)} cannot be read (truncated).`);
-      // a copy of its own: aligned for the typed array, independent of the file
-      const copy = bytes.slice();
+      // fflate copies a stored entry into a buffer of its own (aligned);
+      // anything else is copied so that the typed array can view it
+      const copy = bytes.byteOffset % 8 === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes : bytes.slice();
       p.data = new ARRAYS[p.type](copy.buffer, copy.byteOffset, sizeOf(p.shape));
       delete p.entry;
       delete p.field;

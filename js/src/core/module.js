@@ -53,7 +53,7 @@ function checkInputs(specs, names, values, what) {
     const value = values[i];
     const data = value?.data;
     const dims = value?.dims;
-    if (!value || !ArrayBuffer.isView(data) || !Array.isArray(dims) && !(dims && typeof dims.length === 'number')) {
+    if (!value || !ArrayBuffer.isView(data) || !(Array.isArray(dims) || typeof dims?.length === 'number')) {
       throw new TypeError(`Input ${JSON.stringify(name)} of the ${what}: expected a tensor ({type, data: typed array, dims} or an onnxruntime Tensor); got ${value === null ? 'null' : typeof value}.`);
     }
     const shape = Array.from(dims);
