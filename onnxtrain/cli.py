@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import onnx
 
-from ._files import load_onnx_file
+from ._files import load_checked_model
 
 __all__ = ["main", "read_csv"]
 
@@ -121,7 +121,7 @@ def _train(args):
 
     _check_output_path(args.output, args.overwrite)
     X, y, _ = read_csv(args.data, args.target, args.features)
-    model = load_onnx_file(args.model)
+    model = load_checked_model(args.model)
     est = OrtGradientForwardBackwardOptimizer(
         model, weights_to_train=args.weights, max_iter=args.epochs,
         batch_size=args.batch_size, device=args.device, verbose=1,
