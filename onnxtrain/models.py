@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ._files import load_checked_model
+from ._files import read_onnx_model
 from .autodiff import is_nondifferentiable, trainable_initializers
 from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
@@ -22,8 +22,10 @@ __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
 
 
 def load_model(model):
-    """A ModelProto from a ModelProto (returned as is), bytes or a path,
-    checked (:func:`onnxtrain._files.load_checked_model`).
+    """A ModelProto from a ModelProto (returned as is), bytes or a path
+    (:func:`onnxtrain._files.read_onnx_model`; the entry points that build
+    sessions from it check it with
+    :func:`onnxtrain._files.load_checked_model`).
 
     Raises
     ------
@@ -31,11 +33,9 @@ def load_model(model):
         For any other type.
     onnxtrain.exceptions.InvalidModelError
         A ValueError: bytes or a file that are not an ONNX model, external
-        data that cannot be read, a graph onnx's checker refuses or an
-        opset the installed onnxruntime does not run (the message names
-        the file, node, tensor or opset).
+        data that cannot be read (the message names the file or tensor).
     """
-    return load_checked_model(model, "the model")
+    return read_onnx_model(model, "model")
 
 
 def select_weights(model, weights_to_train=None, types=None):

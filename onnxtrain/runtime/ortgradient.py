@@ -9,7 +9,8 @@ import numpy as np
 from onnx import TensorProto
 
 from ..autodiff import build_gradient_models
-from ..models import get_train_initializer, load_model, select_weights
+from .._files import load_checked_model
+from ..models import get_train_initializer, select_weights
 from .devices import parse_device
 from .engine import check_weight_names
 from .sessions import SessionRunner, make_session, to_ortvalue
@@ -92,7 +93,7 @@ graph_builder_config, enable_logging, debug
                  providers=None, provider_options=None, run_options=None,
                  graph_builder_config=None, device_index=0,
                  enable_logging=False, debug=False):
-        model = load_model(onx)
+        model = load_checked_model(onx, "onx")
         check_weight_names(weights_to_train)
         if isinstance(weights_to_train, str):
             weights_to_train = [weights_to_train]
