@@ -313,19 +313,19 @@ def test_optimizer_step_at_the_last_int64_count_is_refused(sgd_artifacts):
 def test_y_of_rank_3_names_the_ranks_allowed_and_its_shape(make):
     X, y = regression()
     with pytest.raises(ValueError, match=(
-            r"y must be 1-D of shape \(n_samples,\) or 2-D of shape "
-            r"\(n_samples, n_outputs\), got shape \(60, 1, 1\)")):
+            r"y must have shape \(n_samples,\) or \(n_samples, n_outputs\) "
+            r"\(1-D or 2-D\), got shape \(60, 1, 1\)")):
         make().fit(X, y.reshape(-1, 1, 1))
 
 
 def test_classifier_y_and_sample_weight_of_rank_3_name_their_shape():
     X, y = regression()
     labels = (y > 0).astype(np.int64)
-    with pytest.raises(ValueError, match=r"y must be 1-D .*got shape "
-                       r"\(60, 1, 1\)"):
+    with pytest.raises(ValueError, match=r"y must have shape .*\(1-D or "
+                       r"2-D\), got shape \(60, 1, 1\)"):
         MLPClassifier(max_iter=1).fit(X, labels.reshape(-1, 1, 1))
-    with pytest.raises(ValueError, match=r"sample_weight must be 1-D of shape "
-                       r"\(n_samples,\), got shape \(60, 1, 1\)"):
+    with pytest.raises(ValueError, match=r"sample_weight must have shape "
+                       r"\(n_samples,\) \(1-D\), got shape \(60, 1, 1\)"):
         OrtGradientForwardBackwardClassifier(
             linear_model(n_outputs=2, softmax=True), max_iter=1).fit(
                 X, labels, sample_weight=np.ones((60, 1, 1)))

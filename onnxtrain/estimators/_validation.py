@@ -51,9 +51,10 @@ def check_targets(y, n_samples, name, dtype, ndim=None):
     if y.shape[0] != n_samples:
         raise ValueError(f"{name} has {y.shape[0]} rows, X has {n_samples}.")
     if y.ndim > 2 or (ndim is not None and y.ndim != ndim):
-        raise ValueError(f"{name} must be 1-D of shape (n_samples,)"
-                         f"{'' if ndim == 1 else ' or 2-D of shape (n_samples, n_outputs)'}"
-                         f", got shape {y.shape}.")
+        allowed = (" (1-D)" if ndim == 1
+                   else " or (n_samples, n_outputs) (1-D or 2-D)")
+        raise ValueError(f"{name} must have shape (n_samples,){allowed}, got "
+                         f"shape {y.shape}.")
     return cast_within_range(y, dtype, name)
 
 
@@ -66,13 +67,13 @@ def check_target_rank(y, name="y"):
     ValueError
         If ``y`` has more than 2 dimensions.
     """
-    try:
-        shape = np.shape(y)
-    except ValueError:  # a ragged list: check_array says what is wrong
+    try:  # not np.shape: array-likes may refuse __array_function__
+        shape = tuple(y.shape) if hasattr(y, "shape") else np.asarray(y).shape
+    except (ValueError, TypeError):  # ragged: check_array says what is wrong
         return
     if len(shape) > 2:
-        raise ValueError(f"{name} must be 1-D of shape (n_samples,) or 2-D of "
-                         f"shape (n_samples, n_outputs), got shape {shape}.")
+        raise ValueError(f"{name} must have shape (n_samples,) or (n_samples, "
+                         f"n_outputs) (1-D or 2-D), got shape {shape}.")
 
 
 def check_sample_weight(sample_weight, n_samples, dtype):
