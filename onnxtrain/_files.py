@@ -2,6 +2,7 @@
 ModelProto), with errors that name the file, tensor or node at fault."""
 from __future__ import annotations
 
+import collections
 import math
 import os
 
@@ -132,13 +133,10 @@ def check_onnx_model(model, what="the model"):
     """
     from .runtime.opsets import check_runtime_opsets  # runtime imports us
 
-    try:
-        check_runtime_opsets(model, what)
-    except ValueError as exc:
-        raise InvalidModelError(str(exc)) from None
+    check_runtime_opsets(model, what)
     for field in ("input", "output"):
-        names = [v.name for v in getattr(model.graph, field)]
-        repeated = sorted({n for n in names if names.count(n) > 1})
+        counts = collections.Counter(v.name for v in getattr(model.graph, field))
+        repeated = sorted(n for n, count in counts.items() if count > 1)
         if repeated:
             raise InvalidModelError(f"{what} lists the graph {field}s "
                                     f"{repeated} more than once.")

@@ -8,9 +8,9 @@ import numpy as np
 from onnx import numpy_helper
 from onnxruntime import OrtValue
 
+from .._files import load_checked_model
 from ..autodiff import build_gradient_models, weights_as_inputs
 from ..graph import elem_type_to_numpy
-from .._files import load_checked_model
 from ..models import select_weights
 from ..training_mode import inference_mode
 from .devices import parse_device
@@ -116,6 +116,9 @@ class OrtGradientForwardBackward:
     ------
     ValueError
         Unknown weight names (the message lists the candidates).
+    onnxtrain.exceptions.InvalidModelError
+        A ValueError: a model that cannot be loaded or that onnxruntime
+        would refuse (:func:`onnxtrain._files.load_checked_model`).
     TypeError
         ``weights_to_train`` is not None, a str or a list of str.
     onnxtrain.exceptions.MissingVJPRuleError

@@ -7,6 +7,8 @@ import onnx
 import onnxruntime
 from onnx import TensorProto, helper
 
+from ..exceptions import InvalidModelError
+
 __all__ = ["highest_opset", "check_runtime_opsets"]
 
 #: The domains onnxruntime validates the opset of when it loads a model
@@ -91,9 +93,9 @@ def check_runtime_opsets(model, what="the model"):
 
     Raises
     ------
-    ValueError
-        Naming the domain, the model's opset and the highest one the
-        installed onnxruntime runs.
+    onnxtrain.exceptions.InvalidModelError
+        A ValueError naming the domain, the model's opset and the highest
+        one the installed onnxruntime runs.
     """
     for opset in model.opset_import:
         domain = "" if opset.domain == "ai.onnx" else opset.domain
@@ -101,7 +103,7 @@ def check_runtime_opsets(model, what="the model"):
             continue
         highest = highest_opset(domain)
         if highest is not None and opset.version > highest:
-            raise ValueError(
+            raise InvalidModelError(
                 f"{what} imports opset {opset.version} of domain "
                 f"{domain or 'ai.onnx'!r}, but the installed onnxruntime "
                 f"{onnxruntime.__version__} runs opsets up to {highest}: "

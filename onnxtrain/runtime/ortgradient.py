@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import TensorProto
 
-from ..autodiff import build_gradient_models
 from .._files import load_checked_model
+from ..autodiff import build_gradient_models
 from ..models import get_train_initializer, select_weights
 from .devices import parse_device
 from .engine import check_weight_names
@@ -81,7 +81,10 @@ graph_builder_config, enable_logging, debug
     ------
     ValueError
         ``weights_to_train`` empty or unknown names, ``input_names`` not the
-        model's inputs, unknown providers.
+        model's inputs, unknown providers;
+        :class:`~onnxtrain.exceptions.InvalidModelError` for a model that
+        cannot be loaded or that onnxruntime would refuse
+        (:func:`onnxtrain._files.load_checked_model`).
     TypeError
         ``weights_to_train`` not a list of str.
     onnxtrain.exceptions.MissingVJPRuleError
