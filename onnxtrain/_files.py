@@ -7,18 +7,13 @@ import math
 import os
 
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, EncodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from .exceptions import InvalidModelError
 
 __all__ = ["load_onnx_file", "read_onnx_model", "check_onnx_model",
            "load_checked_model"]
-
-#: protobuf cannot serialize a message of 2 GiB or more, and onnx's checker
-#: serializes the ModelProto it checks.
-_PROTOBUF_LIMIT = 2 ** 31 - 1
-
 
 def load_onnx_file(path):
     """Load the ONNX model stored at ``path``, with its external data.
@@ -140,10 +135,12 @@ def check_onnx_model(model, what="the model"):
         if repeated:
             raise InvalidModelError(f"{what} lists the graph {field}s "
                                     f"{repeated} more than once.")
-    if model.ByteSize() > _PROTOBUF_LIMIT:
-        return  # the checker cannot serialize it; onnxruntime reads its path
     try:
-        onnx.checker.check_model(model)
+        data = model.SerializeToString()
+    except (EncodeError, ValueError):  # 2 GiB or more: protobuf's limit
+        return  # onnxruntime reads such a model from its path, not checked here
+    try:
+        onnx.checker.check_model(data)
     except onnx.checker.ValidationError as exc:
         short = _short_initializer(model.graph)
         if short is not None:
