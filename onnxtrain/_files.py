@@ -1,13 +1,19 @@
-"""Reading ONNX files given by path, with errors that name the file."""
+"""Reading and checking the ONNX models users give (a path, bytes or a
+ModelProto), with errors that name the file, tensor or node at fault."""
 from __future__ import annotations
 
+import collections
+import math
 import os
 
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, EncodeError
+from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["load_onnx_file"]
+from .exceptions import InvalidModelError
 
+__all__ = ["load_onnx_file", "read_onnx_model", "check_onnx_model",
+           "load_checked_model"]
 
 def load_onnx_file(path):
     """Load the ONNX model stored at ``path``, with its external data.
@@ -24,17 +30,175 @@ def load_onnx_file(path):
     ------
     FileNotFoundError, IsADirectoryError
         If ``path`` is missing or a directory.
-    ValueError
-        If the file is not a serialized ONNX model (protobuf cannot parse
-        it, or it parses to a message without a graph, as an empty file
-        does); the message names the file.
+    onnxtrain.exceptions.InvalidModelError
+        A ValueError: the file is not a serialized ONNX model (protobuf
+        cannot parse it, or it parses to a message without a graph, as an
+        empty file does), or an initializer's external data is missing, is
+        not a regular file (a link, a device) or lies outside the model's
+        folder; the message names the file (and the initializer).
     """
     path = os.fspath(path)
     try:
         model = onnx.load(path)
     except DecodeError as exc:
-        raise ValueError(f"{path} is not an ONNX model (protobuf could not "
-                         f"parse it: {exc}).") from None
+        raise InvalidModelError(f"{path} is not an ONNX model (protobuf could "
+                                f"not parse it: {exc}).") from exc
+    except onnx.checker.ValidationError as exc:
+        # onnx refuses the external data before reading it; its message
+        # names the initializer and the location
+        folder = os.path.dirname(os.path.abspath(path))
+        raise InvalidModelError(
+            f"{path}: the external data of an initializer cannot be read: "
+            f"{exc} External data must be regular files inside the model's "
+            f"folder {folder}, named by relative paths.") from exc
     if not model.HasField("graph"):
-        raise ValueError(f"{path} is not an ONNX model (no graph in it).")
+        raise InvalidModelError(f"{path} is not an ONNX model (no graph in "
+                                "it).")
     return model
+
+
+def read_onnx_model(model, what="model"):
+    """A ModelProto from a ModelProto (returned as is), serialized bytes or a
+    path (loaded with its external data).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes, bytearray, memoryview, str or os.PathLike
+    what : str, default='model'
+        The parameter's name, for the messages.
+
+    Returns
+    -------
+    onnx.ModelProto
+
+    Raises
+    ------
+    TypeError
+        For any other type.
+    FileNotFoundError, IsADirectoryError
+        As :func:`load_onnx_file`.
+    onnxtrain.exceptions.InvalidModelError
+        Bytes or a file that do not parse to an ONNX model, or external
+        data that cannot be read (see :func:`load_onnx_file`).
+    """
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        data = bytes(model)
+        try:
+            proto = onnx.load_model_from_string(data)
+        except DecodeError as exc:
+            raise InvalidModelError(
+                f"{what}: the {len(data)} bytes given are not a serialized "
+                f"ONNX model (protobuf could not parse them: {exc}; truncated "
+                "or not a model).") from exc
+        if not proto.HasField("graph"):
+            raise InvalidModelError(f"{what}: the {len(data)} bytes given are "
+                                    "not a serialized ONNX model (no graph).")
+        return proto
+    if isinstance(model, (str, os.PathLike)):
+        return load_onnx_file(model)
+    raise TypeError(
+        f"{what}: expected an onnx.ModelProto, serialized bytes or a path to "
+        f"an ONNX file, got {type(model).__module__}."
+        f"{type(model).__qualname__}")
+
+
+def check_onnx_model(model, what="the model"):
+    """Refuse a model onnxruntime would refuse with an internal error, naming
+    the culprit, before any work is done.
+
+    Runs onnx's checker (nodes out of topological order, a name two nodes
+    output, an initializer whose data is shorter than its declared shape,
+    ops unknown to their domain...), refuses graph inputs or outputs listed
+    twice and opsets beyond what the installed onnxruntime runs
+    (:func:`onnxtrain.runtime.opsets.check_runtime_opsets`).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    what : str, default='the model'
+        How the messages call ``model``.
+
+    Raises
+    ------
+    onnxtrain.exceptions.InvalidModelError
+        A ValueError naming the node, tensor, initializer or opset at fault.
+    """
+    from .runtime.opsets import check_runtime_opsets  # runtime imports us
+
+    check_runtime_opsets(model, what)
+    for field in ("input", "output"):
+        counts = collections.Counter(v.name for v in getattr(model.graph, field))
+        repeated = sorted(n for n, count in counts.items() if count > 1)
+        if repeated:
+            raise InvalidModelError(f"{what} lists the graph {field}s "
+                                    f"{repeated} more than once.")
+    try:
+        data = model.SerializeToString()
+    except (EncodeError, ValueError):  # 2 GiB or more: protobuf's limit
+        return  # onnxruntime reads such a model from its path, not checked here
+    try:
+        onnx.checker.check_model(data)
+    except onnx.checker.ValidationError as exc:
+        short = _short_initializer(model.graph)
+        if short is not None:
+            raise InvalidModelError(f"{what}: {short}") from exc
+        text = " ".join(str(exc).split())  # the checker's lines in one
+        raise InvalidModelError(f"{what} is not a valid ONNX model: "
+                                f"{text}") from exc
+
+
+def load_checked_model(model, what="model"):
+    """:func:`read_onnx_model` then :func:`check_onnx_model`: the one
+    entry of the models users give to the estimators, the engine, the
+    artifacts, onnxblock, the api and the command line.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or path
+        A ModelProto is returned as is (not copied, not modified).
+    what : str, default='model'
+        The parameter's name, for the messages.
+
+    Returns
+    -------
+    onnx.ModelProto
+
+    Raises
+    ------
+    TypeError, FileNotFoundError, IsADirectoryError
+        As :func:`read_onnx_model`.
+    onnxtrain.exceptions.InvalidModelError
+        As :func:`read_onnx_model` and :func:`check_onnx_model`.
+    """
+    proto = read_onnx_model(model, what)
+    source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else what
+    check_onnx_model(proto, source)
+    return proto
+
+
+def _short_initializer(graph):
+    """A message naming the first initializer of ``graph`` whose data does
+    not fill its declared shape, or None (only called once the checker
+    refused the model: it converts every initializer)."""
+    for tensor in graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            continue
+        try:
+            numpy_helper.to_array(tensor)
+        except (ValueError, TypeError):
+            pass
+        else:
+            continue
+        if tensor.HasField("raw_data"):
+            held = f"{len(tensor.raw_data)} bytes"
+        else:
+            field = helper.tensor_dtype_to_field(tensor.data_type)
+            held = f"{len(getattr(tensor, field))} values in {field}"
+        type_name = TensorProto.DataType.Name(tensor.data_type).lower()
+        return (f"initializer {tensor.name!r} declares shape "
+                f"{tuple(tensor.dims)} ({math.prod(tensor.dims)} {type_name} "
+                f"values) but its data holds {held}.")
+    return None

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import sys
 
 import numpy as np
 import onnx
 
-from ._files import load_onnx_file
+from ._files import load_checked_model
 
 __all__ = ["main", "read_csv"]
 
@@ -35,13 +36,20 @@ def read_csv(path, target, features=None):
     ------
     ValueError
         Missing columns, column names repeated in the header or in
-        ``features``, ``target`` among ``features``, no rows, or a value
-        that is not a number (the message gives the line and column).
+        ``features``, ``target`` among ``features``, no rows, a value
+        that is not a number (the message gives the line and column), or
+        bytes that are not UTF-8 (the message gives the line).
+
+    Notes
+    -----
+    The file is read as UTF-8; a byte-order mark (spreadsheet programs
+    write one) is dropped, and blank lines are skipped.
     """
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    if len(rows) < 2:
+    numbered = [(n, row) for n, row in _csv_rows(path)
+                if any(cell.strip() for cell in row)]  # blank lines skipped
+    if len(numbered) < 2:
         raise ValueError(f"{path}: needs a header row and at least one data row.")
+    lines, rows = zip(*numbered)
     header = [h.strip() for h in rows[0]]
     repeated = _repeated(header)
     if repeated:
@@ -60,9 +68,9 @@ def read_csv(path, target, features=None):
         raise ValueError(f"{path}: features {repeated} are given more than "
                          "once.")
     values = np.empty((len(rows) - 1, len(header)), dtype=np.float64)
-    for i, row in enumerate(rows[1:]):
+    for i, (line, row) in enumerate(zip(lines[1:], rows[1:])):
         if len(row) != len(header):
-            raise ValueError(f"{path}, line {i + 2}: {len(row)} values, "
+            raise ValueError(f"{path}, line {line}: {len(row)} values, "
                              f"{len(header)} columns.")
         for j, cell in enumerate(row):
             try:
@@ -70,10 +78,34 @@ def read_csv(path, target, features=None):
             except ValueError:
                 values[i, j] = np.nan
             if not np.isfinite(values[i, j]):
-                raise ValueError(f"{path}, line {i + 2}, column {header[j]!r}: "
+                raise ValueError(f"{path}, line {line}, column {header[j]!r}: "
                                  f"{cell!r} is not a finite number.")
     X = values[:, [header.index(c) for c in features]]
     return X, values[:, header.index(target)], features
+
+
+def _csv_rows(path):
+    """``(line number, row)`` of the CSV file ``path``, decoded as UTF-8
+    (a byte-order mark, as spreadsheet programs write, is dropped).
+
+    Raises
+    ------
+    ValueError
+        If the file is not UTF-8: the message gives the line and the byte.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}, line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 "
+            f"({exc.reason}); save the file as UTF-8.") from exc
+    reader = csv.reader(io.StringIO(text, newline=""))
+    # line_num after a row is the line it ended on (a quoted cell may span
+    # several lines)
+    return [(reader.line_num, row) for row in reader]
 
 
 def _repeated(names):
@@ -121,7 +153,7 @@ def _train(args):
 
     _check_output_path(args.output, args.overwrite)
     X, y, _ = read_csv(args.data, args.target, args.features)
-    model = load_onnx_file(args.model)
+    model = load_checked_model(args.model)
     est = OrtGradientForwardBackwardOptimizer(
         model, weights_to_train=args.weights, max_iter=args.epochs,
         batch_size=args.batch_size, device=args.device, verbose=1,
@@ -150,6 +182,18 @@ def _learning_rate(text):
     return value
 
 
+def _positive_int(text):
+    """argparse type of ``--epochs`` and ``--batch-size``: an int >= 1,
+    refused under the option's own name before any file is read."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def build_parser():
     """The argparse parser of ``python -m onnxtrain``."""
     parser = argparse.ArgumentParser(
@@ -164,7 +208,7 @@ def build_parser():
     demo.add_argument("--output-dir", default="onnxtrain_demo",
                       help="folder for the trained models and the loss-curve "
                       "PNG (default: %(default)s)")
-    demo.add_argument("--epochs", type=int, default=50,
+    demo.add_argument("--epochs", type=_positive_int, default=50,
                       help="epochs of each training (default: %(default)s)")
     demo.add_argument("--device", default="cpu",
                       help="cpu, cuda or cuda:N (default: %(default)s)")
@@ -185,9 +229,9 @@ def build_parser():
     train.add_argument("--weights", nargs="+", default=None,
                        help="initializers to train (default: every trainable "
                        "float initializer)")
-    train.add_argument("--epochs", type=int, default=100,
+    train.add_argument("--epochs", type=_positive_int, default=100,
                        help="training epochs (default: %(default)s)")
-    train.add_argument("--batch-size", type=int, default=10,
+    train.add_argument("--batch-size", type=_positive_int, default=10,
                        help="rows per step (default: %(default)s)")
     train.add_argument("--learning-rate", type=_learning_rate, default=0.01,
                        help="initial learning rate eta0 (default: %(default)s)")

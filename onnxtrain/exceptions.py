@@ -2,7 +2,7 @@
 from sklearn.exceptions import ConvergenceWarning
 
 __all__ = ["ConvergenceError", "ConvergenceWarning", "MissingVJPRuleError",
-           "DeviceError"]
+           "DeviceError", "InvalidModelError"]
 
 
 class ConvergenceError(RuntimeError):
@@ -18,3 +18,9 @@ class MissingVJPRuleError(NotImplementedError):
 
 class DeviceError(RuntimeError):
     """The requested device is unknown or its execution provider is missing."""
+
+
+class InvalidModelError(ValueError):
+    """An ONNX model given by the user cannot be loaded or run: bytes or a
+    file that do not parse, external data that cannot be read, a graph
+    onnx's checker refuses, an opset beyond the installed onnxruntime."""

@@ -3,14 +3,13 @@ replacing initializers, converting scikit-learn models."""
 from __future__ import annotations
 
 import numbers
-import os
 from collections import OrderedDict
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ._files import load_onnx_file
+from ._files import read_onnx_model
 from .autodiff import is_nondifferentiable, trainable_initializers
 from .autodiff.backward import _dependents, _is_float, _node_inputs
 from .graph import FLOAT_TYPES, infer_value_types
@@ -23,24 +22,20 @@ __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
 
 
 def load_model(model):
-    """A ModelProto from a ModelProto (returned as is), bytes or a path.
+    """A ModelProto from a ModelProto (returned as is), bytes or a path
+    (:func:`onnxtrain._files.read_onnx_model`; the entry points that build
+    sessions from it check it with
+    :func:`onnxtrain._files.load_checked_model`).
 
     Raises
     ------
     TypeError
         For any other type.
-    ValueError
-        For a file that is not an ONNX model (the message names it).
+    onnxtrain.exceptions.InvalidModelError
+        A ValueError: bytes or a file that are not an ONNX model, external
+        data that cannot be read (the message names the file or tensor).
     """
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        return onnx.load_model_from_string(bytes(model))
-    if isinstance(model, (str, os.PathLike)):
-        return load_onnx_file(model)
-    raise TypeError(
-        f"expected an onnx.ModelProto, serialized bytes or a path to an ONNX "
-        f"file, got {type(model).__module__}.{type(model).__qualname__}")
+    return read_onnx_model(model, "model")
 
 
 def select_weights(model, weights_to_train=None, types=None):

@@ -444,6 +444,10 @@ class _Reader:
         step = self.typed("optimizer.step", optimizer["step"], int)
         if step < 0:
             self.fail("optimizer.step", f"{step} is negative.")
+        if step >= MAX_STEP:
+            self.fail("optimizer.step", f"{step} leaves no next step: the "
+                      "optimizer model takes the next step's number as an "
+                      f"int64, so the count is at most {MAX_STEP - 1}.")
         rate = self.hex_float("optimizer.learning_rate",
                               optimizer["learning_rate"])
         if not (math.isfinite(rate) and rate >= 0):
@@ -494,6 +498,8 @@ _JSON_NAMES = {int: "integer", bool: "boolean (true or false)", str: "string",
 _PROPERTY_TYPES = {"int": int, "float": str, "str": str}
 # little-endian bool, int, uint and float dtypes, as _dtype_str writes them
 _DTYPES = frozenset(_dtype_str(t) for t in "?bBhHiIqQefd")
+#: The optimizer model's ``step`` input is an int64 (the next step's number).
+MAX_STEP = int(np.iinfo(np.int64).max)
 MAX_BYTES = 1 << 40  # 1 TiB: a bound on the arrays of one checkpoint
 #: The most dimensions an array record may have: numpy's limit (32 before
 #: numpy 2), beyond which the array could not be built.

@@ -9,7 +9,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .._casting import cast_within_range
-from .._files import load_onnx_file
+from .._files import check_onnx_model, load_checked_model
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..graph.aliasing import writes_after_reads
 from ..graph.scopes import node_reads
@@ -27,14 +27,21 @@ __all__ = ["Module"]
 def load_model(uri):
     """A ModelProto from a path (str, pathlib.Path) or a ModelProto (copied);
     an ORT-format file (``ort_format=True`` artifacts) gives an
-    :class:`~onnxtrain.runtime.ort_format.OrtFormatModel`."""
+    :class:`~onnxtrain.runtime.ort_format.OrtFormatModel`.
+
+    Raises
+    ------
+    onnxtrain.exceptions.InvalidModelError
+        As :func:`onnxtrain._files.load_checked_model`.
+    """
     if isinstance(uri, onnx.ModelProto):
+        check_onnx_model(uri)
         copy = onnx.ModelProto()
         copy.CopyFrom(uri)
         return copy
     if is_ort_format(str(uri)):
         return OrtFormatModel(str(uri))
-    return load_onnx_file(uri)
+    return load_checked_model(uri)
 
 
 def read_layout(model, key, what):

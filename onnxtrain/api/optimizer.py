@@ -10,6 +10,7 @@ from ..graph.aliasing import writes_after_reads
 from ..onnxblock.optim import OPTIMIZER_METADATA
 from ..runtime import SessionRunner, is_ortvalue, to_ortvalue
 from ._flat import FlatBuffers, flat_optimizer_model
+from .checkpoint import MAX_STEP
 from .module import load_model, read_layout
 from .state import OptimizerState
 
@@ -143,6 +144,8 @@ class Optimizer:
             If a parameter has no gradient yet (call the module in training
             mode first), or the state comes from a nominal checkpoint whose
             parameters have no values yet.
+        ValueError
+            If the step count leaves no next step an int64 holds.
 
         Notes
         -----
@@ -157,6 +160,11 @@ class Optimizer:
         self._module._check_loaded()
         module, opt = self._module, self._state
         params = module._state.parameters
+        if not 0 <= opt.step < MAX_STEP:
+            raise ValueError(f"The optimizer's step count {opt.step} leaves no "
+                             "next step: the optimizer model takes the next "
+                             "step's number as an int64, so the count is 0 to "
+                             f"{MAX_STEP - 1}.")
         feeds = {"learning_rate": np.array(opt.learning_rate, dtype=np.float64),
                  "step": np.array(opt.step + 1, dtype=np.int64)}
         missing = [n for n in self._layout["parameters"] if params.raw(n)._grad is None]

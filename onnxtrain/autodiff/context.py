@@ -188,10 +188,34 @@ class VJPContext:
         """
         rank = self.g.rank(name)
         if rank is None:
+            rule = "" if what in ("this rule", self.node.op_type) else f" ({what})"
             raise ValueError(
-                f"{what} needs the rank of {name!r} (node {self.node.name!r}, "
-                f"{self.node.op_type}); shape inference could not tell it.")
+                f"The gradient of {self.node.op_type} node {self.node.name!r}"
+                f"{rule} needs the rank of its input {name!r}, which shape "
+                f"inference could not tell: {self._unknown_rank_origin(name)}")
         return rank
+
+    def _unknown_rank_origin(self, name):
+        """Where a rank went missing: the node whose output shape onnx's
+        inference lost although it knew an input's (an op of a custom
+        domain, an op off the weights' path with no inference), or the
+        graph input declaring no shape."""
+        seen = set()
+        node = self.g.producer(name)
+        while node is not None and name not in seen:
+            seen.add(name)
+            inputs = [i for i in node.input if i]
+            if not inputs or any(self.g.rank(i) is not None for i in inputs):
+                op = f"{node.domain}.{node.op_type}" if node.domain not in (
+                    "", "ai.onnx") else node.op_type
+                return (f"{name!r} is an output of {op} node {node.name!r}, "
+                        "whose output shape onnx's shape inference does not "
+                        f"give; declare the shape of {name!r} in the model's "
+                        "graph.value_info.")
+            name = inputs[0]
+            node = self.g.producer(name)
+        return (f"the graph input {name!r} declares no shape; give it one "
+                "(its rank at least, dims may be symbolic).")
 
     def fail(self, message):
         """Raise NotImplementedError naming the node and ``message``."""

@@ -17,6 +17,7 @@ from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
+from .._files import load_checked_model
 from .._gc import gc_frozen
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from .._small import full_repr
@@ -169,7 +170,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         cached = getattr(self, "_model_cache", None)
         same = cached is not None and cached[0] is self.model_onnx
         if not same or (values and cached[3]):
-            _, training = self._make_training_model(load_model(self.model_onnx))
+            _, training = self._make_training_model(
+                load_checked_model(self.model_onnx, "model_onnx"))
             ours = training is not self.model_onnx  # else the caller's, not edited
             # Dropouts that copy their input (probability 0, as exporters
             # write them) leave the graph trained, as they leave the

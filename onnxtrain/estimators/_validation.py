@@ -8,8 +8,8 @@ from sklearn.utils.validation import check_array
 
 from .._casting import cast_within_range
 
-__all__ = ["cast_within_range", "check_batch_dim", "check_targets",
-           "validation_period"]
+__all__ = ["cast_within_range", "check_batch_dim", "check_target_rank",
+           "check_targets", "validation_period"]
 
 
 def _check_numeric(array, name):
@@ -44,15 +44,36 @@ def check_targets(y, n_samples, name, dtype, ndim=None):
         NaN or inf, another number of rows, a rank other than 1 (or 2),
         or values beyond the range of ``dtype``.
     """
-    y = check_array(y, dtype=None, ensure_2d=False, input_name=name)
+    # allow_nd: the rank is checked below, with a message naming the shape
+    y = check_array(y, dtype=None, ensure_2d=False, allow_nd=True,
+                    input_name=name)
     _check_numeric(y, name)
     if y.shape[0] != n_samples:
         raise ValueError(f"{name} has {y.shape[0]} rows, X has {n_samples}.")
     if y.ndim > 2 or (ndim is not None and y.ndim != ndim):
-        raise ValueError(f"{name} must have shape (n_samples,)"
-                         f"{'' if ndim == 1 else ' or (n_samples, n_outputs)'}, "
-                         f"got {y.shape}.")
+        allowed = (" (1-D)" if ndim == 1
+                   else " or (n_samples, n_outputs) (1-D or 2-D)")
+        raise ValueError(f"{name} must have shape (n_samples,){allowed}, got "
+                         f"shape {y.shape}.")
     return cast_within_range(y, dtype, name)
+
+
+def check_target_rank(y, name="y"):
+    """Refuse targets of rank above 2 naming their shape (scikit-learn's
+    ``check_array`` only says "Found array with dim 3").
+
+    Raises
+    ------
+    ValueError
+        If ``y`` has more than 2 dimensions.
+    """
+    try:  # not np.shape: array-likes may refuse __array_function__
+        shape = tuple(y.shape) if hasattr(y, "shape") else np.asarray(y).shape
+    except (ValueError, TypeError):  # ragged: check_array says what is wrong
+        return
+    if len(shape) > 2:
+        raise ValueError(f"{name} must have shape (n_samples,) or (n_samples, "
+                         f"n_outputs) (1-D or 2-D), got shape {shape}.")
 
 
 def check_sample_weight(sample_weight, n_samples, dtype):
@@ -68,7 +89,7 @@ def check_sample_weight(sample_weight, n_samples, dtype):
     TypeError, ValueError
     """
     weight = check_array(sample_weight, dtype=None, ensure_2d=False,
-                         input_name="sample_weight")
+                         allow_nd=True, input_name="sample_weight")
     if weight.ndim == 2 and weight.shape[1] == 1:
         weight = weight[:, 0]
     return check_targets(weight, n_samples, "sample_weight", dtype, ndim=1)

@@ -302,6 +302,11 @@ class GraphBuilder:
                 if out:
                     self._known[out] = node
 
+    def producer(self, name):
+        """The node outputting ``name``, emitted here or recorded by
+        :meth:`know_nodes`, or None (a graph input, an initializer)."""
+        return self._producers.get(name) or self._known.get(name)
+
     def const(self, value, elem_type):
         """Return the name of an initializer holding ``value`` in ``elem_type``.
 

@@ -28,6 +28,7 @@ from sklearn.utils.multiclass import type_of_target, unique_labels
 from sklearn.utils.validation import (_check_sample_weight, check_is_fitted,
                                       validate_data)
 
+from ..estimators._validation import check_target_rank
 from ..exceptions import ConvergenceWarning
 from ..losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
                       PoissonLearningLoss, SquareLearningLoss)
@@ -744,6 +745,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
 
     def _validate_input(self, X, y, incremental, reset):
         """X and y validated as scikit-learn does; y as (n, n_outputs)."""
+        check_target_rank(y)
         X, y = validate_data(self, X, y, multi_output=True, y_numeric=True,
                              dtype=self._data_dtype(reset), reset=reset,
                              accept_sparse=_SPARSE)
@@ -984,6 +986,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
             Classes that differ from the previous fit (warm start) or that
             were not declared (partial_fit).
         """
+        check_target_rank(y)
         X, y = validate_data(self, X, y, multi_output=True,
                              dtype=self._data_dtype(reset), reset=reset,
                              accept_sparse=_SPARSE)

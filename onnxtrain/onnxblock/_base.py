@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .._files import load_onnx_file
+from .._files import check_onnx_model, load_checked_model
 from ..graph import (FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of,
                      type_of_value_info)
 from ..graph.builder import tensor_value_info
@@ -282,7 +282,7 @@ def read_model(model):
         As :func:`load_model`.
     """
     if isinstance(model, (str, pathlib.Path)):
-        return load_onnx_file(model)
+        return load_checked_model(model)
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be an onnx.ModelProto, a str or a "
                         f"pathlib.Path, not {type(model).__name__}.")
@@ -293,6 +293,7 @@ def read_model(model):
             f"Initializers {external[:5]} of the model point to external data "
             "that was not loaded; pass the model's path, or load it with "
             "onnx.load(path) (load_external_data=True).")
+    check_onnx_model(model)
     return model
 
 
@@ -308,7 +309,10 @@ def load_model(model):
     ValueError
         For a ModelProto whose tensors still point to external data files
         (load it with ``onnx.load(path)``, which reads them, or pass the path);
-        for a path to a file that is not an ONNX model.
+        :class:`~onnxtrain.exceptions.InvalidModelError` for a path to a
+        file that is not an ONNX model or whose external data cannot be
+        read, a graph onnx's checker refuses, an opset the installed
+        onnxruntime does not run (:func:`onnxtrain._files.check_onnx_model`).
     """
     if isinstance(model, (str, pathlib.Path)):
         return read_model(model)  # loaded here: already private

@@ -8,9 +8,10 @@ import numpy as np
 from onnx import numpy_helper
 from onnxruntime import OrtValue
 
+from .._files import load_checked_model
 from ..autodiff import build_gradient_models, weights_as_inputs
 from ..graph import elem_type_to_numpy
-from ..models import load_model, select_weights
+from ..models import select_weights
 from ..training_mode import inference_mode
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
@@ -116,6 +117,9 @@ class OrtGradientForwardBackward:
     ------
     ValueError
         Unknown weight names (the message lists the candidates).
+    onnxtrain.exceptions.InvalidModelError
+        A ValueError: a model that cannot be loaded or that onnxruntime
+        would refuse (:func:`onnxtrain._files.load_checked_model`).
     TypeError
         ``weights_to_train`` is not None, a str or a list of str.
     onnxtrain.exceptions.MissingVJPRuleError
@@ -127,7 +131,7 @@ class OrtGradientForwardBackward:
     def __init__(self, model_onnx, weights_to_train=None, device="cpu",
                  outputs=None, types=None, gradient_models=None):
         self.device = parse_device(device)
-        model = load_model(model_onnx)
+        model = load_checked_model(model_onnx, "model_onnx")
         check_weight_names(weights_to_train)
         self.weights_to_train = select_weights(model, weights_to_train, types)
         self.model, self._outputs, self._types = model, outputs, types

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import TensorProto
 
+from .._files import load_checked_model
 from ..autodiff import build_gradient_models
-from ..models import get_train_initializer, load_model, select_weights
+from ..models import get_train_initializer, select_weights
 from .devices import parse_device
 from .engine import check_weight_names
 from .sessions import SessionRunner, make_session, to_ortvalue
@@ -80,7 +81,10 @@ graph_builder_config, enable_logging, debug
     ------
     ValueError
         ``weights_to_train`` empty or unknown names, ``input_names`` not the
-        model's inputs, unknown providers.
+        model's inputs, unknown providers;
+        :class:`~onnxtrain.exceptions.InvalidModelError` for a model that
+        cannot be loaded or that onnxruntime would refuse
+        (:func:`onnxtrain._files.load_checked_model`).
     TypeError
         ``weights_to_train`` not a list of str.
     onnxtrain.exceptions.MissingVJPRuleError
@@ -92,7 +96,7 @@ graph_builder_config, enable_logging, debug
                  providers=None, provider_options=None, run_options=None,
                  graph_builder_config=None, device_index=0,
                  enable_logging=False, debug=False):
-        model = load_model(onx)
+        model = load_checked_model(onx, "onx")
         check_weight_names(weights_to_train)
         if isinstance(weights_to_train, str):
             weights_to_train = [weights_to_train]
