@@ -110,7 +110,8 @@ class StepRunner:
         graphs_box = []
         self.engine = OrtGradientForwardBackward(
             running, weights, device, outputs, types=types,
-            gradient_models=lambda engine_model: graphs_box[0].split(engine_model, outputs))
+            gradient_models=lambda engine_model: graphs_box[0].split(engine_model, outputs),
+            checked=True)
         # the models kept build graphs where the trained weights are inputs:
         # their values (now in engine.weights) left out, 43 MB for resnet18
         self.engine.model = without_initializer_values(running,

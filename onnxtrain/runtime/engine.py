@@ -11,7 +11,7 @@ from onnxruntime import OrtValue
 from .._files import load_checked_model
 from ..autodiff import build_gradient_models, weights_as_inputs
 from ..graph import elem_type_to_numpy
-from ..models import select_weights
+from ..models import load_model, select_weights
 from ..training_mode import inference_mode
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
@@ -92,6 +92,10 @@ class OrtGradientForwardBackward:
         ``model`` to run (:meth:`onnxtrain.training_graphs.TrainingGraphs.split`
         for a trainer), called at the first training step; None: the engine
         builds them with :func:`onnxtrain.autodiff.build_gradient_models`.
+    checked : bool, default=False
+        True when the caller built ``model_onnx`` from a model it checked
+        with :func:`onnxtrain._files.load_checked_model` (the estimators):
+        the engine does not check it again.
 
     Attributes
     ----------
@@ -129,9 +133,12 @@ class OrtGradientForwardBackward:
     """
 
     def __init__(self, model_onnx, weights_to_train=None, device="cpu",
-                 outputs=None, types=None, gradient_models=None):
+                 outputs=None, types=None, gradient_models=None, *, checked=False):
         self.device = parse_device(device)
-        model = load_checked_model(model_onnx, "model_onnx")
+        # a model the caller derived from one it checked is not checked again
+        # (the check serializes the whole model)
+        model = load_model(model_onnx) if checked else load_checked_model(
+            model_onnx, "model_onnx")
         check_weight_names(weights_to_train)
         self.weights_to_train = select_weights(model, weights_to_train, types)
         self.model, self._outputs, self._types = model, outputs, types
