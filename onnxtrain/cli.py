@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import onnx
 
-from ._files import load_checked_model
+from .runtime.checks import load_checked_model
 
 __all__ = ["main", "read_csv"]
 
@@ -149,7 +149,7 @@ def _demo(args):
 
 def _train(args):
     from .estimators import OrtGradientForwardBackwardOptimizer
-    from .optim import LearningRateSGD
+    from .optim.learning_rates import LearningRateSGD
 
     _check_output_path(args.output, args.overwrite)
     X, y, _ = read_csv(args.data, args.target, args.features)

@@ -22,8 +22,8 @@ from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 
 from .estimators import OrtGradientForwardBackwardOptimizer
-from .models import to_onnx
-from .optim import LearningRateSGD
+from .assembly.models import to_onnx
+from .optim.learning_rates import LearningRateSGD
 
 __all__ = ["DemoResult", "run_demo", "demo_linear_regression", "demo_diabetes"]
 

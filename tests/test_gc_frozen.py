@@ -1,5 +1,5 @@
 """The process's objects frozen for the cyclic garbage collector during
-graph builds (onnxtrain._gc.gc_frozen): unfrozen afterwards, nested and
+graph builds (onnxtrain._utils.gc.gc_frozen): unfrozen afterwards, nested and
 concurrent sections, the collector never disabled, a process's own
 gc.freeze() left alone, and the builds that use it."""
 import gc
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from onnxtrain import artifacts
-from onnxtrain._gc import gc_frozen
+from onnxtrain._utils.gc import gc_frozen
 from test_artifacts_models import two_head_model
 
 

@@ -18,7 +18,7 @@ from sklearn.metrics import (log_loss, mean_absolute_error, mean_poisson_devianc
 from sklearn.neural_network._base import LOSS_FUNCTIONS as MLP_LOSSES
 
 from gradcheck import central_differences
-from onnxtrain.losses import (_LOSSES, AbsoluteLearningLoss, BaseLearningLoss,
+from onnxtrain.losses.learning_losses import (_LOSSES, AbsoluteLearningLoss, BaseLearningLoss,
                               CrossEntropyLearningLoss, ElasticLearningLoss,
                               NegLogLearningLoss, PoissonLearningLoss,
                               SquareLearningLoss, resolve_learning_loss)

@@ -12,8 +12,10 @@ from numpy.testing import assert_allclose
 from onnx import helper, numpy_helper
 
 from onnxtrain.estimators import OrtGradientForwardBackwardClassifier
-from onnxtrain.losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
-                              _CrossEntropyOfSoftmax, _LogLossOfSigmoid)
+from onnxtrain.losses.learning_losses import (CrossEntropyLearningLoss,
+                                              NegLogLearningLoss,
+                                              _CrossEntropyOfSoftmax,
+                                              _LogLossOfSigmoid)
 from onnxtrain.optim import LearningRateSGD
 
 PATHS = ("split", "fused", "loop")

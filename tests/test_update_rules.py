@@ -10,7 +10,7 @@ from onnx import TensorProto
 from sklearn.neural_network._stochastic_optimizers import (AdamOptimizer,
                                                            SGDOptimizer)
 
-from onnxtrain._small import finish, new_builder, tensor_input
+from onnxtrain.graph._small import finish, new_builder, tensor_input
 from onnxtrain.optim import (LearningRateAdam, LearningRateAdamW,
                              LearningRateSGD, LearningRateSGDNesterov)
 from onnxtrain.update_rules import (AdamRule, AdamWRule, MomentumRule, SGDRule,
@@ -163,22 +163,3 @@ def test_onnxblock_blocks_adapt_the_rules():
     block = AdamW(bias_correction=False, betas=(0.8, 0.95), eps=1e-7,
                   weight_decay=0.1)
     assert block.update_rule() == AdamRule(0.8, 0.95, 1e-7, 0.1, False)
-
-
-def test_learning_rate_of_the_former_api_still_builds():
-    """A subclass written for the former extension point (``_update``)
-    keeps emitting its own update."""
-    class HalfStep(LearningRateSGD):
-        def _update(self, g, weight, grad, states, new_weight, new_states):
-            step = g.op("Mul", grad, "learning_rate")
-            g.op("Sub", weight, g.op("Mul", step, g.const(0.5, g.elem_type(weight))),
-                 outputs=[new_weight])
-
-    rate = HalfStep(0.2, learning_rate="constant").init_learning_rate()
-    model = rate.build_onnx([("W", (2,))], TensorProto.DOUBLE, 17)
-    sess = onnxruntime.InferenceSession(model.SerializeToString(),
-                                        providers=["CPUExecutionProvider"])
-    feeds = {k: np.array(v) for k, v in rate.step_scalars(1).items()}
-    feeds.update(loss=np.array(0.0), penalty_scale=np.array(1.0),
-                 W=np.array([1.0, 2.0]), W_grad=np.array([1.0, -1.0]))
-    assert_allclose(sess.run(None, feeds)[0], [0.9, 2.1])

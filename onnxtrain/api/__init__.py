@@ -1,9 +1,9 @@
-"""Train from the artifacts of :func:`onnxtrain.artifacts.generate_artifacts`
+"""Train from the artifacts of :func:`onnxtrain.onnxblock.artifacts.generate_artifacts`
 on the plain onnxruntime package (the API of ``onnxruntime.training.api``).
 
 - :class:`CheckpointState`: parameters, optimizer state and properties,
   loaded from and saved to a checkpoint file (format:
-  :mod:`onnxtrain.api.checkpoint`, no pickle).
+  :mod:`onnxtrain.checkpoint`, no pickle).
 - :class:`Module`: runs the training model (loss and accumulated gradients)
   and the eval model; exports an inference model.
 - :class:`Optimizer`: runs the optimizer model (SGD, AdamW).

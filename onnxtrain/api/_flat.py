@@ -19,14 +19,9 @@ holding together at least :data:`SEGMENT_SIZE` elements (a larger
 parameter is a segment of its own), rather than over each buffer whole:
 the temporaries of one segment's ops then stay in the processor's caches
 for the next op to read, where the whole buffer's went to memory and came
-back. Measured on resnet18's 11.2M parameters (2 cores, plain SGD, ``p -
-lr * g`` as Mul then Sub): one update over the whole buffers 4.3-4.9 ms,
-over 11 segments of at least 1M elements 2.7-2.8 ms, over each of the 62
-parameters 3.2-3.8 ms (one kernel per op and parameter costs more than it
-saves); a 2-layer encoder's 533K parameters stay one segment. The arena of
-the optimizer's session keeps a block for the largest temporary: one of
-the whole buffer's size made resnet18's api training peak 212 MB, 177 MB
-with segments.
+back; one kernel per op and parameter would cost more than it saves. The
+arena of the optimizer's session keeps a block for the largest temporary,
+which segments also keep smaller than the whole buffer.
 """
 from __future__ import annotations
 
@@ -43,9 +38,8 @@ __all__ = ["flat_optimizer_model", "FlatBuffers", "segment_sizes",
 #: Prefix of the names of the parameters of the flat optimizer model.
 FLAT_NAME = "parameters"
 
-#: Fewest elements of a segment (see the module docstring): 1M elements
-#: (4 MB in float32), a size for which one kernel's temporary stays in a
-#: server processor's last-level cache.
+#: Fewest elements of a segment (see the module docstring): a size for which
+#: one kernel's temporary stays in a server processor's last-level cache.
 SEGMENT_SIZE = 1 << 20
 
 

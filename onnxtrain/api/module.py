@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .._casting import cast_within_range
-from .._files import check_onnx_model, load_checked_model
+from .._utils.casting import cast_within_range
+from ..runtime.checks import check_onnx_model, load_checked_model
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..graph.aliasing import writes_after_reads
 from ..graph.scopes import node_reads
@@ -32,7 +32,7 @@ def load_model(uri):
     Raises
     ------
     onnxtrain.exceptions.InvalidModelError
-        As :func:`onnxtrain._files.load_checked_model`.
+        As :func:`onnxtrain.runtime.checks.load_checked_model`.
     """
     if isinstance(uri, onnx.ModelProto):
         check_onnx_model(uri)
@@ -50,7 +50,7 @@ def read_layout(model, key, what):
     Raises
     ------
     ValueError
-        If the model has none (it was not written by onnxtrain.artifacts).
+        If the model has none (it was not written by onnxtrain.onnxblock.artifacts).
     """
     for prop in model.metadata_props:
         if prop.key == key:
@@ -225,7 +225,7 @@ class Module:
     ----------
     train_model_uri : str, pathlib.Path or onnx.ModelProto
         ``training_model.onnx`` written by
-        :func:`onnxtrain.artifacts.generate_artifacts` (or its
+        :func:`onnxtrain.onnxblock.artifacts.generate_artifacts` (or its
         ``training_model.ort``, written with ``ort_format=True``).
     state : CheckpointState
         Holds the parameters; the module reads and updates them in place.
@@ -626,7 +626,7 @@ class Module:
 
 def _write_running_statistics(state, layout, values):
     """Store the running statistics a training call updated (BatchNorm in
-    training mode: see :mod:`onnxtrain.training_mode`) into the state."""
+    training mode: see :mod:`onnxtrain.graph.training_mode`) into the state."""
     for name, value in zip(layout.get("running_statistics", {}), values):
         state.parameters.raw(name)._value = value
 

@@ -10,7 +10,7 @@ from ..graph.aliasing import writes_after_reads
 from ..onnxblock.optim import OPTIMIZER_METADATA
 from ..runtime import SessionRunner, is_ortvalue, to_ortvalue
 from ._flat import FlatBuffers, flat_optimizer_model
-from .checkpoint import MAX_STEP
+from ..checkpoint.format import MAX_STEP
 from .module import load_model, read_layout
 from .state import OptimizerState
 
@@ -54,7 +54,7 @@ class Optimizer:
     ----------
     optimizer_uri : str, pathlib.Path or onnx.ModelProto
         ``optimizer_model.onnx`` written by
-        :func:`onnxtrain.artifacts.generate_artifacts` (or its ``.ort``,
+        :func:`onnxtrain.onnxblock.artifacts.generate_artifacts` (or its ``.ort``,
         written with ``ort_format=True``).
     module : Module
 

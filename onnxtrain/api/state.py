@@ -6,7 +6,7 @@ from collections.abc import MutableMapping
 import numpy as np
 
 from ..runtime import to_numpy
-from .checkpoint import encode_property, read_checkpoint, write_checkpoint
+from ..checkpoint.format import encode_property, read_checkpoint, write_checkpoint
 
 __all__ = ["Parameter", "CheckpointState", "OptimizerState"]
 
@@ -277,7 +277,7 @@ class CheckpointState:
     @staticmethod
     def load_checkpoint(checkpoint_uri):
         """Load a checkpoint written by ``generate_artifacts`` or
-        :meth:`save_checkpoint` (format: :mod:`onnxtrain.api.checkpoint`).
+        :meth:`save_checkpoint` (format: :mod:`onnxtrain.checkpoint`).
 
         Parameters
         ----------

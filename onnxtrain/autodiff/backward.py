@@ -73,9 +73,8 @@ def _is_float(types, name):
 class _Constants(Mapping):
     """``name -> numpy value`` of a model's initializers and Constant nodes,
     an initializer converted when a rule first reads it: the weights are
-    most of a model's bytes (20 MB for a 24-layer encoder) and no rule
-    reads them. The initializers in ``variables`` (the weights being
-    differentiated) are not constants: their values change as they train,
+    most of a model's bytes and no rule reads them. The initializers in
+    ``variables`` (the weights being differentiated) are not constants: their values change as they train,
     and a caller may keep the model without them."""
 
     def __init__(self, model, variables=()):
@@ -260,8 +259,7 @@ def backward(model, wrt, outputs=None, types=None, in_place=False):
     in_place : bool, default=False
         True when ``model`` is the caller's own copy: the optional outputs
         the rules read (``saved_outputs``) are named on its nodes instead of
-        on a copy of the whole model (its weights included: 14 ms of a
-        24-layer encoder's build).
+        on a copy of the whole model (its weights included).
 
     Returns
     -------
@@ -342,8 +340,8 @@ def _node_output_types(model, indices, types):
     """``name -> (elem_type, shape)`` of the outputs of the nodes at
     ``indices`` of ``model``'s graph that ``types`` lacks, by onnx's
     inference of each node alone from the types of its inputs in ``types``
-    (not a second inference of the whole model: 0.1 s on a 24-layer
-    encoder); the whole model's when a node's inputs are not all typed or
+    (not a second inference of the whole model, which is slow on large
+    models); the whole model's when a node's inputs are not all typed or
     its inference fails."""
     graph, result = model.graph, {}
     for index in sorted(set(indices)):
@@ -413,9 +411,9 @@ def rename_reads(nodes, old, new):
 
 def rename_many_reads(nodes, rename):
     """:func:`rename_reads` for every ``old -> new`` of the dict ``rename``
-    in one pass over the nodes (a pass per name took 12 s of a
-    MobileNetV2's first fit: 420 carried values, each renamed over the
-    loop body's 3,000 nodes and the update's subgraph). Renames apply
+    in one pass over the nodes (a pass per name is quadratic: hundreds of
+    carried values, each renamed over a loop body of thousands of nodes).
+    Renames apply
     once: a new name that is also a key is not renamed again."""
     if not rename:
         return

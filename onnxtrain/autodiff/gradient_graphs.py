@@ -2,7 +2,7 @@
 pass): the split form (forward + backward models), the fused form, and the
 two pieces every training graph shares, the weights turned into graph inputs
 (:func:`weights_as_inputs`) and the seed of a loss computed in the graph
-(:func:`seed_with_ones`). :mod:`onnxtrain.training_graphs` builds the
+(:func:`seed_with_ones`). :mod:`onnxtrain.assembly.training_graphs` builds the
 training graphs of every path from these (the artifacts' too, through
 :func:`move_to_inputs`)."""
 from __future__ import annotations

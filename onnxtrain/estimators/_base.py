@@ -17,24 +17,24 @@ from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
-from .._files import load_checked_model
-from .._gc import gc_frozen
+from ..runtime.checks import load_checked_model
+from .._utils.gc import gc_frozen
 from ..exceptions import ConvergenceError, ConvergenceWarning
-from .._small import full_repr
+from ..graph._small import full_repr
 from ..graph import (elem_type_to_numpy, infer_value_types, opset_of,
                      without_initializer_values)
 from ..graph.identities import remove_identity_dropouts
-from ..initializers import bias_weights, glorot_uniform_weights
-from ..losses import resolve_learning_loss
-from ..models import load_model, replace_initializers, select_weights
-from ..optim import resolve_learning_rate
-from ..penalties import resolve_learning_penalty
+from ..optim.initializers import bias_weights, glorot_uniform_weights
+from ..losses.learning_losses import resolve_learning_loss
+from ..assembly.models import load_model, replace_initializers, select_weights
+from ..optim.learning_rates import resolve_learning_rate
+from ..losses.penalties import resolve_learning_penalty
 from ..runtime.engine import check_weight_names
 from ..runtime.threads import session_threads, with_session_threads
 from ..training.callbacks import check_callbacks
 from ..training.loop import EpochLoop
-from ..training_mode import inference_mode
-from ..training_graphs import LossGraphs, small_graph_opset
+from ..graph.training_mode import inference_mode
+from ..assembly.training_graphs import LossGraphs, small_graph_opset
 from ._trainer import StepRunner
 from ._inputs import (GraphInputs, check_batch_dimension, check_features,
                       data_inputs)
@@ -45,10 +45,8 @@ __all__ = ["BaseOrtGradientEstimator"]
 _OPSET = 17
 #: 'auto' trains with the fused step rather than the in-graph loop when the
 #: weights and optimizer state take more than this many bytes: the Loop holds
-#: about three more copies of them (W3 of benchmarks/bench_training.py,
-#: 5.4 MB of weights and velocities: the fits peak at 49-51 MB with the loop,
-#: 34-39 MB with the fused step, over two runs), which its speed (1.1x-1.2x
-#: the fused step on W3) does not pay for on big models.
+#: about three more copies of them, which its small gain in speed over the
+#: fused step does not pay for on big models.
 LOOP_MAX_PARAMETER_BYTES = 64 * 2 ** 20
 #: Held while an unpickled estimator rebuilds its trainer, so that threads
 #: predicting at once build it once (estimators hold no lock: they pickle).
@@ -162,11 +160,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """The graph trained, cached while ``model_onnx`` stays the same.
 
         Once a trainer holds the trained weights on the device, the cache
-        keeps the graph without their values (43 MB less for resnet18; the
+        keeps the graph without their values (the
         rewritten full model is not kept either: :meth:`get_trained_onnx`
         rebuilds it). ``values=True`` gives the graph with them, rebuilt
         from ``model_onnx`` when they were dropped (a new trainer starting
-        from the graph's weights, 0.15 s for resnet18)."""
+        from the graph's weights)."""
         cached = getattr(self, "_model_cache", None)
         same = cached is not None and cached[0] is self.model_onnx
         if not same or (values and cached[3]):
@@ -180,8 +178,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
                                                 in_place=ours)
             # no compact_model copy: the graph is a new message holding only
             # what it keeps (rewrite._keep_output), the Dropouts removed in
-            # place aside (resnet18: a 45 MB serialization and a 43 MB parse
-            # less at the peak of the fit's build)
+            # place aside (a serialization and a parse less at the peak of
+            # the fit's build)
             # (model_onnx, graph, its inferred types, weight values dropped)
             cached = self._model_cache = (self.model_onnx, training,
                                           cached[2] if same else {}, False)
@@ -256,7 +254,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
     def _build_loss_models(self, loss, elem_type):
         """(unweighted, weighted) loss graphs, each built at its first use
-        (:class:`~onnxtrain.training_graphs.LossGraphs`); the unweighted one
+        (:class:`~onnxtrain.assembly.training_graphs.LossGraphs`); the unweighted one
         now, as ``loss.loss_grad_onnx_``, which the seed reads after fit."""
         opset = small_graph_opset(self._training_model(), _OPSET)
         graphs = LossGraphs(loss, elem_type, opset, self._output_rank,
@@ -369,7 +367,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def _initialize(self, X, y, classes=None):
         """Prepare training on (X, y) as a first partial_fit does (validate,
         build the graphs and sessions, draw or read the initial weights)
-        without any step; used by :mod:`onnxtrain.distributed` to give
+        without any step; used by :mod:`onnxtrain.integrations.distributed` to give
         every worker the same starting state. Returns self."""
         self._prepare_or_restore(X, y, None, None, None, classes, True)
         return self
@@ -597,7 +595,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
     # ------------------------------------------------------------ results
     @property
     def train_session_(self):
-        """The :class:`~onnxtrain.OrtGradientForwardBackward` engine."""
+        """The :class:`~onnxtrain.runtime.ForwardBackwardEngine`."""
         return self._ensure_trainer().engine
 
     @with_session_threads
@@ -709,7 +707,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
 
         BatchNormalization nodes run in inference mode on the running
         statistics training updated, Dropout is the identity (see
-        :func:`onnxtrain.training_mode.inference_mode`).
+        :func:`onnxtrain.graph.training_mode.inference_mode`).
 
         Parameters
         ----------
@@ -731,8 +729,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def save_onnx_graph(self, folder, prefix=None, suffix=None):
         """Save every ONNX graph of the estimator (the model, the training
         and gradient graphs, the learning rate's and the loss's graphs):
-        see :func:`onnxtrain._saving.save_onnx_graph`."""
-        from .._saving import save_onnx_graph
+        see :func:`onnxtrain.graph._saving.save_onnx_graph`."""
+        from ..graph._saving import save_onnx_graph
         return save_onnx_graph(self, folder, prefix, suffix)
 
     def _full_model(self):

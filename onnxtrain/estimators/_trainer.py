@@ -1,8 +1,8 @@
 """The execution state of a training run: sessions, weights and optimizer
 state on the device, and one training step. Not picklable: estimators keep
-numpy copies and rebuild a Trainer lazily. The graphs come from
-:mod:`onnxtrain.training_graphs`, built for the path a fit runs only; the
-Trainer only runs them."""
+numpy copies and rebuild a StepRunner lazily. The graphs come from
+:mod:`onnxtrain.assembly.training_graphs`, built for the path a fit runs only; the
+StepRunner only runs them."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -10,15 +10,15 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..graph import elem_type_to_numpy, without_initializer_values
-from ..runtime import (FusedRunner, OrtGradientForwardBackward, SessionRunner,
+from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
-from ..training_graphs import TrainingGraphs, final_activation
+from ..assembly.training_graphs import TrainingGraphs, final_activation
 from ..runtime.engine import copy_arrays
 from ..runtime.threads import session_threads
-from ..training_mode import with_running_statistics_updates
+from ..graph.training_mode import with_running_statistics_updates
 from ._inputs import feature_arrays
 
-__all__ = ["StepRunner", "Trainer", "final_activation"]
+__all__ = ["StepRunner", "final_activation"]
 
 _ITEMSIZE = {"tensor(float16)": 2, "tensor(bfloat16)": 2, "tensor(float)": 4,
              "tensor(double)": 8}
@@ -45,8 +45,8 @@ class StepRunner:
     """Runs training steps: forward, loss and dE/dY, backward, update, one
     step per batch (or the steps of whole epochs in one fused-loop run), on
     the weights and optimizer state it keeps on the device. It only runs
-    graphs: :mod:`onnxtrain.training_graphs` builds them, the estimators'
-    epoch loop calls it. Formerly ``Trainer`` (still an alias).
+    graphs: :mod:`onnxtrain.assembly.training_graphs` builds them, the estimators'
+    epoch loop calls it.
 
     Parameters
     ----------
@@ -57,7 +57,7 @@ class StepRunner:
     device : str
     loss_models : sequence (unweighted, weighted) of onnx.ModelProto, or None
         Loss graphs (inputs X1, X2[, weight]; outputs Y, Y_grad), read when
-        a step needs them (a :class:`~onnxtrain.training_graphs.LossGraphs`
+        a step needs them (a :class:`~onnxtrain.assembly.training_graphs.LossGraphs`
         builds each at its first access).
     update_model : onnx.ModelProto
         The learning-rate object's ``axpy_onnx_``.
@@ -78,7 +78,7 @@ class StepRunner:
     -----
     The weights (``engine.weights``), the optimizer state and the buffers
     are OrtValues no one else holds: the fused step writes them in place
-    (:func:`onnxtrain.training_graphs.update_in_place`). Set them through
+    (:func:`onnxtrain.assembly.training_graphs.update_in_place`). Set them through
     :meth:`set_weights`, :meth:`set_state` and :meth:`set_buffers`, which
     copy.
 
@@ -86,7 +86,7 @@ class StepRunner:
     ----------
     buffer_names : list of str
         Running statistics of BatchNormalization nodes in training mode
-        (:mod:`onnxtrain.training_mode`): every training step updates
+        (:mod:`onnxtrain.graph.training_mode`): every training step updates
         ``buffers`` (OrtValues, in this order); predictions run the
         inference graph on them.
     """
@@ -103,17 +103,16 @@ class StepRunner:
         # engine checks the weights (the estimator's, checked on ``model``)
         # against ``running`` with ``model``'s types: the same initializers,
         # and the statistics' updates only add values that the check takes
-        # for floats (one shape inference of ``running`` less, 19 ms for
-        # resnet18)
+        # for floats (one shape inference of ``running`` less)
         # the callable holds the graphs, not ``self`` nor the engine: no
         # reference cycle keeps the sessions alive after the runner is gone
         graphs_box = []
-        self.engine = OrtGradientForwardBackward(
+        self.engine = ForwardBackwardEngine(
             running, weights, device, outputs, types=types,
             gradient_models=lambda engine_model: graphs_box[0].split(engine_model, outputs),
             checked=True)
         # the models kept build graphs where the trained weights are inputs:
-        # their values (now in engine.weights) left out, 43 MB for resnet18
+        # their values (now in engine.weights) left out
         self.engine.model = without_initializer_values(running,
                                                        self.engine.weights_to_train)
         model = self.engine.model if running is model else without_initializer_values(
@@ -164,8 +163,8 @@ class StepRunner:
         The divergence rollback of :mod:`onnxtrain.training.loop` keeps one
         at every epoch. Each weight is read once (on a GPU, one transfer to
         the host); on the CPU the copy goes into the arrays of the last
-        one, kept between fits (resnet18: new arrays of 45 MB took 18.6 ms,
-        their pages faulted in and zeroed, a copy into the old ones 2.4 ms).
+        one, kept between fits (new arrays have their pages faulted in and
+        zeroed, a copy into the old ones does not).
 
         Returns
         -------
@@ -182,8 +181,8 @@ class StepRunner:
         return values
 
     def set_weights(self, weights):
-        """Replace the weights: :meth:`OrtGradientForwardBackward.set_weights
-        <onnxtrain.runtime.OrtGradientForwardBackward.set_weights>` on
+        """Replace the weights: :meth:`ForwardBackwardEngine.set_weights
+        <onnxtrain.runtime.ForwardBackwardEngine.set_weights>` on
         copies, OrtValues included, which the engine would keep as they are
         (a fused step writes the trainer's weights in place)."""
         def host(value):
@@ -346,12 +345,12 @@ class StepRunner:
     def fused_graph(self, kind, weighted):
         """The fused graph ``kind`` ('step', 'flat step', 'loop' or
         'epochs') as a TrainingStep, or a str saying why it is unavailable
-        (:meth:`onnxtrain.training_graphs.TrainingGraphs.get`)."""
+        (:meth:`onnxtrain.assembly.training_graphs.TrainingGraphs.get`)."""
         return self.graphs.get(kind, weighted)
 
     def parameter_bytes(self):
         """Bytes taken by the weights and the optimizer state (their shapes
-        and types do not change: counted once, 2 ms for resnet18)."""
+        and types do not change: counted once)."""
         if self._parameter_bytes is None:
             values = [v for w, state in zip(self.engine.weights, self.state)
                       for v in [w, *state]]
@@ -445,6 +444,3 @@ class StepRunner:
             self.step_count += n_batches * len(rates)
         return losses.reshape(len(rates), n_batches)
 
-
-#: Former name of :class:`StepRunner`.
-Trainer = StepRunner

@@ -1,12 +1,12 @@
 """Input validation shared by the estimators (scikit-learn's utilities)."""
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 from sklearn.utils.validation import check_array
 
-from .._casting import cast_within_range
+from .._utils.casting import cast_within_range
+from ..training.loop import validation_period
 
 __all__ = ["cast_within_range", "check_batch_dim", "check_target_rank",
            "check_targets", "validation_period"]
@@ -106,24 +106,3 @@ def check_use_numpy(use_numpy):
     """
     if use_numpy is not None and not isinstance(use_numpy, (bool, np.bool_)):
         raise TypeError(f"use_numpy must be None or a bool, got {use_numpy!r}.")
-
-
-def validation_period(validation_every, max_iter):
-    """Epochs between two validation losses (never 0).
-
-    An int >= 1 is used as is; a float in (0, 1) is a fraction of
-    ``max_iter``: ``max(1, int(validation_every * max_iter))``.
-
-    Raises
-    ------
-    ValueError
-        Non-positive values or floats >= 1 that are not integers.
-    """
-    value = validation_every
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        if value >= 1:
-            return int(value)
-    elif isinstance(value, numbers.Real) and 0 < value < 1:
-        return max(1, int(value * max_iter))
-    raise ValueError(f"validation_every must be an int >= 1 or a float in (0, 1), "
-                     f"got {validation_every!r}.")

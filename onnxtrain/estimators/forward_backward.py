@@ -1,5 +1,5 @@
 """Estimators training the initializers of an ONNX graph with gradients from
-:class:`~onnxtrain.OrtGradientForwardBackward`: a regressor (the onnxcustom
+:class:`~onnxtrain.runtime.ForwardBackwardEngine`: a regressor (the onnxcustom
 ``OrtGradientForwardBackwardOptimizer``) and a classifier."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from sklearn.base import ClassifierMixin, RegressorMixin, clone
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.multiclass import unique_labels
 
-from ..losses import CrossEntropyLearningLoss, NegLogLearningLoss
-from ..rewrite import (prediction_graph, probability_graph,
-                       rewrite_ml_linear_ops)
+from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLoss
+from ..assembly.rewrite import (prediction_graph, probability_graph,
+                                rewrite_ml_linear_ops)
 from ._base import BaseOrtGradientEstimator, prediction_dtype
 from ._trainer import final_activation
 from ._validation import check_sample_weight, check_targets, check_use_numpy
@@ -64,7 +64,7 @@ _COMMON_PARAMETERS = """
     weight_name : str, default=None
         Name of the loss graph's sample-weight input (default 'weight').
     learning_penalty : None, str or penalty object, default=None
-        'elastic' or an :class:`~onnxtrain.penalties.ElasticLearningPenalty`;
+        'elastic' or an :class:`~onnxtrain.losses.penalties.ElasticLearningPenalty`;
         its gradient is added to the weights' gradient (scaled by the
         learning rate), biases excluded by default.
     exc : bool, default=True
@@ -145,7 +145,7 @@ _COMMON_ATTRIBUTES = """
         ``learning_loss_`` is that loss, with ``loss_grad_onnx_``, and the
         parameter ``learning_loss`` keeps the loss resolved from what was
         given, which a fit on another graph adapts anew.
-    train_session_ : OrtGradientForwardBackward
+    train_session_ : onnxtrain.runtime.ForwardBackwardEngine
         The engine (rebuilt lazily after unpickling).
 """
 
@@ -435,7 +435,7 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
     without ZipMap) is trained on its float probability tensor, never on the
     label or ZipMap output; ai.onnx.ml LinearClassifier nodes are first
     rewritten into MatMul/Add (+ Sigmoid/Softmax) with trainable
-    initializers (:func:`onnxtrain.rewrite.rewrite_ml_linear_ops`). The
+    initializers (:func:`onnxtrain.assembly.rewrite.rewrite_ml_linear_ops`). The
     classes are the sorted unique labels of ``y`` (or ``classes`` of the
     first ``partial_fit``); their number must equal the probability width.
 

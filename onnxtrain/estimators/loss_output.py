@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ..rewrite import prediction_graph
+from ..assembly.rewrite import prediction_graph
 from ._base import BaseOrtGradientEstimator
 from ._inputs import check_features
 from ._validation import check_sample_weight, check_targets, check_use_numpy
@@ -18,7 +18,7 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
     sample weights as inputs (in this order) and outputs the loss of a batch
     (``loss_output_name``); onnxtrain differentiates that output w.r.t. the
     weights and applies the same learning-rate objects as the other
-    estimators. :func:`onnxtrain.models.add_loss_output` builds such a graph
+    estimators. :func:`onnxtrain.assembly.models.add_loss_output` builds such a graph
     from a prediction graph.
 
     Parameters
@@ -171,7 +171,7 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         X : array-like of shape (n_samples, n_features)
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             Cast to the type of the graph's second input (int64 labels for
-            a log loss built by :func:`onnxtrain.models.add_loss_output`).
+            a log loss built by :func:`onnxtrain.assembly.models.add_loss_output`).
         sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
                 default=None
             Fed to the graph's input ``sample_weight_name`` (ones when the

@@ -32,8 +32,8 @@ VALUE_FIELDS = ("raw_data", "float_data", "double_data", "int32_data", "int64_da
                 "uint64_data", "string_data")
 
 #: Largest spatial size (H W) at which :meth:`GraphBuilder.per_channel`
-#: expands a per-channel operand (microbenchmarked: a gain up to 4x4, level
-#: at 8x8, a loss at 16x16).
+#: expands a per-channel operand (above it the Expand costs more than the
+#: slow broadcast it avoids).
 SMALL_SPATIAL_SIZE = 16
 
 
@@ -150,7 +150,7 @@ _TENSOR_TYPES = {}
 def tensor_value_info(name, elem_type, shape):
     """``onnx.helper.make_tensor_value_info(name, elem_type, shape)``, its
     type copied from a cache (a build declares thousands of inputs and
-    outputs of a few types: 1 us against 5).
+    outputs of a few types).
 
     Parameters
     ----------
@@ -277,8 +277,8 @@ class GraphBuilder:
         else:
             outputs = list(outputs)  # reserved by the caller (unique_name)
         # onnx.helper.make_node's node, attributes sorted by name; the
-        # attributes from a cache (make_attribute takes ~3 us, about the
-        # cost of the rest of the node)
+        # attributes from a cache (make_attribute costs about as much as
+        # the rest of the node)
         node = onnx.NodeProto()
         node.op_type = op_type
         node.input.extend("" if i is None else i for i in inputs)
@@ -380,11 +380,10 @@ class GraphBuilder:
         else ``v`` itself.
 
         onnxruntime's CPU broadcast loops over the ``N C`` runs of
-        ``H W`` contiguous elements, a call per run: at resnet18's 2x2 and
-        4x4 feature maps a ``(32, 256, 2, 2)`` times ``(1, 256, 1, 1)`` Mul
-        took 115 us against 13 us for the Expand to ``(256, 2, 2)`` plus
-        13 us for the Mul (runs of ``C H W``), microbenchmarked; at 16x16
-        the Expand no longer pays. The values are the same.
+        ``H W`` contiguous elements, a call per run: at small feature maps
+        (2x2, 4x4) the Expand to ``(C, H, W)`` plus a Mul over runs of
+        ``C H W`` is much faster; at larger maps the Expand no longer pays.
+        The values are the same.
         """
         if shape is None or len(shape) < 3 or \
                 not all(isinstance(d, int) and d > 0 for d in shape[1:]):
@@ -509,8 +508,8 @@ def compact_model(model):
     The upb protobuf runtime frees a message's memory only with the whole
     message: the tensors a rewrite removes or replaces (``del
     graph.initializer[:]`` then ``extend``) stay allocated as long as the
-    model lives. resnet18's training model, 45 MB serialized, held 86 MB;
-    this copy (one serialization and one parse, about 0.1 s) holds 43 MB.
+    model lives (a training model can hold twice its serialized size);
+    this copy (one serialization and one parse) holds only what is left.
     A model protobuf cannot serialize (2 GB or more) is returned as it is.
     onnxtrain's own rewrites copy only what they keep instead
     (:func:`copy_fields`), leaving nothing to compact."""
@@ -529,8 +528,8 @@ def without_initializer_values(model, names):
 
     Only what is kept is copied (:func:`copy_fields`): no full copy whose
     values are then cleared, which the upb protobuf runtime keeps allocated
-    as long as the copy lives (resnet18: a 43 MB copy, then a compaction's
-    serialization and parse, at the peak of a fit's build)."""
+    as long as the copy lives (then a compaction's serialization and parse,
+    at the peak of a fit's build)."""
     names = set(names)
     light = onnx.ModelProto()
     copy_fields(light, model, skip=("graph",))

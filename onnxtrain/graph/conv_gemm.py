@@ -4,8 +4,8 @@ onnxruntime's Conv kernel, when its weight is a graph input (a weight being
 trained) rather than a constant, runs one GEMM per image whose width is the
 number of output pixels: for the deep layers of a CNN (2x2 or 1x1 outputs
 at 32x32 inputs) that is a matrix-vector product per image, reading the
-whole weight once per image (resnet18's layer4: 11 ms per 3x3 convolution
-at batch 32 against 1.5 ms as one GEMM), and its input gradient
+whole weight once per image (far slower than one GEMM over the batch),
+and its input gradient
 (ConvTranspose) and weight gradient have the same shape of problem.
 
 :func:`lower_small_convs` rewrites such a Conv (2-D, one group, no
@@ -17,22 +17,19 @@ channel, a constant 0/1 gather matrix (K Ho Wo, H W)
 giving the columns as (C K, Ho Wo N) without moving them; the weight
 reshaped to (M, C K) multiplies them; the bias is added and the product
 (M, Ho, Wo, N) transposed back to (N, M, Ho, Wo). Transposing the input
-rather than the columns moves K times less memory: resnet18's layer3
-spent 3 ms of a step in the columns' transposes (perm [1, 0, 2] with
-runs of 4 floats) and their adjoints, against 0.2 ms for the inputs'
-(profiled at batch 32). Every op is a standard one with a VJP rule, so the gradients
+rather than the columns moves K times less memory (the columns'
+transposes, perm [1, 0, 2] with short runs, and their adjoints cost far
+more). Every op is a standard one with a VJP rule, so the gradients
 follow as products too: a GEMM for the weight, a GEMM and the gather
-matrix's transpose for the input (no Pad or scatter: the Slice-per-tap
-im2col this replaced spent 26% of a resnet18 step in the Pads of its
-adjoint). The values are the Conv's up to rounding.
+matrix's transpose for the input (no Pad or scatter: a Slice per tap
+would put Pads in its adjoint). The values are the Conv's up to rounding.
 
 Taps that read only padding for every output pixel are left out of the
-product (:func:`_live_taps`): at 32x32 inputs, resnet18's layer4 runs 3x3
-kernels over 1x1 images, 8 taps of 9 multiplying zeros in the forward
+product (:func:`_live_taps`): a 3x3 kernel over 1x1 images (the deep
+layers of a CNN on small inputs) has 8 taps of 9 multiplying zeros in the forward
 GEMM and in both gradients' GEMMs. The weight's live taps are picked by a
 constant 0/1 matrix product (its adjoint, a product too, gives the dead
-taps their zero gradient). Measured: resnet18 api 13.1 -> 15.6 steps/s
-(medians of 5 alternating runs).
+taps their zero gradient).
 
 Depthwise Convs (``group`` = input channels = output channels, one
 filter per channel, as MobileNets use them) over images of at most as
@@ -59,14 +56,8 @@ __all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "im2col_columns"
            "output_size", "MAX_OUTPUT_PIXELS"]
 
 #: Output sizes (Ho * Wo) up to which a Conv is lowered: above, onnxruntime's
-#: per-image GEMM is wide enough. Forward and both gradients of one Conv,
-#: Conv path -> lowered (batch 8 unless said): 512 channels at 4x4 11.9 ->
-#: 10.5 ms, 256 -> 512 at stride 2 to 4x4 4.8 -> 3.4, batch 32 128 channels
-#: at 4x4 1.9 -> 1.4; at 7x7 (256 channels) 5.3 -> 5.5, at 8x8 (batch 32, 64
-#: channels) 2.2 -> 2.6, at 14x14 5.3 -> 12.6. resnet18 estimator with 16
-#: instead of 4: 15.1 -> 17.1 steps/s at 32x32, 6.6 -> 7.0 at 112x112
-#: (medians of 6 alternating runs; the first lowering's form, before the
-#: batch went minor, had measured 6-14% slower at 16).
+#: per-image GEMM is wide enough and the lowering stops paying (forward and
+#: both gradients of one Conv, ``benchmarks/``).
 MAX_OUTPUT_PIXELS = 16
 #: Largest gather matrix (H W x K Ho Wo elements) a lowering may store.
 MAX_GATHER_SIZE = 1 << 20
@@ -127,9 +118,8 @@ def _plan(node, types, weights, inits):
 def _live_taps(kernel, strides, pads, size, out):
     """(first tap, kernel, pads) of the smallest window of kernel taps that
     reads any input pixel: a tap whose every output pixel reads padding
-    multiplies zeros (resnet18's layer4 at 32x32 inputs: a 3x3 kernel over
-    1x1 images, 8 of 9 taps). The Conv over the taps from ``first`` with the
-    begin pads less ``first`` has the same output; the weight's other taps
+    multiplies zeros (a 3x3 kernel over 1x1 images: 8 of 9 taps). The
+    Conv over the taps from ``first`` with the begin pads less ``first`` has the same output; the weight's other taps
     get a zero gradient, exactly their gradient in the full Conv."""
     first, trimmed, begins = [], [], []
     for axis in range(2):
@@ -172,10 +162,8 @@ def im2col_rows(g, x, n_channels, kernel, strides, pads, size, out, flip=False):
     weight gradient of a Conv (the backward differentiates none of these
     nodes). ``flip``: the taps in reverse order along each axis (the rows
     then meet the weight unflipped in a correlation with the flipped
-    kernel). Measured on resnet18's convolutions at batch 32 against one
-    unit-step Slice per tap (channel-major columns, the form it replaced):
-    layer1 1.53 -> 0.76 ms, layer2 1.63 -> 0.67, the 7x7 stem 10.3 -> 2.2
-    (im2col and the weight-gradient GEMM together)."""
+    kernel). Faster than one unit-step Slice per tap (channel-major
+    columns), im2col and the weight-gradient GEMM together."""
     (kh, kw), (sh, sw) = kernel, strides
     hp, wp = size[0] + pads[0] + pads[2], size[1] + pads[1] + pads[3]
     xt = g.op("Transpose", x, perm=[0, 2, 3, 1])  # (N, H, W, C)
@@ -230,8 +218,7 @@ def _lower_depthwise(g, node, plan, n_channels, w_kernel):
     as many pixels as its kernel has taps, as products and elementwise
     ops, so that neither the forward nor the gradients run onnxruntime's
     grouped Conv and ConvTranspose, which loop over every group and image
-    with a tiny GEMM each (MobileNetV2 at 32x32 inputs, (32, 960, 1, 1):
-    forward 2.4 ms, input gradient 5.2 ms).
+    with a tiny GEMM each (MobileNetV2's 1x1 maps).
 
     With P (H W, K, L) the gather matrix (tap k of output pixel l reads
     input pixel p; padding reads nothing), the weights (K, C) become one
@@ -242,13 +229,11 @@ def _lower_depthwise(g, node, plan, n_channels, w_kernel):
     axis, so that every broadcast runs over contiguous rows), times E, the
     sum over p a product by ones (whose adjoint reads neither operand:
     ReduceSum's reads the products' shape, which kept them alive until the
-    backward, +40 MB on MobileNetV2). H W <= K makes this no more work
+    backward). H W <= K makes this no more work
     than im2col's K products per output value, and nothing but the input
     and E is kept for the gradients: an input gradient sum_l E dy, a
-    weight gradient P^T sum_n x dy. Profiled on MobileNetV2 at 32x32
-    inputs, kernel time per step: 200 ms with onnxruntime's kernels, 77-79
-    ms lowered at a quiet moment (im2col forms measured on the way:
-    125-155 ms, and 18-40 MB more live memory)."""
+    weight gradient P^T sum_n x dy: less kernel time than onnxruntime's
+    kernels or the im2col forms, and less live memory than the latter."""
     _, strides, pads, size, out, elem_type, _, _ = plan
     x, w = node.input[:2]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
@@ -289,7 +274,7 @@ def _lower(g, node, plan, n_channels, m_out, w_kernel):
     if list(kernel) != list(w_kernel):
         # the taps reading only padding left out: the weight's (M C, K) taps
         # times a 0/1 selection (K, K'), whose adjoint is one GEMM too (a
-        # Slice's, a Pad, runs 4x slower at (512, 512, 3, 3))
+        # Slice's, a Pad, runs much slower)
         select = _tap_selection(kernel, first, w_kernel)
         w = g.op("Reshape", w, g.int64s([m_out * n_channels, len(select)]))
         w = g.op("MatMul", w, g.const(select, elem_type))

@@ -166,7 +166,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
         The coefficients and intercepts, in scikit-learn's draw order.
     learning_rate, learning_loss, learning_penalty : objects
         From :mod:`onnxtrain.optim`, :mod:`onnxtrain.losses`,
-        :mod:`onnxtrain.penalties`.
+        :mod:`onnxtrain.losses.penalties`.
     task : {'regression', 'classification'}
     out_activation : {'identity', 'exp', 'logistic', 'softmax'}
         scikit-learn's ``out_activation_``: how the validation score reads

@@ -30,10 +30,10 @@ from sklearn.utils.validation import (_check_sample_weight, check_is_fitted,
 
 from ..estimators._validation import check_target_rank
 from ..exceptions import ConvergenceWarning
-from ..losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
-                      PoissonLearningLoss, SquareLearningLoss)
-from ..optim import LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
-from ..penalties import ElasticLearningPenalty, NoLearningPenalty
+from ..losses.learning_losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
+                                      PoissonLearningLoss, SquareLearningLoss)
+from ..optim.learning_rates import LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+from ..losses.penalties import ElasticLearningPenalty, NoLearningPenalty
 from ._graph import (OUTPUT_FUNCTIONS, classifier_graph, init_layers,
                      regressor_graph, training_graph, weight_names)
 from ..training.callbacks import check_callbacks

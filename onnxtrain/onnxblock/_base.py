@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .._files import check_onnx_model, load_checked_model
+from ..runtime.checks import check_onnx_model, load_checked_model
 from ..graph import (FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of,
                      type_of_value_info)
 from ..graph.builder import tensor_value_info
@@ -312,7 +312,7 @@ def load_model(model):
         :class:`~onnxtrain.exceptions.InvalidModelError` for a path to a
         file that is not an ONNX model or whose external data cannot be
         read, a graph onnx's checker refuses, an opset the installed
-        onnxruntime does not run (:func:`onnxtrain._files.check_onnx_model`).
+        onnxruntime does not run (:func:`onnxtrain.runtime.checks.check_onnx_model`).
     """
     if isinstance(model, (str, pathlib.Path)):
         return read_model(model)  # loaded here: already private

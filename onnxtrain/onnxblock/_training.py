@@ -1,6 +1,6 @@
 """Assemble the training and eval models from a base model and a loss.
 
-The artifacts' path of the assembly (:mod:`onnxtrain.training_graphs`):
+The artifacts' path of the assembly (:mod:`onnxtrain.assembly.training_graphs`):
 one reverse pass (:func:`onnxtrain.autodiff.backward`, given the types
 inferred here once), the loss gradient seeded with ones inside the graph
 (:func:`onnxtrain.autodiff.gradient_graphs.seed_with_ones`: the training
@@ -24,9 +24,9 @@ from ..graph.broadcasts import avoid_slow_broadcasts
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
-from ..models import check_weights_reach_outputs
-from ..training_mode import (batchnorm_buffers, running_statistics,
-                             with_running_statistics_updates)
+from ..assembly.models import check_weights_reach_outputs
+from ..graph.training_mode import (batchnorm_buffers, running_statistics,
+                                   with_running_statistics_updates)
 
 __all__ = ["TrainingResult", "build_training_models", "set_graph_outputs",
            "LAZY_RESET_GRAD", "buffer_name", "accumulated_name",
@@ -226,7 +226,7 @@ def build_training_models(state, output_names, trainable, frozen):
         (``lazy_reset_grad``, buffers) already taken.
     """
     # one shape inference of the base model with its loss serves the
-    # outputs' types and the reverse pass (0.1 s each on a 24-layer encoder)
+    # outputs' types and the reverse pass (each inference is costly)
     types = infer_value_types(state.model)
     set_graph_outputs(state, output_names, types)
     base = state.model
@@ -316,7 +316,7 @@ def classify_running_statistics(model, trainable, frozen):
     nodes moved to ``frozen`` whatever the lists said, as
     onnxruntime-training classifies them: they are never trained by
     gradient. Those of nodes in training mode
-    (:func:`~onnxtrain.training_mode.batchnorm_buffers`) are also frozen
+    (:func:`~onnxtrain.graph.training_mode.batchnorm_buffers`) are also frozen
     parameters when the lists leave them out, since each training step
     updates them (a training-model output written back into the state)."""
     statistics = running_statistics(model)

@@ -1,7 +1,7 @@
 """Write parameters to a checkpoint and load a checkpoint into a model
 (``onnxblock.save_checkpoint`` and ``onnxblock.load_checkpoint_to_model``).
 
-The file is onnxtrain's checkpoint (:mod:`onnxtrain.api.checkpoint`), the
+The file is onnxtrain's checkpoint (:mod:`onnxtrain.checkpoint`), the
 one :class:`onnxtrain.api.CheckpointState` loads.
 """
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from ..checkpoint import read_checkpoint, write_checkpoint
 
 __all__ = ["save_checkpoint", "load_checkpoint_to_model"]
 
@@ -32,8 +34,6 @@ def save_checkpoint(parameters, path_to_checkpoint, nominal_checkpoint=False):
     ValueError
         If a name appears twice.
     """
-    from ..api.checkpoint import write_checkpoint
-
     try:
         trainable, frozen = parameters
     except (TypeError, ValueError):
@@ -73,8 +73,6 @@ def load_checkpoint_to_model(path_to_checkpoint, model):
         parameter that is not an initializer of ``model``, or holds one of
         another shape or element type. Nothing is changed then.
     """
-    from ..api.checkpoint import read_checkpoint
-
     content = read_checkpoint(str(path_to_checkpoint))
     if content["nominal"]:
         raise ValueError(f"{path_to_checkpoint!s} is a nominal checkpoint: it "

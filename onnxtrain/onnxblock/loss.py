@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from .. import loss_emitters
+from ..losses import emitters as loss_emitters
 from ._block import Block
 
 __all__ = ["MSELoss", "L1Loss", "BCEWithLogitsLoss", "CrossEntropyLoss"]
@@ -25,7 +25,7 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 class _Emitter:
     """The base model as a loss emitter
-    (:mod:`onnxtrain.loss_emitters`): every output takes the element type
+    (:mod:`onnxtrain.losses.emitters`): every output takes the element type
     of ``like``."""
 
     def __init__(self, state, like):
@@ -40,7 +40,7 @@ class _Emitter:
 
 class _Loss(Block):
     """Common parts: reduction, target inputs; the per-element losses come
-    from :mod:`onnxtrain.loss_emitters`, shared with
+    from :mod:`onnxtrain.losses.emitters`, shared with
     :mod:`onnxtrain.losses`."""
 
     def __init__(self, reduction="mean"):

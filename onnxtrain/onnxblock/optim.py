@@ -1,7 +1,7 @@
 """Optimizer blocks (SGD, AdamW, ClipGradNorm) and the optimizer model.
 
 An optimizer block emits one parameter update with standard ONNX ops: the
-formula is an update rule of :mod:`onnxtrain.update_rules` (the blocks
+formula is an update rule of :mod:`onnxtrain.optim.update_rules` (the blocks
 adapt the rules to onnxruntime-training's names and layouts).
 :func:`build_optimizer_model` wraps it into the optimizer model that
 :class:`onnxtrain.api.Optimizer` runs:
@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..graph.builder import default_ir_version, tensor_value_info
-from ..update_rules import AdamRule, SGDRule
+from ..optim.update_rules import AdamRule, SGDRule
 from ._base import DEFAULT_OPSET, current_base, empty_base
 from ._block import Block
 
@@ -135,7 +135,7 @@ def _clip_sequence(state, sequence, max_norm):
 
 class _Emitter:
     """The base model's state seen as an update-rule emitter
-    (:meth:`onnxtrain.update_rules.UpdateRule.update`): it names the
+    (:meth:`onnxtrain.optim.update_rules.UpdateRule.update`): it names the
     outputs itself. Nodes and constants go to the state's builder and join
     the model at :meth:`flush` (or at the state's next emission), not one
     by one (5,500 nodes for the AdamW updates of a 24-layer encoder)."""
@@ -247,7 +247,7 @@ class _OptimizerBlock(Block):
         return scalars
 
     def update_rule(self):
-        """The :class:`~onnxtrain.update_rules.UpdateRule` the block applies."""
+        """The :class:`~onnxtrain.optim.update_rules.UpdateRule` the block applies."""
         raise NotImplementedError
 
     def _adapt_scalars(self, rule, emitter, elem, scalars):
@@ -370,7 +370,7 @@ class AdamW(_OptimizerBlock):
         p <- p - s m / (sqrt(v) + eps)
         p <- p - lr weight_decay p                 (on the updated p)
 
-    computed as :class:`onnxtrain.update_rules.AdamRule` (PyTorch's
+    computed as :class:`onnxtrain.optim.update_rules.AdamRule` (PyTorch's
     decoupled decay) with the step size ``s (1 - lr weight_decay)``.
 
     Parameters
@@ -424,8 +424,8 @@ def _param_spec(param):
 def _name_outputs(graph, pairs):
     """Make each value of ``pairs`` (target, value) the graph output
     ``target``: the node computing it writes the output itself, renamed
-    everywhere (an Identity copy per output cost 1.3 ms of an encoder's
-    step, profiled); an Identity only for a value that is a graph input or
+    everywhere (an Identity copy per output costs a copy at every step);
+    an Identity only for a value that is a graph input or
     stands for several outputs."""
     produced = {o for node in graph.node for o in node.output}
     uses = collections.Counter(value for _, value in pairs)
@@ -485,7 +485,7 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
             targets.append(tuple(state.builder.reserve(t) for t in [f"{name}.updated"] + [
                 f"{name}.{s}.updated" for s in optimizer.state_names]))
         # the update nodes write the outputs themselves (an Identity copy per
-        # output cost 1.3 ms of an encoder's step, profiled)
+        # output costs a copy at every step)
         named = {"outputs": targets} if _accepts_outputs(optimizer.build) else {}
         new_params, new_states = optimizer(lr, step, names, grads, states, **named)
         outputs, pairs = [], []
@@ -507,7 +507,7 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
         "parameters": [s[0] for s in specs],
         "states": list(optimizer.state_names),
         "hyperparameters": optimizer.hyperparameters()})
-    # the structure (tests check the types too: full_check, 0.02 s on the
-    # 391 updates of a 24-layer encoder)
+    # the structure only (tests check the types too: full_check, slow on
+    # large models)
     onnx.checker.check_model(result)
     return result

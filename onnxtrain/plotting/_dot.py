@@ -4,7 +4,7 @@ import shutil
 import subprocess
 from collections import defaultdict, deque
 
-from .layout import FONT_SIZE, GraphLayout
+from ._boxes import FONT_SIZE, GraphLayout
 
 ARROW_LENGTH = 10 / 72  # inches: dot leaves this gap for the arrowhead
 

@@ -10,7 +10,7 @@
 """
 from collections import defaultdict
 
-from .layout import GraphLayout
+from ._boxes import GraphLayout
 
 NODE_GAP = 0.25  # inches between two boxes of a layer
 LAYER_GAP = 0.35  # inches between two layers

@@ -7,72 +7,21 @@ y grows upwards, and the data flows downwards.
 """
 import shutil
 import warnings
-from dataclasses import dataclass, field
-from typing import List, Tuple
 
 import onnx
 
-from ..models import load_model
+from ..assembly.models import load_model
+from ._boxes import BOX_KINDS, FONT_SIZE, Box, Edge, GraphLayout  # noqa: F401
+from ._dot import DotError, dot_layout
+from ._layered import layered_layout
 from ._model import shape_label, value_shape_label
 
-#: kinds of boxes, in the order a legend shows them
-BOX_KINDS = ("op", "input", "initializer", "weight", "output", "gradient")
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
                 onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 LAYOUTS = ("auto", "dot", "python")
-FONT_SIZE = 10.0  # points, the size the box dimensions are computed for
 
-
-@dataclass
-class Box:
-    """One box: an op node or a graph value (input, initializer, output)."""
-
-    id: str
-    kind: str
-    label: str
-    x: float = 0.0
-    y: float = 0.0
-    width: float = 0.0
-    height: float = 0.0
-
-
-@dataclass
-class Edge:
-    """Data flowing from box ``tail`` to box ``head``.
-
-    ``points`` holds the control points of a cubic Bezier spline (3k + 1
-    points, tip included) when the layout engine routed the edge, else it is
-    empty and the edge is drawn straight.
-    """
-
-    tail: str
-    head: str
-    points: List[Tuple[float, float]] = field(default_factory=list)
-
-
-@dataclass
-class GraphLayout:
-    """Positions of the boxes of one graph, returned by :func:`layout_onnx`."""
-
-    boxes: List[Box]
-    edges: List[Edge]
-    engine: str
-
-    @property
-    def node_count(self):
-        """Number of op boxes, one per ``NodeProto`` of the graph."""
-        return sum(box.kind == "op" for box in self.boxes)
-
-    def bounds(self):
-        """``(xmin, ymin, xmax, ymax)`` enclosing every box and edge."""
-        xs = [b.x + sign * b.width / 2 for b in self.boxes for sign in (-1, 1)]
-        ys = [b.y + sign * b.height / 2 for b in self.boxes for sign in (-1, 1)]
-        for edge in self.edges:
-            xs.extend(p[0] for p in edge.points)
-            ys.extend(p[1] for p in edge.points)
-        if not xs:
-            return (0.0, 0.0, 1.0, 1.0)
-        return (min(xs), min(ys), max(xs), max(ys))
+__all__ = ["BOX_KINDS", "FONT_SIZE", "LAYOUTS", "Box", "Edge", "GraphLayout",
+           "describe_graph", "layout_onnx"]
 
 
 def layout_onnx(model, layout="auto", weights=None):
@@ -114,16 +63,13 @@ def layout_onnx(model, layout="auto", weights=None):
     for box in boxes:
         box.width, box.height = _text_box_size(box.label)
     if layout == "python" or (layout == "auto" and shutil.which("dot") is None):
-        from ._layered import layered_layout
         return layered_layout(boxes, edges)
-    from ._dot import DotError, dot_layout
     try:
         return dot_layout(boxes, edges)
     except DotError as exc:
         if layout == "dot":
             raise RuntimeError(str(exc)) from exc
         warnings.warn(f"{exc}; using the python layout", RuntimeWarning, stacklevel=2)
-        from ._layered import layered_layout
         return layered_layout(boxes, edges)
 
 

@@ -2,7 +2,7 @@
 import onnx
 from onnx import helper, numpy_helper
 
-from ..models import load_model
+from ..assembly.models import load_model
 from ._model import dtype_name, type_to_str
 
 MAX_VALUES = 8  # initializers and tensors with more elements show their shape only

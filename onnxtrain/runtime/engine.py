@@ -8,17 +8,18 @@ import numpy as np
 from onnx import numpy_helper
 from onnxruntime import OrtValue
 
-from .._files import load_checked_model
+from .checks import load_checked_model
 from ..autodiff import build_gradient_models, weights_as_inputs
 from ..graph import elem_type_to_numpy
-from ..models import load_model, select_weights
-from ..training_mode import inference_mode
+from ..assembly.models import load_model, select_weights
+from ..graph.training_mode import inference_mode
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
 from .threads import (current_session_threads, requested_session_threads,
                       session_threads)
 
-__all__ = ["OrtGradientForwardBackward", "check_weight_names", "copy_arrays"]
+__all__ = ["ForwardBackwardEngine", "OrtGradientForwardBackward",
+           "check_weight_names", "copy_arrays"]
 
 
 def check_weight_names(weights_to_train):
@@ -59,7 +60,7 @@ def copy_arrays(values, out=None):
     return [v.copy() for v in values]
 
 
-class OrtGradientForwardBackward:
+class ForwardBackwardEngine:
     """Forward and backward passes of an ONNX graph on onnxruntime.
 
     From a prediction graph and the names of the weights to train, builds
@@ -89,12 +90,12 @@ class OrtGradientForwardBackward:
     gradient_models : callable, default=None
         ``gradient_models(model)`` returns the
         :class:`~onnxtrain.autodiff.GradientModels` of the engine's
-        ``model`` to run (:meth:`onnxtrain.training_graphs.TrainingGraphs.split`
+        ``model`` to run (:meth:`onnxtrain.assembly.training_graphs.TrainingGraphs.split`
         for a trainer), called at the first training step; None: the engine
         builds them with :func:`onnxtrain.autodiff.build_gradient_models`.
     checked : bool, default=False
         True when the caller built ``model_onnx`` from a model it checked
-        with :func:`onnxtrain._files.load_checked_model` (the estimators):
+        with :func:`onnxtrain.runtime.checks.load_checked_model` (the estimators):
         the engine does not check it again.
 
     Attributes
@@ -114,7 +115,7 @@ class OrtGradientForwardBackward:
         The models the engine runs (see
         :class:`onnxtrain.autodiff.GradientModels`); ``forward(...,
         training=False)`` runs the inference graph
-        (:func:`onnxtrain.training_mode.inference_mode`: BatchNormalization
+        (:func:`onnxtrain.graph.training_mode.inference_mode`: BatchNormalization
         on its running statistics, Dropout off).
 
     Raises
@@ -123,7 +124,7 @@ class OrtGradientForwardBackward:
         Unknown weight names (the message lists the candidates).
     onnxtrain.exceptions.InvalidModelError
         A ValueError: a model that cannot be loaded or that onnxruntime
-        would refuse (:func:`onnxtrain._files.load_checked_model`).
+        would refuse (:func:`onnxtrain.runtime.checks.load_checked_model`).
     TypeError
         ``weights_to_train`` is not None, a str or a list of str.
     onnxtrain.exceptions.MissingVJPRuleError
@@ -221,7 +222,7 @@ class OrtGradientForwardBackward:
     @property
     def inference_model(self):
         """The prediction graph with the weights as inputs (no saved values),
-        in inference mode (:func:`onnxtrain.training_mode.inference_mode`);
+        in inference mode (:func:`onnxtrain.graph.training_mode.inference_mode`);
         needs no reverse pass."""
         if self._inference_model is None:
             inits = {i.name: (i.data_type, tuple(i.dims))
@@ -256,9 +257,8 @@ class OrtGradientForwardBackward:
         out : list of numpy.ndarray, default=None
             Arrays to copy into and return when they have the weights'
             shapes and dtypes (a copy kept at every epoch reuses the memory
-            of the last one: new arrays of resnet18's 45 MB took 18.6 ms,
-            their pages faulted in and zeroed, a copy into old ones 2.4 ms);
-            new arrays otherwise.
+            of the last one: new arrays have their pages faulted in and
+            zeroed, a copy into old ones does not); new arrays otherwise.
 
         Returns
         -------
@@ -380,5 +380,11 @@ class OrtGradientForwardBackward:
         return self._gradient(feeds)
 
     def __getstate__(self):
-        raise TypeError("OrtGradientForwardBackward holds onnxruntime sessions "
+        raise TypeError("ForwardBackwardEngine holds onnxruntime sessions "
                         "and is not picklable; pickle the estimator instead.")
+
+
+#: The engine's released name (``onnxtrain.OrtGradientForwardBackward``);
+#: onnxcustom's class of that name is
+#: :class:`onnxtrain.ortgradient.OrtGradientForwardBackward`.
+OrtGradientForwardBackward = ForwardBackwardEngine

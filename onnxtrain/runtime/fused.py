@@ -1,7 +1,7 @@
 """Run fused training graphs (one step, or a Loop over an epoch) with the
 weights and optimizer state bound once through IOBinding. A step graph
 writes the outputs its ``in_place`` names into their inputs' memory
-(:func:`onnxtrain.training_graphs.update_in_place`) and the others into a
+(:func:`onnxtrain.assembly.training_graphs.update_in_place`) and the others into a
 second buffer, which becomes the input of the next run. Only the loss is
 copied to the host."""
 from __future__ import annotations
@@ -43,7 +43,7 @@ SMALL_STEP_FLOPS = 4e6
 
 
 class FusedRunner:
-    """Runs a :class:`~onnxtrain.training_graphs.TrainingStep` graph.
+    """Runs a :class:`~onnxtrain.assembly.training_graphs.TrainingStep` graph.
 
     Parameters
     ----------
@@ -86,8 +86,8 @@ class FusedRunner:
         self.dtypes = {i.name: elem_type_to_numpy(i.type.tensor_type.elem_type)
                        for i in step.model.graph.input}
         # a step's loss (rank 0) goes into one OrtValue read after each
-        # run: binding.get_outputs() would wrap every output, ~0.9 ms a step
-        # for resnet18's 226; a loop's losses follow the data size
+        # run: binding.get_outputs() would wrap every output at every step;
+        # a loop's losses follow the data size
         loss_type = step.model.graph.output[0].type.tensor_type
         scalar = loss_type.HasField("shape") and not loss_type.shape.dim
         self._loss = None if long_runs or not scalar else \
@@ -108,7 +108,7 @@ class FusedRunner:
         caller hands over OrtValues nobody else reads or writes, not views
         of read-only memory, and the runner writes over them (no copy: a
         copy made while the originals are still held leaves their memory to
-        the allocator, 25 MB more resident for resnet18). A loop graph's
+        the allocator, more resident memory). A loop graph's
         one run already holds copies of the parameters inside its Loop, so
         its outputs are allocated by onnxruntime at the end of the run
         instead (less peak memory) and bound as the next run's inputs."""

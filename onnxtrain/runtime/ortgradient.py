@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import TensorProto
 
-from .._files import load_checked_model
+from .checks import load_checked_model
 from ..autodiff import build_gradient_models
-from ..models import get_train_initializer, select_weights
+from ..assembly.models import get_train_initializer, select_weights
 from .devices import parse_device
 from .engine import check_weight_names
 from .sessions import SessionRunner, make_session, to_ortvalue
@@ -41,7 +41,8 @@ class OrtGradientForwardBackward:
     returns an :class:`OrtGradientForwardBackwardFunction` whose ``forward``
     takes the model's inputs followed by the weights and whose ``backward``
     returns the gradients of those inputs and weights. For training with the
-    weights kept on the device, use :class:`onnxtrain.OrtGradientForwardBackward`.
+    weights kept on the device, use
+    :class:`onnxtrain.runtime.ForwardBackwardEngine`.
 
     Parameters
     ----------
@@ -84,7 +85,7 @@ graph_builder_config, enable_logging, debug
         model's inputs, unknown providers;
         :class:`~onnxtrain.exceptions.InvalidModelError` for a model that
         cannot be loaded or that onnxruntime would refuse
-        (:func:`onnxtrain._files.load_checked_model`).
+        (:func:`onnxtrain.runtime.checks.load_checked_model`).
     TypeError
         ``weights_to_train`` not a list of str.
     onnxtrain.exceptions.MissingVJPRuleError

@@ -28,7 +28,7 @@ class SessionRunError(RuntimeError):
 
 #: Graphs of fewer nodes (subgraphs counted) run with sleeping intra-op
 #: threads: spinning pays off over many kernels per run, and stopping the
-#: spin costs ~7 us per run (a scikit-learn MLP's prediction graph has 3 to
+#: spin costs a little at every run (a scikit-learn MLP's prediction graph has 3 to
 #: 10 nodes, a training step dozens to thousands).
 SPIN_MIN_NODES = 32
 
@@ -60,12 +60,10 @@ def default_session_options(intra_op_num_threads=None, spinning=None, model=None
         (True unless a :func:`~onnxtrain.runtime.threads.session_spinning`
         block or the ``ONNXTRAIN_SPINNING`` environment variable turns it
         off), and False for a ``model`` of fewer than
-        :data:`SPIN_MIN_NODES` nodes. Measured on resnet18's training step
-        (2 cores, 1,368 kernels of often a few microseconds, whose threads
-        otherwise sleep and wake between kernels): 15.9 -> 18.7 steps/s on
-        an idle machine, but 12.7 -> 8.9 while another process kept a core
-        busy (PyTorch eager, whose OpenMP threads spin too, fell 18.2 -> 5.7
-        there).
+        :data:`SPIN_MIN_NODES` nodes. Spinning speeds up a training step
+        of many short kernels (whose threads otherwise sleep and wake
+        between kernels) on an idle machine, and slows it down while
+        another process keeps a core busy.
     model : onnx.ModelProto, default=None
         The model the session will run (for ``spinning=None``).
 
@@ -81,12 +79,8 @@ def default_session_options(intra_op_num_threads=None, spinning=None, model=None
     blocks: a training step's session could hold both, depending on what
     the process allocated and freed before (glibc's threshold for giving
     large blocks back to the system moves with its history). Without it
-    the arena reuses its blocks. Peak resident memory where the pattern's
-    block came on top (the README's "Speed" section): resnet18 estimator
-    326 -> 282 MB, api at 112x112 259 -> 188, encoder estimator 127 -> 85;
-    steps as fast (alternating steps of two estimators in one process:
-    resnet18 66.6 against 66.9 ms, encoder 23.7 against 24.1; not measured
-    on a GPU).
+    the arena reuses its blocks: less peak resident memory and steps as
+    fast (the README's "Speed" section).
     """
     if intra_op_num_threads is None:
         intra_op_num_threads = current_session_threads()
@@ -167,8 +161,8 @@ class SessionRunner:
     of its own, kept for its next calls (onnxruntime runs one session from
     several threads, but an IOBinding shared by two concurrent runs mixes
     their inputs and outputs or crashes the process). A new IOBinding per
-    call would be as safe but adds a few microseconds to every run, four
-    per step of the split training path (``benchmarks/bench_threads.py``).
+    call would be as safe but adds work to every run, four per step of
+    the split training path.
 
     Parameters
     ----------

@@ -145,9 +145,8 @@ def session_spinning(enabled):
     between kernels (``enabled=True``) or sleep (False).
 
     Spinning is the default: it keeps a training step's thousands of short
-    kernels from waiting for sleeping threads (resnet18 on 2 cores: 15.9 ->
-    18.7 steps/s), but costs a core another process may need (12.7 -> 8.9
-    steps/s with a core kept busy). The threads stop spinning when a run
+    kernels from waiting for sleeping threads, but costs a core another
+    process may need. The threads stop spinning when a run
     returns in either case, and graphs of fewer than
     :data:`~onnxtrain.runtime.sessions.SPIN_MIN_NODES` nodes never spin.
     """

@@ -20,6 +20,7 @@ changes one convention by overriding one method (see
 from __future__ import annotations
 
 import logging
+import numbers
 import time
 import warnings
 
@@ -316,8 +317,8 @@ class EpochLoop:
         """Copy the weights an epoch starts from, the weights after
         ``epochs`` epochs, when every value is finite: a divergence goes back
         to them (see :meth:`non_finite`;
-        :meth:`~onnxtrain.estimators._trainer.Trainer.finite_weights_copy`
-        makes the copy, one at a time: resnet18's weights take 45 MB)."""
+        :meth:`~onnxtrain.estimators._trainer.StepRunner.finite_weights_copy`
+        makes the copy, one at a time: a large model's weights are large)."""
         arrays = self.estimator._trainer.finite_weights_copy()
         if arrays is not None:
             self.estimator._finite_weights = (arrays, epochs)
@@ -360,6 +361,21 @@ class EpochLoop:
 
 
 def validation_period(validation_every, max_iter):
-    """See :func:`onnxtrain.estimators._validation.validation_period`."""
-    from ..estimators._validation import validation_period as period
-    return period(validation_every, max_iter)
+    """Epochs between two validation losses (never 0).
+
+    An int >= 1 is used as is; a float in (0, 1) is a fraction of
+    ``max_iter``: ``max(1, int(validation_every * max_iter))``.
+
+    Raises
+    ------
+    ValueError
+        Non-positive values or floats >= 1 that are not integers.
+    """
+    value = validation_every
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if value >= 1:
+            return int(value)
+    elif isinstance(value, numbers.Real) and 0 < value < 1:
+        return max(1, int(value * max_iter))
+    raise ValueError(f"validation_every must be an int >= 1 or a float in (0, 1), "
+                     f"got {validation_every!r}.")

@@ -129,12 +129,12 @@ def _conv(ctx, gy):
     return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
 
 
-#: Per-element costs (ns, measured on the 2-core host of the benchmarks)
-#: that choose the form of a Conv's weight gradient: a Gather item, and a
-#: weight element moved by a transpose.
+#: Relative per-element costs (ns) that choose the form of a Conv's weight
+#: gradient: a Gather item, and a weight element moved by a transpose.
+#: Only their ratio matters.
 _GATHER_ITEM_NS, _TRANSPOSE_NS = 2.7, 0.93
-#: Batch assumed when the graph's is symbolic: the smallest of the batches
-#: measured (a larger one only favours the columns form more).
+#: Batch assumed when the graph's is symbolic: a small one (a larger one
+#: only favours the columns form more).
 _ASSUMED_BATCH = 8
 
 
@@ -144,10 +144,9 @@ def _columns_form(n_batch, n_channels, m_out, pixels):
     than :func:`im2col_rows` (items of C values, N L K of them, and the
     (M, K, C) product transposed to (M, C, K)). Dropping the common terms,
     the columns cost ``_GATHER_ITEM_NS * L K (C - N)`` more in Gather items
-    and ``_TRANSPOSE_NS * M C K`` less in transpose. Measured at batch 8 on
-    112x112 images (current -> columns): layer4's 512x512 3x3 convolution
-    3.81 -> 2.23 ms, the 7x7 stem (3 channels) 4.99 -> 3.83, layer1's 64
-    channels at 28x28 2.63 -> 3.67 (rows kept there)."""
+    and ``_TRANSPOSE_NS * M C K`` less in transpose: the columns win for
+    many channels or few input channels, the rows for wide maps of few
+    channels."""
     n = n_batch if isinstance(n_batch, int) else _ASSUMED_BATCH
     return _GATHER_ITEM_NS * pixels * (n_channels - n) < _TRANSPOSE_NS * m_out * n_channels
 
@@ -156,8 +155,8 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     """dW of a 2-D Conv of one group, no dilation and static C, H, W as
     one GEMM, dW (M, C K) = dY (M, N L) @ im2col(X)^T (N L, C K); None
     when the Conv is not such a one. onnxruntime runs the Conv form (X by
-    dY) as one thin GEMM per input channel, N = kernel taps wide: about
-    50 ms of a profiled resnet18 step against 19 ms for these GEMMs.
+    dY) as one thin GEMM per input channel, N = kernel taps wide, slower
+    than these GEMMs.
 
     The im2col is :func:`~onnxtrain.graph.conv_gemm.im2col_columns` (no
     transpose of the product) or
@@ -202,11 +201,8 @@ def _static_2d(ctx, x, w, strides, dilations):
 #: Input pixels (H W) from which the input gradient of a stride-1 Conv is
 #: a Conv of dY by the flipped, transposed weight rather than one GEMM on
 #: the im2col rows of dY: onnxruntime's Conv kernel, one GEMM per image as
-#: wide as the image, then needs no layout transposes. Forward and both
-#: gradients of one Conv, GEMM -> Conv form: 64 channels at 56x56 (batch 8)
-#: 33.0 -> 27.0 ms, at 28x28 7.2 -> 6.9, at 16x16 (batch 32) 11.7 -> 10.1;
-#: at 14x14 (128 channels) 5.7 -> 5.6, at 8x8 (batch 32) 2.8 -> 3.2, at 7x7
-#: (256 channels) 5.5 -> 8.3.
+#: wide as the image, then needs no layout transposes; below, the GEMM is
+#: faster (forward and both gradients of one Conv).
 _CONV_DX_MIN_PIXELS = 256
 
 
@@ -217,8 +213,7 @@ def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
 
     Below :data:`_CONV_DX_MIN_PIXELS` input pixels, one GEMM: dX (N H W, C)
     = im2col rows of dY, taps in reverse order (N H W, K M) @ W as (K M, C),
-    then back to (N, C, H, W) (measured at batch 32 against ConvTranspose
-    and its crop: resnet18's layer1 1.65 -> 0.71 ms, layer2 2.63 -> 0.68);
+    then back to (N, C, H, W) (faster than ConvTranspose and its crop);
     from there, onnxruntime's Conv of dY by W transposed to (C, M, kh, kw)
     and flipped."""
     static = _static_2d(ctx, x, w, strides, dilations)

@@ -13,7 +13,7 @@ differentiated body (a transformer layer has two), the same values up to
 rounding. A float32 node's mean and inv_std are its own Mean and InvStdDev
 outputs, which the forward run computes anyway (the reverse pass names
 them: ``saved_outputs``), so that xhat costs two nodes instead of eight
-(the 49 LayerNormalizations of a 24-layer encoder: 294 nodes fewer); in
+(six nodes fewer per LayerNormalization of an encoder); in
 float64 they are recomputed, the saved ones being float32
 (``stash_type``). The expansion still serves what the closed form does
 not: element types other than float and double (float16, bfloat16 stash

@@ -13,7 +13,7 @@ scale / sqrt(var + eps) dy.
 """
 from onnx import TensorProto
 
-from ...training_mode import reads_batch_statistics
+from ...graph.training_mode import reads_batch_statistics
 from ..registry import register_vjp
 
 
@@ -37,7 +37,7 @@ def _spread(ctx, v, x, axes):
 def _statistics(ctx, x, axes, eps):
     """(centered, inv_std, xhat) of ``x`` over ``axes`` (kept as size 1);
     the centering is the one of the running statistics' update
-    (:func:`onnxtrain.training_mode.with_running_statistics_updates`), which
+    (:func:`onnxtrain.graph.training_mode.with_running_statistics_updates`), which
     common-subexpression elimination then shares."""
     mean = ctx.g.reduce("ReduceMean", x, axes, keepdims=1)
     centered = ctx.op("Sub", x, _spread(ctx, mean, x, axes))
@@ -102,7 +102,7 @@ def _group_size(ctx, x, per_group, axes):
     """M, the elements of a group over ``axes``: a constant when those dims
     of x are static, else Size(x) / Size(per_group), ``per_group`` holding
     one value per group (the same nodes as the running statistics' update
-    of :mod:`onnxtrain.training_mode`, which common-subexpression
+    of :mod:`onnxtrain.graph.training_mode`, which common-subexpression
     elimination then shares)."""
     shape = ctx.shape(x)
     if shape is not None and all(isinstance(shape[a], int) for a in axes):
@@ -155,7 +155,7 @@ def _statistics_outputs(ctx):
     """Whether a training-mode node outputs its batch statistics: momentum
     0 makes its running mean and variance outputs the batch's mean and
     population variance (ONNX BatchNormalization-15), and
-    :func:`onnxtrain.training_mode.with_running_statistics_updates` marks
+    :func:`onnxtrain.graph.training_mode.with_running_statistics_updates` marks
     the nodes it sets so for onnxruntime's CPU kernel (a model's own node
     of momentum 0 is not read so: onnxruntime's CUDA kernel outputs the
     unbiased variance)."""

@@ -52,7 +52,7 @@ def _clip(ctx, gy):
     wants_bounds = any(ctx.needs_grad[1:3])
     if low is not None and high is not None and not wants_bounds:
         # both bounds, an activation (ReLU6, Hardtanh): a masked product
-        # (ctx.masked), 15-30x faster than Where; a Clip with one bound
+        # (ctx.masked), much faster than Where; a Clip with one bound
         # sanitizes (sqrt(clamp(d2, min=0))) and keeps Where below
         # (x >= low and x <= high: where x < low the first is false, so x
         # itself, not max(x, low), may meet the second; NaN passes both)

@@ -1,7 +1,7 @@
 """Helpers shared by the small graphs (losses, update rules, penalties)."""
 from onnx import TensorProto, helper
 
-from .graph import GraphBuilder, make_model
+from .builder import GraphBuilder, make_model
 
 DEFAULT_OPSET = 17
 

@@ -7,12 +7,14 @@ import warnings
 
 import onnx
 
-from .graph.builder import VALUE_FIELDS
+from .builder import VALUE_FIELDS
 
 __all__ = ["save_onnx_graph"]
 
-#: Shorter file names, as onnxcustom shortened them.
-_SHORT = {"Learning": "L", "OrtGradient": "Grad", "ForwardBackward": "FB"}
+#: Shorter file names, as onnxcustom shortened them; the engine's files keep
+#: the name of the class onnxcustom saved there.
+_SHORT = {"ForwardBackwardEngine": "GradFB", "Learning": "L", "OrtGradient": "Grad",
+          "ForwardBackward": "FB"}
 
 
 def save_onnx_graph(obj, folder, prefix=None, suffix=None):

@@ -16,16 +16,16 @@ import pathlib
 import onnx
 from onnx import numpy_helper
 
-from . import onnxblock
-from ._gc import gc_frozen
-from .api.checkpoint import (check_checkpoint_entries, checkpoint_to_bytes,
-                             write_checkpoint)
-from .graph import FLOAT_TYPES, opset_of
-from .graph.builder import without_initializer_values
-from .onnxblock._base import owned_base, read_model
-from .onnxblock.optim import build_optimizer_model
-from .runtime.ort_format import save_ort_format
-from .training_mode import running_statistics
+from .. import onnxblock
+from .._utils.gc import gc_frozen
+from ..checkpoint.format import (check_checkpoint_entries, checkpoint_to_bytes,
+                                 write_checkpoint)
+from ..graph import FLOAT_TYPES, opset_of
+from ..graph.builder import without_initializer_values
+from ._base import owned_base, read_model
+from .optim import build_optimizer_model
+from ..runtime.ort_format import save_ort_format
+from ..graph.training_mode import running_statistics
 
 __all__ = ["LossType", "OptimType", "generate_artifacts"]
 
@@ -279,7 +279,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     ``{prefix}optimizer_model.onnx``, ``{prefix}checkpoint``. Layouts: see
     :class:`onnxtrain.onnxblock.TrainingBlock` (training and eval models),
     :mod:`onnxtrain.onnxblock.optim` (optimizer model) and
-    :mod:`onnxtrain.api.checkpoint` (checkpoint).
+    :mod:`onnxtrain.checkpoint` (checkpoint).
     """
     if custom_op_library is not None:
         raise NotImplementedError(
@@ -295,8 +295,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     # without the trained weights' values (they become graph inputs; no
     # rule reads a weight it differentiates as a constant), and the
     # checkpoint reads them from ``source``: one copy of the weights fewer,
-    # and none of the copies the build makes of its model carries them (20
-    # MB for a 24-layer encoder). A custom loss Block gets every value in
+    # and none of the copies the build makes of its model carries them. A
+    # custom loss Block gets every value in
     # ``base``, as it did: it may read, check or edit the weights. Running
     # statistics keep theirs (frozen whatever the lists say, their update
     # reads their initial values)
@@ -340,7 +340,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     stored = {i.name: i for i in source.graph.initializer if i.name in valueless}
     entries = [(t.name, numpy_helper.to_array(stored.get(t.name, t)),
                 t.name in trainable_names) for t in params]
-    # streamed into its file by _write (no 20 MB bytes copy), its
+    # streamed into its file by _write (no copy as bytes), its
     # arguments checked now, before any file is written
     check_checkpoint_entries(entries)
     files["checkpoint"] = functools.partial(write_checkpoint, parameters=entries)

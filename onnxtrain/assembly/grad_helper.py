@@ -8,7 +8,7 @@ from enum import IntFlag
 import onnx
 from onnx import TensorProto, helper
 
-from .autodiff import build_fused_model
+from ..autodiff import build_fused_model
 from .models import get_train_initializer, load_model
 
 __all__ = ["DerivativeOptions", "onnx_derivative"]

@@ -200,8 +200,8 @@ def _write_archive(file, parameters, properties, optimizer, nominal):
                 "learning_rate": float(optimizer["learning_rate"]).hex(),
                 "states": {p: {s: writer.array(v) for s, v in states.items()}
                            for p, states in optimizer["states"].items()}}
-        # compact: json's C encoder (indented JSON takes its Python one, 8 ms
-        # for the 391 parameters of a 24-layer encoder)
+        # compact: json's C encoder (indented JSON takes its slower Python
+        # one)
         archive.writestr(_HEADER, json.dumps(header, separators=(",", ":")))
 
 

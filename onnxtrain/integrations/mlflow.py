@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import numbers
 
-from .training.callbacks import Callback
+from ..training.callbacks import Callback
 
 __all__ = ["log_model", "log_params", "log_history", "MLflowLogger"]
 

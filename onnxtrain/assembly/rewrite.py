@@ -18,11 +18,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph.builder import copy_fields
-from .graph.scopes import subgraphs
+from ..graph.builder import copy_fields
+from ..graph.scopes import subgraphs
 from .models import load_model
-from .graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
-                    infer_value_types, opset_of)
+from ..graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
+                     infer_value_types, opset_of)
 
 __all__ = ["rewrite_ml_linear_ops", "probability_graph", "prediction_graph"]
 
@@ -409,7 +409,7 @@ def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
         one weight column (see above). False keeps two independent rows.
     copy : bool, default=True
         False: ``model`` itself (loaded when a path or bytes) when the graph
-        holds none of these operators, no copy (resnet18: 43 MB).
+        holds none of these operators, no copy.
 
     Returns
     -------
@@ -479,8 +479,7 @@ def _keep_output(model, output_name, value_info=None):
     Only what is kept is copied (not the whole model, then a second copy of
     the kept part: the upb protobuf runtime frees the memory of a message
     only with the whole message, so the dropped copy stayed allocated as
-    long as the model; resnet18: 86 MB held and a 129 MB peak for a 43 MB
-    graph). ``model`` is not modified."""
+    long as the model). ``model`` is not modified."""
     graph = model.graph
     if value_info is None:
         value_info = next(o for o in graph.output if o.name == output_name)

@@ -9,7 +9,7 @@ A learning-rate object has two halves:
 - the update graph (``build_onnx``), one small ONNX graph updating every
   weight and its optimizer state (velocity, first and second moments), kept
   as OrtValues on the device by the trainer. Its formula is an update rule
-  of :mod:`onnxtrain.update_rules` (:meth:`BaseLearningRate.update_rule`):
+  of :mod:`onnxtrain.optim.update_rules` (:meth:`BaseLearningRate.update_rule`):
   this module only adapts the rules to the seed's graph layout.
 
 Formulas follow scikit-learn's ``sklearn/neural_network/_stochastic_optimizers.py``
@@ -25,8 +25,8 @@ import numpy as np
 from onnx import TensorProto
 from sklearn.base import BaseEstimator
 
-from ._small import (check_float_type, finish, new_builder, resolve_named,
-                     tensor_input)
+from ..graph._small import (check_float_type, finish, new_builder, resolve_named,
+                            tensor_input)
 from .update_rules import AdamRule, MomentumRule, SGDRule
 
 __all__ = ["BaseLearningRate", "LearningRateSGD", "LearningRateSGDNesterov",
@@ -41,7 +41,7 @@ class BaseLearningRate(BaseEstimator):
 
     Subclasses set :attr:`state_names` (per-weight optimizer state, the
     names of their rule's states in the graph) and define
-    :meth:`update_rule` (the :class:`~onnxtrain.update_rules.UpdateRule`
+    :meth:`update_rule` (the :class:`~onnxtrain.optim.update_rules.UpdateRule`
     updating one weight); they may override :meth:`schedule` and
     :meth:`step_scalars`.
 
@@ -108,8 +108,8 @@ class BaseLearningRate(BaseEstimator):
         return resolve_learning_rate(class_name).set_params(**kwargs)
 
     def save_onnx_graph(self, folder, prefix=None, suffix=None):
-        """Save the update graph: see :func:`onnxtrain._saving.save_onnx_graph`."""
-        from ._saving import save_onnx_graph
+        """Save the update graph: see :func:`onnxtrain.graph._saving.save_onnx_graph`."""
+        from ..graph._saving import save_onnx_graph
         return save_onnx_graph(self, folder, prefix, suffix)
 
     def update_learning_rate(self, t):
@@ -147,11 +147,11 @@ class BaseLearningRate(BaseEstimator):
     # --------------------------------------------------------- update graph
     def init_state(self, shape, dtype):
         """Initial optimizer state of one weight: one array per state name
-        (zeros, as every rule of :mod:`onnxtrain.update_rules` starts)."""
+        (zeros, as every rule of :mod:`onnxtrain.optim.update_rules` starts)."""
         return [np.zeros(shape, dtype=dtype) for _ in self.state_names]
 
     def update_rule(self):
-        """The :class:`~onnxtrain.update_rules.UpdateRule` of this object's
+        """The :class:`~onnxtrain.optim.update_rules.UpdateRule` of this object's
         parameters (a new object)."""
         raise NotImplementedError
 
@@ -187,8 +187,7 @@ class BaseLearningRate(BaseEstimator):
             g.reserve(name)
         inputs = [tensor_input(n, elem_type, []) for n in scalars]
         outputs, penalties = [], []
-        legacy = type(self)._update is not BaseLearningRate._update
-        rule = None if legacy else self.update_rule()
+        rule = self.update_rule()
         rule_scalars = self._rule_scalars()
         for name, shape in weights:
             states = [f"{name}_{s}" for s in self.state_names]
@@ -205,10 +204,7 @@ class BaseLearningRate(BaseEstimator):
                 grad, value = penalty.penalize(g, name, grad, "penalty_scale")
                 if value is not None:
                     penalties.append(value)
-            if rule is None:  # a subclass of the former API (_update)
-                self._update(g, name, grad, states, news[0], news[1:])
-            else:
-                rule.update(g, elem_type, name, grad, states, rule_scalars, news)
+            rule.update(g, elem_type, name, grad, states, rule_scalars, news)
         total = "loss"
         for value in penalties:
             total = g.op("Add", total, value)
@@ -221,11 +217,6 @@ class BaseLearningRate(BaseEstimator):
     def _rule_scalars(self):
         """The rule's scalars: graph inputs of the same names."""
         return {"learning_rate": "learning_rate", "step": "step"}
-
-    def _update(self, g, weight, grad, states, new_weight, new_states):
-        """The former extension point: a subclass overriding it emits the
-        update of one weight itself instead of :meth:`update_rule`'s."""
-        raise NotImplementedError
 
 
 class LearningRateSGD(BaseLearningRate):

@@ -9,12 +9,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ._files import read_onnx_model
-from .autodiff import is_nondifferentiable, trainable_initializers
-from .autodiff.backward import _dependents, _is_float, _node_inputs
-from .graph import FLOAT_TYPES, infer_value_types
-from .graph.scopes import rename_graph_values
-from .training_mode import batchnorm_buffers, running_statistics
+from .._utils.files import read_onnx_model
+from ..autodiff import is_nondifferentiable, trainable_initializers
+from ..autodiff.backward import _dependents, _is_float, _node_inputs
+from ..graph import FLOAT_TYPES, infer_value_types
+from ..graph.scopes import rename_graph_values
+from ..graph.training_mode import batchnorm_buffers, running_statistics
 
 __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
            "get_train_initializer", "replace_initializers", "to_onnx",
@@ -23,9 +23,9 @@ __all__ = ["load_model", "select_weights", "check_weights_reach_outputs",
 
 def load_model(model):
     """A ModelProto from a ModelProto (returned as is), bytes or a path
-    (:func:`onnxtrain._files.read_onnx_model`; the entry points that build
+    (:func:`onnxtrain._utils.files.read_onnx_model`; the entry points that build
     sessions from it check it with
-    :func:`onnxtrain._files.load_checked_model`).
+    :func:`onnxtrain.runtime.checks.load_checked_model`).
 
     Raises
     ------
@@ -47,7 +47,7 @@ def select_weights(model, weights_to_train=None, types=None):
     weights_to_train : list of str, default=None
         None selects :func:`onnxtrain.autodiff.trainable_initializers`
         except the running statistics of BatchNormalization nodes
-        (:func:`onnxtrain.training_mode.running_statistics`), which are
+        (:func:`onnxtrain.graph.training_mode.running_statistics`), which are
         never trained by gradient.
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known
@@ -358,7 +358,7 @@ def add_loss_output(model, score_name="squared_error", loss_name="loss",
     TypeError
         ``kwargs`` with a loss object, or ``output_index`` of another type.
     """
-    from .graph import infer_value_types, opset_of
+    from ..graph import infer_value_types, opset_of
 
     base = load_model(model)
     index = _prediction_index(base, output_index)
@@ -437,7 +437,8 @@ def _prediction_index(model, output_index):
 
 def _score_loss(score_name, kwargs):
     """(loss object, whether it is the binary log loss on probabilities)."""
-    from .losses import BaseLearningLoss, NegLogLearningLoss, resolve_learning_loss
+    from ..losses.learning_losses import (BaseLearningLoss, NegLogLearningLoss,
+                                          resolve_learning_loss)
 
     if isinstance(score_name, BaseLearningLoss):
         if kwargs:

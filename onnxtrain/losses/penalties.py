@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sklearn.base import BaseEstimator
 
-from ._small import resolve_named
+from ..graph._small import resolve_named
 
 __all__ = ["BaseLearningPenalty", "NoLearningPenalty", "ElasticLearningPenalty",
            "resolve_learning_penalty"]

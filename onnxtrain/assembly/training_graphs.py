@@ -29,16 +29,16 @@ from dataclasses import dataclass, field, replace
 import onnx
 from onnx import TensorProto, helper
 
-from ._gc import gc_frozen
-from .autodiff import build_fused_model, build_gradient_models
-from .graph.broadcasts import avoid_slow_broadcasts
-from .graph.conv_gemm import lower_small_convs
-from .graph.aliasing import writes_after_reads
-from .graph.cse import eliminate_common_subexpressions
-from .graph.scopes import rename_values, subgraphs, without_unread
-from .autodiff.backward import rename_many_reads
-from .graph import GraphBuilder, infer_value_types, make_model, opset_of
-from .training_mode import updated_name, with_running_statistics_updates
+from .._utils.gc import gc_frozen
+from ..autodiff import build_fused_model, build_gradient_models
+from ..graph.broadcasts import avoid_slow_broadcasts
+from ..graph.conv_gemm import lower_small_convs
+from ..graph.aliasing import writes_after_reads
+from ..graph.cse import eliminate_common_subexpressions
+from ..graph.scopes import rename_values, subgraphs, without_unread
+from ..autodiff.backward import rename_many_reads
+from ..graph import GraphBuilder, infer_value_types, make_model, opset_of
+from ..graph.training_mode import updated_name, with_running_statistics_updates
 
 __all__ = ["TrainingStep", "TrainingGraphs", "LossGraphs", "build_training_step",
            "build_training_loop", "build_epochs_loop", "final_activation",
@@ -69,7 +69,7 @@ class TrainingStep:
         new value of each buffer.
     buffers : list of str
         Running statistics (inputs after the states) that every step
-        updates without gradient (:mod:`onnxtrain.training_mode`).
+        updates without gradient (:mod:`onnxtrain.graph.training_mode`).
     n_features : int
         Number of feature inputs at the head of ``data_inputs``.
     update_values : frozenset of str
@@ -154,7 +154,7 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     buffers : list of str, default=()
         Inputs of ``model`` updated by each step without gradient: the
         model outputs their new values as ``updated_name(buffer)``
-        (:func:`onnxtrain.training_mode.with_running_statistics_updates`).
+        (:func:`onnxtrain.graph.training_mode.with_running_statistics_updates`).
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known
         (the reverse pass and the step then run no shape inference).
@@ -248,9 +248,8 @@ def update_in_place(step):
     finite, so that a run may write new parameters over the old ones.
 
     Writing a new weight into the old one's memory (as PyTorch's optimizers
-    do) keeps one copy of each weight and optimizer state instead of two
-    (resnet18 with momentum: 86 MB less). In the flat step graph it is
-    unsafe: onnxruntime may run a weight's update before the backward node
+    do) keeps one copy of each weight and optimizer state instead of two.
+    In the flat step graph it is unsafe: onnxruntime may run a weight's update before the backward node
     that still reads the weight (a Conv's input gradient). An ``If`` node
     runs only once everything it reads exists, the loss (its condition)
     and every gradient, and every other reader of a weight is an ancestor of
@@ -311,7 +310,7 @@ def update_in_place(step):
     # every output goes through the If: the running statistics, computed
     # outside the update, by an Identity, so that their nodes run before it
     # (left outside, they could run after the in-place writes, and kept
-    # the activations they read alive longer: resnet18's peak +9 MB)
+    # the activations they read alive longer, raising the peak)
     for source, target in zip(step.parameter_inputs, params):
         name = fresh(f"{target}__then")
         if target in written:
@@ -326,8 +325,8 @@ def update_in_place(step):
         else_nodes.append(helper.make_node("Identity", [source], [kept],
                                            name=fresh(f"{kept}_node")))
         else_outputs.append(_renamed_value_info(by_name[target], kept))
-    # one pass over the nodes for all the renames (one per parameter took
-    # 0.2 s of resnet18's first fit)
+    # one pass over the nodes for all the renames (one per parameter is
+    # quadratic in the graph's size)
     rename_values(inside, renamed_inside)
     rename_values(outside, renamed_outside)
     inside += identities
@@ -673,8 +672,8 @@ def loss_on_logits(model, loss, types=None):
     Returns (model, loss): the arguments themselves when nothing is
     rewritten, new objects otherwise. ``types``: ``model``'s
     :func:`~onnxtrain.graph.infer_value_types` if known."""
-    from .losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
-                         _CrossEntropyOfSoftmax, _LogLossOfSigmoid)
+    from ..losses.learning_losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
+                                          _CrossEntropyOfSoftmax, _LogLossOfSigmoid)
     from .rewrite import prediction_graph
 
     kind, logits = final_activation(model)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import onnx
 from onnx import helper, numpy_helper
 
-from .graph import GraphBuilder, infer_value_types, opset_of
-from .graph.builder import copy_fields
-from .graph.scopes import without_unread
+from .builder import GraphBuilder, copy_fields, opset_of
+from .scopes import without_unread
+from .shapes import infer_value_types
 
 __all__ = ["running_statistics", "batchnorm_buffers", "updated_name",
            "with_running_statistics_updates", "inference_mode",
@@ -236,8 +236,8 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
         nodes.append(node)
     # the new model gets only what it keeps, each copied once (a copy of the
     # whole model whose initializers were then replaced held them twice:
-    # upb frees a message's memory only with the whole message; resnet18:
-    # 43 MB more at the peak of a fit's build)
+    # upb frees a message's memory only with the whole message, which
+    # raised the peak of a fit's build)
     new = onnx.ModelProto()
     copy_fields(new, model, skip=("graph",))
     graph = copy_fields(new.graph, source,
@@ -321,7 +321,7 @@ def _read_zeros(g, node, elem_type, finite=False):
     """Make ``node`` read ``Mul(statistic, 0)`` instead of its running
     statistics (nodes emitted into ``g``): onnxruntime writes the
     running-statistics outputs over those inputs in place (over an
-    initializer too, measured), while the update reads the statistics, so
+    initializer too), while the update reads the statistics, so
     each input is a new value of its own every run. Its training-mode
     output ``Y`` does not depend on them; :func:`inference_mode` undoes it.
     ``finite``: the zeros also for a statistic that is inf or NaN (a batch

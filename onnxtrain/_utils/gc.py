@@ -4,12 +4,11 @@ during graph builds.
 A build creates tens of thousands of short-lived Python objects (protobuf
 wrappers, dicts, tuples); their allocations trigger the collector's full
 (oldest-generation) passes, which walk every object of the process, the
-imported modules' included: 60-100 ms of a 0.45-0.55 s 24-layer
-``generate_artifacts`` in a fresh process, 65 ms of resnet18's first
-``partial_fit`` (``gc.callbacks`` timing). ``gc.freeze()`` at the start of
+imported modules' included, a large part of a build's time.
+``gc.freeze()`` at the start of
 a build moves the objects that exist to the collector's permanent
 generation, so that its passes during the build walk the build's own
-objects only (5 ms), and ``gc.unfreeze()`` at its end gives them back.
+objects only, and ``gc.unfreeze()`` at its end gives them back.
 The young generations are collected just before the freeze: garbage there
 (a dropped estimator's last cycles, say) is freed rather than frozen and
 then left to the rare full collections of the oldest generation.

@@ -128,7 +128,7 @@ def _sync_round(estimator, actors, chunks, state, classes):
 
 
 def _check(estimator, sync_every, n_shards, n_samples, max_iter):
-    from .estimators._base import BaseOrtGradientEstimator
+    from ..estimators._base import BaseOrtGradientEstimator
     if not isinstance(estimator, BaseOrtGradientEstimator):
         raise TypeError("fit_data_parallel trains the forward/backward estimators "
                         "(OrtGradientForwardBackwardOptimizer, ...Classifier, "

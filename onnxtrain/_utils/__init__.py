@@ -1,0 +1,2 @@
+"""Private helpers below every layer: they import nothing of onnxtrain but
+:mod:`onnxtrain.exceptions`."""
