@@ -3,10 +3,10 @@
 The optimizer model of ``generate_artifacts`` repeats the update's ops for
 every parameter: the AdamW model of a 2-layer encoder runs about 560 small
 kernels per step, each costing a few microseconds whatever its size. When
-the given model is exactly the one
-:func:`~onnxtrain.onnxblock.optim.build_optimizer_model` writes for its
-metadata's optimizer (the whole graph compared, constants included: a
-clipped, edited or foreign model is run as it is),
+the given model's graph is still the one
+:func:`~onnxtrain.onnxblock.optim.build_optimizer_model` wrote for a
+standard optimizer (its digest, constants included, recorded in the
+model's metadata: a clipped, edited or foreign model is run as it is),
 :class:`~onnxtrain.api.Optimizer` runs the same update built for one
 parameter holding them all. Every parameter, gradient and
 optimizer state is then a view of one flat buffer per kind, so that no
@@ -93,11 +93,18 @@ def _block(layout):
     return None
 
 
-def _same_graph(a, b):
-    """Whether two models hold the same graph: nodes, initializers (their
-    values too), inputs and outputs, byte for byte."""
-    return a.graph.SerializeToString(deterministic=True) == \
-        b.graph.SerializeToString(deterministic=True)
+def _unedited(model, layout, specs):
+    """Whether ``model``'s graph is the one ``build_optimizer_model`` wrote
+    (its digest in the metadata) for the parameters ``specs``."""
+    if layout.get("graph_digest") != optim.graph_digest(model):
+        return False
+    declared = {i.name: i.type.tensor_type for i in model.graph.input}
+    for name, elem, shape in specs:
+        tensor = declared.get(name)
+        if tensor is None or tensor.elem_type != elem or \
+                [d.dim_value for d in tensor.shape.dim] != list(shape):
+            return False
+    return True
 
 
 def flat_optimizer_model(model, layout, specs):
@@ -120,8 +127,9 @@ def flat_optimizer_model(model, layout, specs):
         Inputs ``learning_rate``, ``step`` and for each segment ``k``
         :func:`segment_name` ``(k)``, its ``_grad`` and one ``.<state>`` per
         state (1-D, of the segment's size); None unless every parameter has the
-        same element type and ``model``'s graph equals, byte for byte, what
-        :func:`~onnxtrain.onnxblock.optim.build_optimizer_model` builds for
+        same element type and ``model``'s graph is, by the digest its
+        metadata records, what
+        :func:`~onnxtrain.onnxblock.optim.build_optimizer_model` built for
         the metadata's optimizer and ``specs``.
     """
     if not isinstance(model, onnx.ModelProto) or not specs or \
@@ -130,9 +138,9 @@ def flat_optimizer_model(model, layout, specs):
     block = _block(layout)
     if block is None or list(block.state_names) != list(layout.get("states", ())):
         return None
-    opset = opset_of(model)
-    if not _same_graph(optim.build_optimizer_model(block, specs, opset), model):
+    if not _unedited(model, layout, specs):
         return None
+    opset = opset_of(model)
     sizes = segment_sizes([int(np.prod(shape, dtype=np.int64)) for _, _, shape in specs])
     return optim.build_optimizer_model(
         block, [(segment_name(k), specs[0][1], [n]) for k, n in enumerate(sizes)], opset)
