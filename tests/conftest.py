@@ -4,6 +4,8 @@ Graphs come from skl2onnx conversions of scikit-learn MLPs: the graph's
 topology depends only on the architecture, so the conversions fit
 scikit-learn for one epoch and are cached for the whole session.
 """
+import pathlib
+import sys
 import warnings
 
 import numpy as np
@@ -13,6 +15,15 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 
 from onnxtrain import to_onnx
+
+#: The tests mirror onnxtrain's folders (tests/graph, tests/autodiff...) and
+#: import their helpers (gradcheck, op_corpus...) and each other by plain
+#: module name: every folder of tests/ is on sys.path.
+_TESTS = pathlib.Path(__file__).resolve().parent
+for _folder in [_TESTS] + sorted(p for p in _TESTS.iterdir()
+                                 if p.is_dir() and (p.name[0].isalpha() or p.name == "_utils")):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 #: scikit-learn MLP settings under which onnxtrain's SGD must match it step
 #: for step (plain SGD, constant learning rate, rows in order, no penalty,

@@ -354,7 +354,7 @@ def test_to_ortvalue_wraps_c_level_ortvalues():
 # ------------------------------------------------------ the counting script
 
 def _suite_script():
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks",
                         "compat_onnxcustom_suite.py")
     spec = importlib.util.spec_from_file_location("compat_onnxcustom_suite", path)
     script = importlib.util.module_from_spec(spec)

@@ -436,7 +436,7 @@ def test_optimizer_model_takes_the_base_opset(tmp_path):
 
 # the counting script -------------------------------------------------------
 def test_suite_script_rewrites_imports_only():
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks",
                         "compat_ort_suite.py")
     spec = importlib.util.spec_from_file_location("compat_ort_suite", path)
     script = importlib.util.module_from_spec(spec)

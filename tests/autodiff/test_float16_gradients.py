@@ -1,6 +1,6 @@
 """float16 gradients: every row of the VJP table built and run in float16.
 
-For each row of ``CASES`` (tests/test_autodiff_rules.py), plus a few rows of
+For each row of ``CASES`` (tests/autodiff/test_autodiff_rules.py), plus a few rows of
 ops whose rules needed float16 care (:data:`FLOAT16_CASES`), the model is
 built in float16 and its split gradient models with
 :func:`onnxtrain.autodiff.build_gradient_models`. Two tests per row:

@@ -19,7 +19,7 @@ from onnxtrain.neural_network import MLPClassifier, MLPRegressor
 #: scikit-learn's own MLP overflows on the diverging fits these tests compare.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SGD = dict(solver="sgd", learning_rate="constant", learning_rate_init=0.05,
            momentum=0, alpha=0, max_iter=5, random_state=0)
 

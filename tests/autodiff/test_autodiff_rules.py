@@ -448,7 +448,7 @@ def test_vjp_rule_matches_finite_differences(case):
 def test_every_registered_op_has_a_row():
     # every row is built in the default domain; the rows of most ops are
     # onnx's own node tests (tests/op_corpus.py, checked in
-    # tests/test_op_coverage.py)
+    # tests/autodiff/test_op_coverage.py)
     from op_corpus import corpus_op_types
     covered = {("", op) for case in CASES for op in case.op_types()}
     covered |= {("", op) for op in corpus_op_types()}

@@ -20,7 +20,7 @@ MAX_COORDS = 24
 #: Regression floors: lower them only with a reason in the commit.
 MIN_PASS_RATE = 0.99
 MIN_FULL_OPS = 129
-DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "op_coverage.md"
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "op_coverage.md"
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_every_registered_op_has_a_passing_case(results):
     assert not missing, f"registered VJP rules without a passing case: {missing}"
 
 
-#: Ops whose only checks are rows of tests/test_autodiff_rules.py (the
+#: Ops whose only checks are rows of tests/autodiff/test_autodiff_rules.py (the
 #: corpus's Cast cases hold non-finite values: no finite differences).
 _ROWS_IN_RULE_TABLE = {"Cast"}
 

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks",
                      "count_build_work.py")
 _SPEC = importlib.util.spec_from_file_location("count_build_work", _PATH)
 counts = importlib.util.module_from_spec(_SPEC)
