@@ -9,7 +9,7 @@ import numpy as np
 from sklearn.utils.validation import check_array
 
 from ..graph import elem_type_to_numpy, infer_value_types
-from ._validation import cast_within_range, check_batch_dim
+from ._validation import _check_numeric, cast_within_range, check_batch_dim
 
 __all__ = ["GraphInputs", "check_features", "data_inputs", "feature_arrays",
            "check_batch_dimension"]
@@ -85,13 +85,6 @@ def feature_arrays(X):
     if isinstance(X, GraphInputs):
         return list(X.arrays.values())
     return [X]
-
-
-def _check_numeric(array, name):
-    if array.dtype.kind not in "biuf":
-        raise TypeError(f"{name} has dtype {array.dtype}; onnxtrain needs "
-                        "numeric (bool, int or float) data. Encode object or "
-                        "string columns first.")
 
 
 def _check_one(array, input_name, name, types):

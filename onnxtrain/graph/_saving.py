@@ -9,7 +9,7 @@ import onnx
 
 from .builder import VALUE_FIELDS
 
-__all__ = ["save_onnx_graph"]
+__all__ = ["GraphSaverMixin", "save_onnx_graph"]
 
 #: Shorter file names, as onnxcustom shortened them; the engine's files keep
 #: the name of the class onnxcustom saved there.
@@ -108,3 +108,11 @@ def _write(model, owner, key, folder, prefix, suffix):
     with open(path, "wb") as f:
         f.write(model.SerializeToString())
     return path
+
+
+class GraphSaverMixin:
+    """``save_onnx_graph`` as a method (learning rates, losses)."""
+
+    def save_onnx_graph(self, folder, prefix=None, suffix=None):
+        """Save the object's ONNX graphs: see :func:`save_onnx_graph`."""
+        return save_onnx_graph(self, folder, prefix, suffix)

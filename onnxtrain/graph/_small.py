@@ -57,6 +57,25 @@ def resolve_named(value, registry, base, what):
                     f"{type(value).__name__}.")
 
 
+def select_named(value, kwargs, base, resolve, what):
+    """onnxcustom's ``select``: ``value`` itself when it is a ``base``,
+    else ``resolve(value)`` with the parameters ``kwargs``.
+
+    Raises
+    ------
+    ValueError
+        Unknown name or parameter.
+    TypeError
+        Parameters given with an object (``what`` names it in the message).
+    """
+    if isinstance(value, base):
+        if kwargs:
+            raise TypeError(f"select: {sorted(kwargs)} cannot be given with "
+                            f"{what}.")
+        return value
+    return resolve(value).set_params(**kwargs)
+
+
 def full_repr(obj, params=None):
     """``Class(p1=v1, p2=v2, ...)`` with every parameter (``params``, default
     ``obj.get_params(deep=False)``) in the constructor's order, defaults

@@ -20,7 +20,7 @@ Every loss follows one layout. With ``l_ij`` the loss of output ``j`` of row
 
 :class:`SquareLearningLoss` alone keeps scikit-learn's scale for its
 gradient (``k`` times the derivative of its value, see its docstring).
-The gradients are closed forms; ``tests/test_losses.py`` compares each with
+The gradients are closed forms; ``tests/losses/test_losses.py`` compares each with
 central finite differences of the value.
 """
 from __future__ import annotations
@@ -31,11 +31,12 @@ import numpy as np
 from onnx import TensorProto
 from sklearn.base import BaseEstimator
 
-from .emitters import (absolute_error, log_softmax,
-                       logistic_loss_on_logits, squared_error)
-from ..graph._small import (check_float_type, finish, new_builder, resolve_named,
-                            tensor_input)
 from ..graph import elem_type_to_numpy
+from ..graph._saving import GraphSaverMixin
+from ..graph._small import (check_float_type, finish, new_builder, resolve_named,
+                            select_named, tensor_input)
+from .emitters import (absolute_error, log_softmax, logistic_loss_on_logits,
+                       squared_error)
 
 __all__ = ["BaseLearningLoss", "SquareLearningLoss", "AbsoluteLearningLoss",
            "ElasticLearningLoss", "NegLogLearningLoss",
@@ -43,7 +44,7 @@ __all__ = ["BaseLearningLoss", "SquareLearningLoss", "AbsoluteLearningLoss",
            "resolve_learning_loss"]
 
 
-class BaseLearningLoss(BaseEstimator):
+class BaseLearningLoss(GraphSaverMixin, BaseEstimator):
     """A loss E(y, y_hat[, sample_weight]) and its gradient dE/dy_hat.
 
     ``build_onnx`` sets ``loss_grad_onnx_``: inputs ``X1`` (expected, shape
@@ -117,22 +118,11 @@ class BaseLearningLoss(BaseEstimator):
 
         Raises
         ------
-        ValueError
-            Unknown name or parameter.
-        TypeError
-            Parameters given with a loss object.
+        ValueError, TypeError
+            As :func:`~onnxtrain.graph._small.select_named`.
         """
-        if isinstance(class_name, BaseLearningLoss):
-            if kwargs:
-                raise TypeError(f"select: {sorted(kwargs)} cannot be given with "
-                                "a loss object.")
-            return class_name
-        return resolve_learning_loss(class_name).set_params(**kwargs)
-
-    def save_onnx_graph(self, folder, prefix=None, suffix=None):
-        """Save the loss graph: see :func:`onnxtrain.graph._saving.save_onnx_graph`."""
-        from ..graph._saving import save_onnx_graph
-        return save_onnx_graph(self, folder, prefix, suffix)
+        return select_named(class_name, kwargs, BaseLearningLoss,
+                            resolve_learning_loss, "a loss object")
 
     def _build(self, g, expected, predicted, weight, elem_type, rank):
         raise NotImplementedError

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sklearn.base import BaseEstimator
 
-from ..graph._small import resolve_named
+from ..graph._small import resolve_named, select_named
 
 __all__ = ["BaseLearningPenalty", "NoLearningPenalty", "ElasticLearningPenalty",
            "resolve_learning_penalty"]
@@ -33,17 +33,11 @@ class BaseLearningPenalty(BaseEstimator):
 
         Raises
         ------
-        ValueError
-            Unknown name or parameter.
-        TypeError
-            Parameters given with an object.
+        ValueError, TypeError
+            As :func:`~onnxtrain.graph._small.select_named`.
         """
-        if isinstance(class_name, BaseLearningPenalty):
-            if kwargs:
-                raise TypeError(f"select: {sorted(kwargs)} cannot be given with "
-                                "a penalty object.")
-            return class_name
-        return resolve_learning_penalty(class_name).set_params(**kwargs)
+        return select_named(class_name, kwargs, BaseLearningPenalty,
+                            resolve_learning_penalty, "a penalty object")
 
     def penalize(self, g, weight, grad, scale):
         """Emit nodes; return (new gradient name, penalty value name or None)."""

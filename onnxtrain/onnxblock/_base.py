@@ -381,9 +381,5 @@ def empty_base(opset_version=None):
                               producer_name="onnxtrain")
     model.ir_version = helper.find_min_ir_version_for(
         [helper.make_opsetid("", opset)])
-    state = BaseState(model)
-    token = _CURRENT.set(state)
-    try:
-        yield ModelAccessor(state.model)
-    finally:
-        _CURRENT.reset(token)
+    with owned_base(model) as accessor:
+        yield accessor

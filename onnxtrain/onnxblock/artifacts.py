@@ -85,22 +85,24 @@ def _names(model):
     return names
 
 
+def _resolve_block(value, table, block_type, what):
+    """``value`` when None or a ``block_type``, a new block for a member of
+    ``table``'s enum; TypeError naming ``what`` otherwise."""
+    if value is None or isinstance(value, block_type):
+        return value
+    if isinstance(value, enum.Enum) and value in table:
+        return table[value]()
+    raise TypeError(f"{what} or None, not {value!r}.")
+
+
 def _resolve_loss(loss):
-    if loss is None or isinstance(loss, onnxblock.Block):
-        return loss
-    if isinstance(loss, LossType):
-        return _LOSSES[loss]()
-    raise TypeError(f"loss must be a LossType, an onnxblock.Block or None, "
-                    f"not {loss!r}.")
+    return _resolve_block(loss, _LOSSES, onnxblock.Block,
+                          "loss must be a LossType, an onnxblock.Block")
 
 
 def _resolve_optimizer(optimizer):
-    if optimizer is None or isinstance(optimizer, onnxblock.optim._OptimizerBlock):
-        return optimizer
-    if isinstance(optimizer, OptimType):
-        return _OPTIMIZERS[optimizer]()
-    raise TypeError(f"optimizer must be an OptimType, onnxblock.optim.SGD/AdamW "
-                    f"or None, not {optimizer!r}.")
+    return _resolve_block(optimizer, _OPTIMIZERS, onnxblock.optim._OptimizerBlock,
+                          "optimizer must be an OptimType, onnxblock.optim.SGD/AdamW")
 
 
 def _name_list(names):

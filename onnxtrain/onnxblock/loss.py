@@ -76,6 +76,16 @@ class _Loss(Block):
                 "becomes a graph input).")
         return target_name
 
+    def _elementwise(self, emitter, loss_input_name, target_name):
+        """The reduced loss of an elementwise ``emitter`` of
+        :mod:`onnxtrain.losses.emitters` (its second result) comparing
+        ``loss_input_name`` with the target ``target_name``."""
+        state = self._state()
+        elem, shape = self._float_input(state, loss_input_name)
+        target = self._target(state, target_name, elem, shape, loss_input_name)
+        _, values = emitter(_Emitter(state, loss_input_name), loss_input_name, target)
+        return self._reduce(state, values)
+
     def _reduce(self, state, values):
         if self._reduction == "none":
             return values
@@ -109,12 +119,8 @@ class MSELoss(_Loss):
     def build(self, loss_input_name, target_name="target"):
         """Loss of ``loss_input_name`` (float tensor of any shape) against
         ``target_name`` (same shape); returns the loss name."""
-        state = self._state()
-        elem, shape = self._float_input(state, loss_input_name)
-        target = self._target(state, target_name, elem, shape, loss_input_name)
-        _, square = loss_emitters.squared_error(_Emitter(state, loss_input_name),
-                                                loss_input_name, target)
-        return self._reduce(state, square)
+        return self._elementwise(loss_emitters.squared_error, loss_input_name,
+                                 target_name)
 
 
 class L1Loss(_Loss):
@@ -133,12 +139,8 @@ class L1Loss(_Loss):
     def build(self, loss_input_name, target_name="target"):
         """Loss of ``loss_input_name`` against ``target_name``; returns the
         loss name."""
-        state = self._state()
-        elem, shape = self._float_input(state, loss_input_name)
-        target = self._target(state, target_name, elem, shape, loss_input_name)
-        _, absolute = loss_emitters.absolute_error(
-            _Emitter(state, loss_input_name), loss_input_name, target)
-        return self._reduce(state, absolute)
+        return self._elementwise(loss_emitters.absolute_error, loss_input_name,
+                                 target_name)
 
 
 class BCEWithLogitsLoss(_Loss):

@@ -25,8 +25,9 @@ import numpy as np
 from onnx import TensorProto
 from sklearn.base import BaseEstimator
 
+from ..graph._saving import GraphSaverMixin
 from ..graph._small import (check_float_type, finish, new_builder, resolve_named,
-                            tensor_input)
+                            select_named, tensor_input)
 from .update_rules import AdamRule, MomentumRule, SGDRule
 
 __all__ = ["BaseLearningRate", "LearningRateSGD", "LearningRateSGDNesterov",
@@ -36,7 +37,7 @@ __all__ = ["BaseLearningRate", "LearningRateSGD", "LearningRateSGDNesterov",
 _SCHEDULES = ("constant", "invscaling", "optimal", "adaptive")
 
 
-class BaseLearningRate(BaseEstimator):
+class BaseLearningRate(GraphSaverMixin, BaseEstimator):
     """Schedule + update graph.
 
     Subclasses set :attr:`state_names` (per-weight optimizer state, the
@@ -95,22 +96,11 @@ class BaseLearningRate(BaseEstimator):
 
         Raises
         ------
-        ValueError
-            Unknown name or parameter.
-        TypeError
-            Parameters given with an object.
+        ValueError, TypeError
+            As :func:`~onnxtrain.graph._small.select_named`.
         """
-        if isinstance(class_name, BaseLearningRate):
-            if kwargs:
-                raise TypeError(f"select: {sorted(kwargs)} cannot be given with "
-                                "a learning-rate object.")
-            return class_name
-        return resolve_learning_rate(class_name).set_params(**kwargs)
-
-    def save_onnx_graph(self, folder, prefix=None, suffix=None):
-        """Save the update graph: see :func:`onnxtrain.graph._saving.save_onnx_graph`."""
-        from ..graph._saving import save_onnx_graph
-        return save_onnx_graph(self, folder, prefix, suffix)
+        return select_named(class_name, kwargs, BaseLearningRate,
+                            resolve_learning_rate, "a learning-rate object")
 
     def update_learning_rate(self, t):
         """Set ``value`` for time step ``t`` (called at each epoch's end; the

@@ -4,7 +4,7 @@ Forward, as the ONNX specification defines it
 (https://onnx.ai/onnx/operators/onnx__DeformConv.html; onnx.reference's
 implementation samples with GridSample, bilinear, ``align_corners=1``,
 zero padding; onnxruntime's kernel computes the same, checked in
-tests/test_deform_conv.py). For output position (i, j), kernel tap
+tests/autodiff/test_deform_conv.py). For output position (i, j), kernel tap
 k = (a, b) and input channel c of offset group q = c // (C / offset_group),
 X[n, c] is sampled at::
 

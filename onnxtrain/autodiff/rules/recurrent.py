@@ -20,7 +20,7 @@ them, see :mod:`.control_flow`). For one direction:
   activations that read them) and ``clip`` apply to every gate's
   pre-activation; LSTM's cell state enters ``h`` unclipped. This is what
   onnxruntime's kernels compute (checked against them in
-  tests/test_recurrent.py);
+  tests/autodiff/test_recurrent.py);
 - with ``sequence_lens``, a mask ``t < sequence_lens[b]`` keeps the states
   of a finished row (``Y_h``, ``Y_c`` are those of its last step) and zeroes
   its outputs ``Y`` after its length.
