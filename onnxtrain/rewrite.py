@@ -337,6 +337,12 @@ def _rewrite_linear_classifier(builder, node, tie_binary):
                        outputs=[score_out])
         elif transform == "NONE":
             builder.op("Identity", raw, outputs=[score_out])
+        elif transform == "LOGISTIC" and mode == "tied":
+            # the sigmoid of each column of (-z, z), written so that the
+            # graph does not end with a Sigmoid over two columns: those
+            # rows sum to 1, and the classifier reads them as probabilities
+            builder.op("Concat", builder.op("Sigmoid", builder.op("Neg", z)),
+                       builder.op("Sigmoid", z), axis=1, outputs=[score_out])
         elif transform == "LOGISTIC":
             builder.op("Sigmoid", raw, outputs=[score_out])
         elif transform == "SOFTMAX":
@@ -389,7 +395,10 @@ def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
       (what skl2onnx emits for a binary LogisticRegression) and
       ``tie_binary``, only ``w`` and ``b`` become weights (``W`` of shape
       (n_features, 1)) and the raw scores are ``(-z, z)``, so the two
-      probabilities keep summing to one during training.
+      probabilities keep summing to one during training; with LOGISTIC
+      the scores are ``Concat(Sigmoid(-z), Sigmoid(z))`` (the same values
+      as a Sigmoid of the raw scores, which would read as two independent
+      one-vs-rest sigmoids).
     - ``Normalizer(norm='L1')`` nodes reading the scores of a rewritten
       LinearClassifier (skl2onnx's multiclass LogisticRegression) become
       ``scores / ReduceSum(Abs(scores))``.

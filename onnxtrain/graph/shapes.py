@@ -6,6 +6,7 @@ import math
 import onnx
 
 from .builder import copy_fields, tensor_value_info
+from .ml_shapes import ML_DOMAIN, ml_output_types
 from .symbolic import refine_symbolic_dims
 
 __all__ = ["clean_shape", "infer_value_types", "type_of_value_info"]
@@ -85,17 +86,11 @@ def _without_weights(model):
     return light
 
 
-def infer_value_types(model):
-    """Map every value name of ``model``'s main graph to ``(elem_type, shape)``.
-
-    Runs :func:`onnx.shape_inference.infer_shapes` on a copy without the
-    weights' values (the caller's model is not modified), then
-    :func:`~onnxtrain.graph.symbolic.refine_symbolic_dims` on its result.
-    Values whose type cannot be inferred are absent.
-    """
+def _onnx_types(model, light):
+    """``name -> (elem_type, shape)`` from onnx's shape inference on
+    ``light`` (``model`` or its copy without the weights' values)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(model),
-                                                     data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:  # pragma: no cover - inference failing on exotic ops
         inferred = model
     graph = inferred.graph
@@ -111,4 +106,49 @@ def infer_value_types(model):
             for att in node.attribute:
                 if att.name == "value":
                     types[node.output[0]] = (att.t.data_type, tuple(att.t.dims))
+    return inferred.graph, types
+
+
+def _ml_types(model, types):
+    """Types of the ``ai.onnx.ml`` outputs onnx left unknown
+    (:func:`~onnxtrain.graph.ml_shapes.ml_output_types`), in node order so
+    that chains (Imputer, then Scaler...) resolve in one pass."""
+    dims = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    found = {}
+    for node in model.graph.node:
+        if node.domain != ML_DOMAIN or all(
+                not o or o in types or o in found for o in node.output):
+            continue
+        outputs = ml_output_types(node, {**types, **found}, dims)
+        for name, info in zip(node.output, outputs or ()):
+            if name and name not in types:
+                found[name] = info
+    return found
+
+
+def infer_value_types(model):
+    """Map every value name of ``model``'s main graph to ``(elem_type, shape)``.
+
+    Runs :func:`onnx.shape_inference.infer_shapes` on a copy without the
+    weights' values (the caller's model is not modified), then
+    :func:`~onnxtrain.graph.symbolic.refine_symbolic_dims` on its result.
+    The outputs of the ``ai.onnx.ml`` operators onnx gives no shape
+    (Scaler, Normalizer, Imputer...) get theirs from
+    :func:`~onnxtrain.graph.ml_shapes.ml_output_types`, and inference runs
+    again from them for the values downstream. Values whose type cannot be
+    inferred are absent.
+    """
+    light = _without_weights(model)
+    graph, types = _onnx_types(model, light)
+    extra = _ml_types(model, types)
+    while extra:
+        if light is model:  # the caller's model is not modified
+            light = onnx.ModelProto()
+            light.CopyFrom(model)
+        light.graph.value_info.extend(
+            tensor_value_info(name, elem, shape)
+            for name, (elem, shape) in extra.items())
+        graph, types = _onnx_types(model, light)
+        types.update((k, v) for k, v in extra.items() if k not in types)
+        extra = _ml_types(model, types)
     return refine_symbolic_dims(graph, types)
