@@ -109,21 +109,39 @@ def _onnx_types(model, light):
     return inferred.graph, types
 
 
+def _conflicts(declared, computed):
+    """Whether a declared shape contradicts the one onnxruntime computes
+    (another rank, or another static dim)."""
+    if declared is None or computed is None:
+        return False
+    if len(declared) != len(computed):
+        return True
+    return any(isinstance(a, int) and isinstance(b, int) and a != b
+               for a, b in zip(declared, computed))
+
+
 def _ml_types(model, types):
     """Types of the ``ai.onnx.ml`` outputs onnx left unknown
     (:func:`~onnxtrain.graph.ml_shapes.ml_output_types`), in node order so
-    that chains (Imputer, then Scaler...) resolve in one pass."""
+    that chains (Imputer, then Scaler...) resolve in one pass, and
+    ``(unknown, wrong)``: the outputs whose declared shape contradicts
+    onnxruntime's (skl2onnx declares a binary RidgeClassifier's
+    probabilities (N, 2); the ArrayFeatureExtractor writing them gives
+    (N, 1))."""
     dims = {i.name: tuple(i.dims) for i in model.graph.initializer}
-    found = {}
+    found, wrong = {}, {}
     for node in model.graph.node:
-        if node.domain != ML_DOMAIN or all(
-                not o or o in types or o in found for o in node.output):
+        if node.domain != ML_DOMAIN:
             continue
-        outputs = ml_output_types(node, {**types, **found}, dims)
+        outputs = ml_output_types(node, {**types, **found, **wrong}, dims)
         for name, info in zip(node.output, outputs or ()):
-            if name and name not in types:
+            if not name:
+                continue
+            if name not in types:
                 found[name] = info
-    return found
+            elif types[name][0] == info[0] and _conflicts(types[name][1], info[1]):
+                wrong[name] = info
+    return found, wrong
 
 
 def infer_value_types(model):
@@ -135,12 +153,13 @@ def infer_value_types(model):
     The outputs of the ``ai.onnx.ml`` operators onnx gives no shape
     (Scaler, Normalizer, Imputer...) get theirs from
     :func:`~onnxtrain.graph.ml_shapes.ml_output_types`, and inference runs
-    again from them for the values downstream. Values whose type cannot be
-    inferred are absent.
+    again from them for the values downstream; their rules also replace a
+    declared output shape onnxruntime contradicts. Values whose type
+    cannot be inferred are absent.
     """
     light = _without_weights(model)
     graph, types = _onnx_types(model, light)
-    extra = _ml_types(model, types)
+    extra, wrong = _ml_types(model, types)
     while extra:
         if light is model:  # the caller's model is not modified
             light = onnx.ModelProto()
@@ -150,5 +169,6 @@ def infer_value_types(model):
             for name, (elem, shape) in extra.items())
         graph, types = _onnx_types(model, light)
         types.update((k, v) for k, v in extra.items() if k not in types)
-        extra = _ml_types(model, types)
+        extra, wrong = _ml_types(model, types)
+    types.update(wrong)
     return refine_symbolic_dims(graph, types)
