@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph.builder import copy_fields
+from .graph.builder import constant_node_value, copy_fields
 from .graph.scopes import subgraphs
 from .models import load_model
 from .graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
@@ -369,6 +369,84 @@ def _rewrite_l1_normalizer(builder, node):
     builder.op("Div", x, divisor, outputs=[node.output[0]])
 
 
+def _scalar_values(graph):
+    """``name -> float`` of the one-element float initializers and Constant
+    nodes of ``graph``."""
+    values = {}
+    for init in graph.initializer:
+        if init.data_type in FLOAT_TYPES and int(np.prod(init.dims)) == 1:
+            values[init.name] = float(numpy_helper.to_array(init).reshape(-1)[0])
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = constant_node_value(node)
+            if value is not None and value.dtype.kind == "f" and value.size == 1:
+                values[node.output[0]] = float(value.reshape(-1)[0])
+    return values
+
+
+def _logistic_chains(graph):
+    """``(Mul, Exp, Add, Reciprocal)`` chains computing ``1 / (1 + exp(-x))``
+    (skl2onnx's SGDClassifier probabilities) whose intermediate values
+    nothing else reads."""
+    scalars = _scalar_values(graph)
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def only_reader(node, op_type):
+        name = node.output[0]
+        nodes = readers.get(name, [])
+        if name in outputs or len(nodes) != 1 or nodes[0].op_type != op_type \
+                or nodes[0].domain not in ("", "ai.onnx"):
+            return None
+        return nodes[0]
+
+    def other(node, name):
+        """The input of a binary node that is not ``name``."""
+        if list(node.input).count(name) != 1 or len(node.input) != 2:
+            return None
+        return node.input[1] if node.input[0] == name else node.input[0]
+
+    chains = []
+    for mul in graph.node:
+        if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx"):
+            continue
+        negate = [i for i in mul.input if scalars.get(i) == -1.0]
+        if len(negate) != 1 or len(mul.input) != 2:
+            continue
+        exp = only_reader(mul, "Exp")
+        add = exp and only_reader(exp, "Add")
+        reciprocal = add and only_reader(add, "Reciprocal")
+        if reciprocal and scalars.get(other(add, exp.output[0])) == 1.0:
+            chains.append((mul, exp, add, reciprocal))
+    return chains
+
+
+def _rewrite_logistic(graph, types):
+    """Replace each chain of :func:`_logistic_chains` by ``Sigmoid(x)``: the
+    same values, and a gradient that stays finite where ``exp(-x)``
+    overflows (the chain's is ``0 * inf``, NaN, for scores below -88).
+    Returns whether the graph changed."""
+    chains = _logistic_chains(graph)
+    removed, sigmoids = set(), {}
+    for mul, exp, add, reciprocal in chains:
+        x = mul.input[0] if _scalar_values(graph).get(mul.input[1]) == -1.0 \
+            else mul.input[1]
+        if types.get(x, (None,))[0] not in FLOAT_TYPES:
+            continue
+        removed.update(id(n) for n in (mul, exp, add))
+        sigmoids[id(reciprocal)] = helper.make_node(
+            "Sigmoid", [x], [reciprocal.output[0]],
+            name=reciprocal.name or f"{reciprocal.output[0]}_sigmoid")
+    if not sigmoids:
+        return False
+    nodes = [sigmoids.get(id(n), n) for n in graph.node if id(n) not in removed]
+    _replace(graph.node, nodes)
+    return True
+
+
 def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
     """Replace ``ai.onnx.ml`` linear models by trainable standard ops.
 
@@ -402,6 +480,11 @@ def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
     - ``Normalizer(norm='L1')`` nodes reading the scores of a rewritten
       LinearClassifier (skl2onnx's multiclass LogisticRegression) become
       ``scores / ReduceSum(Abs(scores))``.
+    - ``Reciprocal(Add(Exp(Mul(x, -1)), 1))`` (skl2onnx's SGDClassifier
+      probabilities), its intermediate values read by nothing else,
+      becomes ``Sigmoid(x)``: the same values, with a gradient that stays
+      finite where ``exp(-x)`` overflows. The constants -1 and 1 stay
+      initializers of the graph.
 
     Inputs that are not float are cast to float (these ops compute in float
     and output float in onnxruntime). The default-domain opset is added when
@@ -436,11 +519,14 @@ def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
     """
     source = load_model(model)
     targets = {"LinearRegressor", "LinearClassifier"}
-    if not any(n.domain == ML_DOMAIN and n.op_type in targets
-               for n in source.graph.node):
+    logistic = bool(_logistic_chains(source.graph))
+    if not logistic and not any(n.domain == ML_DOMAIN and n.op_type in targets
+                                for n in source.graph.node):
         return _copy(source) if copy else source
     new = _copy(source)
     graph = new.graph
+    if logistic:
+        _rewrite_logistic(graph, infer_value_types(source))
     opset = _ensure_default_opset(new)
     builder = GraphBuilder(opset, used_names=_graph_names(graph),
                            value_types=infer_value_types(source))
