@@ -206,7 +206,7 @@ def build_parser():
     train.add_argument("--warm-start", action=argparse.BooleanOptionalAction,
                        default=None, help=argparse.SUPPRESS)
     train.add_argument("--random-state", type=int, default=None,
-                       help="seed of the initial weights with --init random "
+                       help="seed of the random initial weights (init random) "
                        "(default: a new seed each run)")
     train.add_argument("--device", default="cpu",
                        help="cpu, cuda or cuda:N (default: %(default)s)")
