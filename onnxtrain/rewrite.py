@@ -424,27 +424,47 @@ def _logistic_chains(graph):
     return chains
 
 
+#: Largest exponent of the bounded logistic chains: exp(88) is finite in
+#: float32 (its largest exponent is 88.72).
+_MAX_EXPONENT = 88.0
+
+
 def _rewrite_logistic(graph, types):
-    """Replace each chain of :func:`_logistic_chains` by ``Sigmoid(x)``: the
-    same values, and a gradient that stays finite where ``exp(-x)``
-    overflows (the chain's is ``0 * inf``, NaN, for scores below -88).
-    Returns whether the graph changed."""
-    chains = _logistic_chains(graph)
-    removed, sigmoids = set(), {}
-    for mul, exp, add, reciprocal in chains:
-        x = mul.input[0] if _scalar_values(graph).get(mul.input[1]) == -1.0 \
-            else mul.input[1]
-        if types.get(x, (None,))[0] not in FLOAT_TYPES:
+    """Bound the exponent of each chain of :func:`_logistic_chains`:
+    ``1 / (1 + exp(min(-x, 88)))``. The values are the chain's where
+    ``exp(-x)`` is finite, and below 1e-38 instead of 0 elsewhere; the
+    gradient stays finite there (the chain's is ``0 * inf``, NaN, for
+    scores below -88). Sigmoid would not do: onnxruntime's clamps its
+    input to [-18, 18], and the ratios of small one-vs-rest probabilities
+    would change. Returns whether the graph changed."""
+    names = _graph_names(graph)
+    changed = False
+    for mul, exp, add, reciprocal in _logistic_chains(graph):
+        elem = types.get(mul.output[0], (None,))[0]
+        if elem not in FLOAT_TYPES:
             continue
-        removed.update(id(n) for n in (mul, exp, add))
-        sigmoids[id(reciprocal)] = helper.make_node(
-            "Sigmoid", [x], [reciprocal.output[0]],
-            name=reciprocal.name or f"{reciprocal.output[0]}_sigmoid")
-    if not sigmoids:
-        return False
-    nodes = [sigmoids.get(id(n), n) for n in graph.node if id(n) not in removed]
-    _replace(graph.node, nodes)
-    return True
+        bound, bounded = (_unique(names, f"{mul.output[0]}_{suffix}")
+                          for suffix in ("max", "bounded"))
+        value = numpy_helper.from_array(np.asarray(
+            _MAX_EXPONENT, dtype=helper.tensor_dtype_to_np_dtype(elem)), bound)
+        position = list(graph.node).index(exp)
+        graph.node.insert(position, helper.make_node(
+            "Min", [mul.output[0], bound], [bounded], name=bounded))
+        graph.node.insert(position, helper.make_node(
+            "Constant", [], [bound], value=value, name=bound))
+        exp.input[0] = bounded
+        changed = True
+    return changed
+
+
+def _unique(names, base):
+    """``base``, suffixed when taken, added to ``names``."""
+    name, i = base, 0
+    while name in names:
+        i += 1
+        name = f"{base}_{i}"
+    names.add(name)
+    return name
 
 
 def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
@@ -481,10 +501,10 @@ def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
       LinearClassifier (skl2onnx's multiclass LogisticRegression) become
       ``scores / ReduceSum(Abs(scores))``.
     - ``Reciprocal(Add(Exp(Mul(x, -1)), 1))`` (skl2onnx's SGDClassifier
-      probabilities), its intermediate values read by nothing else,
-      becomes ``Sigmoid(x)``: the same values, with a gradient that stays
-      finite where ``exp(-x)`` overflows. The constants -1 and 1 stay
-      initializers of the graph.
+      probabilities), its intermediate values read by nothing else, gets
+      its exponent bounded: ``Exp(Min(Mul(x, -1), 88))``, the same values
+      where ``exp(-x)`` is finite (below 1e-38 instead of 0 elsewhere), and
+      a gradient that stays finite where it overflows.
 
     Inputs that are not float are cast to float (these ops compute in float
     and output float in onnxruntime). The default-domain opset is added when
