@@ -137,7 +137,7 @@ def _ml_types(model, types):
         for name, info in zip(node.output, outputs or ()):
             if not name:
                 continue
-            if name not in types:
+            if types.get(name, (None, None))[1] is None:  # rank unknown
                 found[name] = info
             elif types[name][0] == info[0] and _conflicts(types[name][1], info[1]):
                 wrong[name] = info
@@ -168,7 +168,8 @@ def infer_value_types(model):
             tensor_value_info(name, elem, shape)
             for name, (elem, shape) in extra.items())
         graph, types = _onnx_types(model, light)
-        types.update((k, v) for k, v in extra.items() if k not in types)
+        types.update((k, v) for k, v in extra.items()
+                     if types.get(k, (None, None))[1] is None)
         extra, wrong = _ml_types(model, types)
     types.update(wrong)
     return refine_symbolic_dims(graph, types)
