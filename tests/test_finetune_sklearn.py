@@ -14,26 +14,31 @@ import re
 import warnings
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
-from onnx import numpy_helper
+from onnx import helper
 from sklearn import linear_model as lm
 from sklearn.compose import ColumnTransformer
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, load_wine
-from sklearn.decomposition import PCA
+from sklearn.decomposition import PCA, TruncatedSVD
+from sklearn.feature_selection import SelectKBest
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.impute import SimpleImputer
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPClassifier, MLPRegressor
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import MinMaxScaler, Normalizer, StandardScaler
+from sklearn.pipeline import make_pipeline, make_union
+from sklearn.preprocessing import (Binarizer, MaxAbsScaler, MinMaxScaler,
+                                   Normalizer, OneHotEncoder, PolynomialFeatures,
+                                   RobustScaler, StandardScaler)
 from sklearn.svm import LinearSVC, LinearSVR
 from skl2onnx import to_onnx
 
 from onnxtrain import (OrtGradientForwardBackwardClassifier,
                        OrtGradientForwardBackwardOptimizer)
+from onnxtrain.graph import infer_value_types
 from onnxtrain.losses import CrossEntropyLearningLoss
 from onnxtrain.optim import LearningRateAdam
 
@@ -47,6 +52,7 @@ def _data(name):
         if name == "diabetes":
             X, y = load_diabetes(return_X_y=True)
             y = (y - y.mean()) / y.std()
+            X[:, 1] = X[:, 1] > 0  # sex: 0 or 1 (a OneHotEncoder's category)
         elif name == "cancer":
             X, y = load_breast_cancer(return_X_y=True)
         elif name == "iris":
@@ -102,6 +108,19 @@ MODELS = {
     "ColumnTransformer+Ridge": ("diabetes", lambda: make_pipeline(
         _columns(10), lm.Ridge()), None),
     "Normalizer+Ridge": ("diabetes", lambda: make_pipeline(Normalizer(), lm.Ridge(0.01)), None),
+    "OneHotEncoder+Scaler+Ridge": ("diabetes", lambda: make_pipeline(
+        ColumnTransformer([("sex", OneHotEncoder(categories=[[0, 1]]), [1]),
+                           ("std", StandardScaler(), [0] + list(range(2, 10)))]),
+        lm.Ridge()), None),
+    "Binarizer+Ridge": ("diabetes", lambda: make_pipeline(Binarizer(), lm.Ridge()), None),
+    "RobustScaler+MaxAbsScaler+Ridge": ("diabetes", lambda: make_pipeline(
+        RobustScaler(), MaxAbsScaler(), lm.Ridge()), None),
+    "SelectKBest+Ridge": ("diabetes", lambda: make_pipeline(SelectKBest(k=5), lm.Ridge()),
+                          None),
+    "FeatureUnion(Scaler,SVD)+Ridge": ("diabetes", lambda: make_pipeline(
+        make_union(StandardScaler(), TruncatedSVD(3, random_state=0)), lm.Ridge()), None),
+    "PolynomialFeatures+Ridge": ("diabetes", lambda: make_pipeline(
+        PolynomialFeatures(2), lm.Ridge()), None),
     "Scaler+MLPRegressor": ("diabetes", lambda: make_pipeline(StandardScaler(), _mlp_r()), None),
     "PCA+MLPRegressor": ("diabetes", lambda: make_pipeline(PCA(6, random_state=0), _mlp_r()), None),
     # binary classifiers
@@ -267,3 +286,117 @@ def test_fine_tune_improves_and_keeps_the_preprocessing(name):
         if node.domain == "ai.onnx.ml" and node.op_type != "ZipMap" and \
                 not predictor & set(node.input) and node.output[0] not in predictor:
             assert node.SerializeToString() in kept, node.op_type
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if any(
+    k in n for k in ("Scaler", "Imputer", "ColumnTransformer", "Normalizer",
+                     "OneHot", "Binarizer", "SelectKBest", "Polynomial",
+                     "LinearSVC", "RidgeClassifier"))])
+def test_ml_op_shapes_are_onnxruntime_shapes(name):
+    """The shapes infer_value_types gives the ai.onnx.ml outputs are those
+    onnxruntime computes (every static dim, the rank), also where skl2onnx
+    declares another (a binary RidgeClassifier's (N, 2) probabilities)."""
+    _, onx, _, (_, X_te, _, _) = _case(name)
+    types = infer_value_types(onx)
+    model = onnx.ModelProto()
+    model.CopyFrom(onx)
+    names = [o for n in onx.graph.node if n.domain == "ai.onnx.ml"
+             and n.op_type != "ZipMap" for o in n.output]
+    declared = {o.name for o in model.graph.output}
+    model.graph.output.extend(
+        helper.make_tensor_value_info(o, types[o][0], None)
+        for o in names if o not in declared)
+    sess = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    values = dict(zip([o.name for o in sess.get_outputs()],
+                      sess.run(None, {"X": X_te[:7]})))
+    for o in names:
+        shape = types[o][1]
+        assert shape is not None and len(shape) == values[o].ndim, (o, shape)
+        for dim, size in zip(shape, values[o].shape):
+            assert not isinstance(dim, int) or dim == size, (o, shape, values[o].shape)
+
+
+# ----------------------------------------------- the weights and the start
+
+def test_frozen_weights_say_why():
+    _, pca, _, (X_tr, _, y_tr, _) = _case("PCA+LinearRegression")
+    est = OrtGradientForwardBackwardOptimizer(pca, max_iter=1).fit(X_tr, y_tr)
+    assert est.weights_to_train_ == ["coefficient", "intercepts"]
+    assert sorted(est.frozen_weights_) == ["mean", "transform_matrix"]
+    assert "preprocessing constant" in est.frozen_weights_["mean"]
+    assert "Sub node" in est.frozen_weights_["mean"]
+    assert "MatMul node" in est.frozen_weights_["transform_matrix"]
+    skl, sgd, _, (X_tr, _, y_tr, _) = _case("SGDClassifier-bin")
+    est = OrtGradientForwardBackwardClassifier(sgd, max_iter=1).fit(X_tr, y_tr)
+    assert est.weights_to_train_ == ["coef", "intercept"]
+    assert "arithmetic constant" in est.frozen_weights_["unity"]
+
+
+def test_explicit_weights_to_train_win():
+    """A list trains what it names, preprocessing included; the others
+    are frozen 'not in weights_to_train'."""
+    _, onx, _, (X_tr, _, y_tr, _) = _case("PCA+LinearRegression")
+    X_new, y_new = _shifted(X_tr, y_tr, True)
+    names = ["mean", "coefficient"]
+    est = OrtGradientForwardBackwardOptimizer(
+        onx, weights_to_train=names, **FINE_TUNE).fit(X_new, y_new)
+    assert est.weights_to_train_ == names
+    assert est.frozen_weights_ == {"transform_matrix": "not in weights_to_train",
+                                   "intercepts": "not in weights_to_train"}
+    trained = {i.name: i for i in est.get_trained_onnx().graph.initializer}
+    original = {i.name: i for i in onx.graph.initializer}
+    assert trained["mean"].SerializeToString() != original["mean"].SerializeToString()
+    assert trained["transform_matrix"].SerializeToString() == \
+        original["transform_matrix"].SerializeToString()
+
+
+def test_a_graph_without_layers_trains_its_constants():
+    """Elementwise weights only (Y = X * w + b, one element each): no
+    predictor layer, so nothing is taken for an arithmetic constant."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "w"], ["m"]),
+         helper.make_node("Add", ["m", "b"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [None, 1])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [None, 1])],
+        [onnx.numpy_helper.from_array(np.array([0.5], np.float32), "w"),
+         onnx.numpy_helper.from_array(np.array([0.0], np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    X = np.linspace(-1, 1, 40, dtype=np.float32).reshape(-1, 1)
+    est = OrtGradientForwardBackwardOptimizer(
+        model, learning_rate=LearningRateAdam(0.05), max_iter=60, batch_size=8)
+    est.fit(X, 3 * X.ravel() + 1)
+    assert est.weights_to_train_ == ["w", "b"] and est.frozen_weights_ == {}
+    assert_allclose([w.item() for w in est.get_state()], [3, 1], atol=0.05)
+
+
+def test_init_random_is_the_cold_start():
+    """init='random' draws the weights to train as scikit-learn's MLP
+    (onnxcustom's warm_start=False on a skl2onnx graph); the default starts
+    from the graph's; another value is refused before any work."""
+    from onnxtrain.initializers import glorot_uniform_weights
+    skl, onx, _, (X_tr, _, y_tr, _) = _case("Scaler+MLPRegressor")
+    cold = OrtGradientForwardBackwardOptimizer(
+        onx, learning_rate=1e-9, max_iter=1, init="random", random_state=3)
+    cold.fit(X_tr, y_tr)
+    model = cold._full_model()
+    drawn = glorot_uniform_weights(model, cold.weights_to_train_, 3)
+    for name, value in zip(cold.weights_to_train_, cold.get_state()):
+        assert_allclose(value, drawn[name], atol=1e-6, err_msg=name)
+    assert r2_score(y_tr, cold.predict(X_tr)) < 0.5 * skl.score(X_tr, y_tr)
+    with pytest.raises(ValueError, match="'init' parameter"):
+        OrtGradientForwardBackwardOptimizer(onx, init="zeros").fit(X_tr, y_tr)
+
+
+def test_nan_is_data_only_when_the_graph_imputes():
+    _, imputing, _, (X_tr, X_te, y_tr, _) = _case("Imputer+Scaler+Ridge")
+    assert np.isnan(X_tr).any()
+    est = OrtGradientForwardBackwardOptimizer(imputing, max_iter=1).fit(X_tr, y_tr)
+    assert np.isfinite(est.predict(X_te)).all()
+    X_inf = X_tr.copy()
+    X_inf[0, 0] = np.inf
+    with pytest.raises(ValueError, match="infinity"):
+        OrtGradientForwardBackwardOptimizer(imputing, max_iter=1).fit(X_inf, y_tr)
+    _, plain, _, _ = _case("Scaler+Ridge")
+    with pytest.raises(ValueError, match="NaN"):
+        OrtGradientForwardBackwardOptimizer(plain, max_iter=1).fit(X_tr, y_tr)
