@@ -67,6 +67,15 @@ class _Graph:
         self.constants = set(self.inits) | {
             n.output[0] for n in self.nodes
             if n.op_type == "Constant" and _is_default(n)}
+        # values computed from constants only (PCA's Sqrt of the explained
+        # variance) are constants too
+        self.folded = []
+        for node in self.nodes:
+            inputs = [i for i in node.input if i]
+            if inputs and all(i in self.constants for i in inputs) and \
+                    not node.op_type.startswith("Random"):
+                self.constants.update(o for o in node.output if o)
+                self.folded.append(node)
         self.consumers = {}
         for node in self.nodes:
             for name in node.input:
@@ -153,6 +162,11 @@ def _preprocessing(g):
             continue
         prefix.add(id(node))
         values.update(o for o in node.output if o)
+    # the constant computations only the preprocessing reads belong to it
+    for node in reversed(g.folded):
+        readers = [r for o in node.output if o for r in g.consumers.get(o, [])]
+        if readers and all(id(r) in prefix for r in readers):
+            prefix.add(id(node))
     return prefix, fed
 
 

@@ -20,17 +20,22 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from onnx import helper
 from sklearn import linear_model as lm
+from sklearn.calibration import CalibratedClassifierCV
 from sklearn.compose import ColumnTransformer
+from sklearn.cross_decomposition import PLSRegression
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, load_wine
 from sklearn.decomposition import PCA, TruncatedSVD
+from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.feature_selection import SelectKBest
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.impute import SimpleImputer
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
+from sklearn.multiclass import OneVsRestClassifier
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.pipeline import make_pipeline, make_union
-from sklearn.preprocessing import (Binarizer, MaxAbsScaler, MinMaxScaler,
+from sklearn.preprocessing import (Binarizer, KBinsDiscretizer, MaxAbsScaler,
+                                   MinMaxScaler,
                                    Normalizer, OneHotEncoder, PolynomialFeatures,
                                    RobustScaler, StandardScaler)
 from sklearn.svm import LinearSVC, LinearSVR
@@ -57,6 +62,9 @@ def _data(name):
             X, y = load_breast_cancer(return_X_y=True)
         elif name == "iris":
             X, y = load_iris(return_X_y=True)
+        elif name == "iris-str":
+            X, y = load_iris(return_X_y=True)
+            y = np.array(["setosa", "versicolor", "virginica"])[y]
         else:
             X, y = load_wine(return_X_y=True)
         _DATA[name] = (X.astype(np.float32), y)
@@ -84,7 +92,8 @@ def _columns(n):
                               ("mm", MinMaxScaler(), list(range(half, n)))])
 
 
-#: name -> (dataset, factory, skl2onnx options); a dataset ending in
+#: name -> (dataset, factory, skl2onnx options[, the predictor's weights
+#: when not named coef*/intercept*]); a dataset ending in
 #: '-nan' has 10% of its values missing (the pipeline imputes them).
 #: skl2onnx refuses a LinearSVC in a pipeline without options naming it.
 MODELS = {
@@ -121,6 +130,12 @@ MODELS = {
         make_union(StandardScaler(), TruncatedSVD(3, random_state=0)), lm.Ridge()), None),
     "PolynomialFeatures+Ridge": ("diabetes", lambda: make_pipeline(
         PolynomialFeatures(2), lm.Ridge()), None),
+    "PLSRegression": ("diabetes", lambda: PLSRegression(3), None,
+                      ["Ma_MatMulcst", "Ad_Addcst"]),
+    "ARDRegression": ("diabetes", lm.ARDRegression, None),
+    "KBinsDiscretizer+Ridge": ("diabetes", lambda: make_pipeline(
+        KBinsDiscretizer(n_bins=3, encode="onehot-dense", strategy="uniform"),
+        lm.Ridge()), None),
     "Scaler+MLPRegressor": ("diabetes", lambda: make_pipeline(StandardScaler(), _mlp_r()), None),
     "PCA+MLPRegressor": ("diabetes", lambda: make_pipeline(PCA(6, random_state=0), _mlp_r()), None),
     # binary classifiers
@@ -138,6 +153,11 @@ MODELS = {
         StandardScaler(), PCA(5, random_state=0), lm.LogisticRegression()), None),
     "Imputer+LogisticRegression-bin": ("cancer-nan", lambda: make_pipeline(
         SimpleImputer(), StandardScaler(), lm.LogisticRegression()), {"zipmap": False}),
+    "Perceptron-bin": ("cancer", lambda: make_pipeline(
+        StandardScaler(), lm.Perceptron(random_state=0)), None),
+    "CalibratedClassifierCV(LogisticRegression)": ("cancer", lambda: make_pipeline(
+        StandardScaler(), CalibratedClassifierCV(lm.LogisticRegression(), cv=3)),
+        None),
     # multiclass classifiers
     "LogisticRegression-multi": ("iris", lm.LogisticRegression, None),
     "LogisticRegression-multi-nozipmap": ("iris", lm.LogisticRegression, {"zipmap": False}),
@@ -148,6 +168,11 @@ MODELS = {
     "MLPClassifier-multi": ("iris", lambda: make_pipeline(StandardScaler(), _mlp_c()), None),
     "MinMax+MLPClassifier-wine": ("wine", lambda: make_pipeline(MinMaxScaler(), _mlp_c()),
                                   {"zipmap": False}),
+    "LinearDiscriminantAnalysis": ("wine", lambda: make_pipeline(
+        StandardScaler(), LinearDiscriminantAnalysis()), None),
+    "OneVsRest(LogisticRegression)": ("iris", lambda: make_pipeline(
+        StandardScaler(), OneVsRestClassifier(lm.LogisticRegression())), None),
+    "LogisticRegression-string-labels": ("iris-str", lm.LogisticRegression, None),
     "LinearSVC-multi": ("iris", lambda: make_pipeline(StandardScaler(), LinearSVC()), {LinearSVC: {}}),
     "RidgeClassifier-multi": ("wine", lambda: make_pipeline(
         StandardScaler(), lm.RidgeClassifier()), None),
@@ -164,7 +189,7 @@ MODELS = {
 def _case(name):
     """(scikit-learn model, its ONNX graph, is a regressor, (X_train,
     X_test, y_train, y_test)); callers must not modify them."""
-    data, factory, options = MODELS[name]
+    data, factory, options = MODELS[name][:3]
     X, y = _data(data.replace("-nan", ""))
     if data.endswith("-nan"):
         X = _with_nan(X)
@@ -207,7 +232,15 @@ FINE_TUNE = dict(learning_rate=LearningRateAdam(0.01), max_iter=10,
                  batch_size=16, random_state=0, shuffle=True)
 #: What the predictor's weights are called by skl2onnx and the rewrite of
 #: its linear ops (the estimators choose them by structure, not by name).
-_WEIGHT_NAME = re.compile(r"^(coef|coefficient|intercept|intercepts)\d*$")
+_WEIGHT_NAME = re.compile(r"^(coef|coefficient|intercept|intercepts)(\d*|_\d+)$")
+
+
+def _is_weight(name, key):
+    """Whether ``key`` is one of the predictor's weights of model ``name``
+    (a fourth entry of its MODELS row names them when the converter does
+    not call them so)."""
+    named = MODELS[name][3] if len(MODELS[name]) > 3 else None
+    return key in named if named else bool(_WEIGHT_NAME.match(key))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -230,7 +263,7 @@ def test_starts_from_the_converted_weights(name):
             assert_allclose(est.predict_proba(X_te), converted, rtol=1e-4,
                             atol=1e-6)
     assert est.weights_to_train_
-    assert all(_WEIGHT_NAME.match(w) for w in est.weights_to_train_), \
+    assert all(_is_weight(name, w) for w in est.weights_to_train_), \
         est.weights_to_train_
     assert not set(est.weights_to_train_) & set(est.frozen_weights_)
 
@@ -274,7 +307,7 @@ def test_fine_tune_improves_and_keeps_the_preprocessing(name):
     original = {i.name: i for i in onx.graph.initializer}
     after_fit = {i.name: i for i in trained.graph.initializer}
     for key in original:
-        if not _WEIGHT_NAME.match(key):  # PCA's mean, MinMaxScaler's scales...
+        if not _is_weight(name, key):  # PCA's mean, MinMaxScaler's scales...
             assert after_fit[key].SerializeToString() == \
                 original[key].SerializeToString(), key
     # the ai.onnx.ml preprocessing (Scaler, Imputer, Normalizer...) holds its

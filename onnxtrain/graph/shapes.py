@@ -86,13 +86,49 @@ def _without_weights(model):
     return light
 
 
+def _without_output_shapes(light):
+    """A copy of ``light`` whose outputs are typed without their declared
+    shapes, for a model declaring a shape its nodes contradict (skl2onnx
+    declares a PLSRegression's prediction (N, n_features)): inference then
+    computes them, :func:`_declared_dims` completes them."""
+    model = onnx.ModelProto()
+    copy_fields(model, light, skip=("graph",))
+    graph = copy_fields(model.graph, light.graph, skip=("output",))
+    graph.output.extend(
+        tensor_value_info(o.name, o.type.tensor_type.elem_type, None)
+        if o.type.WhichOneof("value") == "tensor_type" else o
+        for o in light.graph.output)
+    return model
+
+
+def _declared_dims(inferred, declared):
+    """An output's inferred shape completed by its declared one: the
+    declared rank and dims where inference does not tell, the inferred
+    static dims where they differ."""
+    if inferred is None or declared is None or len(inferred) != len(declared):
+        return declared if inferred is None else inferred
+    return tuple(i if isinstance(i, int) or d is None or (
+        isinstance(d, str) and d.startswith("unk__")) else d
+        for i, d in zip(inferred, declared))
+
+
 def _onnx_types(model, light):
     """``name -> (elem_type, shape)`` from onnx's shape inference on
     ``light`` (``model`` or its copy without the weights' values)."""
+    stripped = False
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
-    except Exception:  # pragma: no cover - inference failing on exotic ops
-        inferred = model
+        # strict: a declared shape the nodes contradict is an error, not
+        # silently kept
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=True,
+                                                     data_prop=True)
+    except Exception as error:
+        stripped = "existing shape differ" in str(error)
+        if stripped:
+            light = _without_output_shapes(light)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+        except Exception:  # pragma: no cover - inference failing on exotic ops
+            inferred = model
     graph = inferred.graph
     types = {}
     for init in model.graph.initializer:
@@ -100,6 +136,12 @@ def _onnx_types(model, light):
     for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
         info = type_of_value_info(vi)
         if info is not None and vi.name not in types:
+            types[vi.name] = info
+    for vi in model.graph.output if stripped else ():
+        info = type_of_value_info(vi)
+        if info is not None and vi.name in types and types[vi.name][0] == info[0]:
+            types[vi.name] = (info[0], _declared_dims(types[vi.name][1], info[1]))
+        elif info is not None and vi.name not in types:
             types[vi.name] = info
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
