@@ -433,3 +433,20 @@ def test_nan_is_data_only_when_the_graph_imputes():
     _, plain, _, _ = _case("Scaler+Ridge")
     with pytest.raises(ValueError, match="NaN"):
         OrtGradientForwardBackwardOptimizer(plain, max_iter=1).fit(X_tr, y_tr)
+
+
+def test_models_without_trainable_weights_name_their_op():
+    """Trees and kernel SVMs keep their parameters in attributes: the
+    refusal, before any step, names the node holding them."""
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.svm import SVC
+    X, y = _data("diabetes")
+    forest = to_onnx(RandomForestRegressor(3, max_depth=2, random_state=0).fit(X, y),
+                     X[:1], target_opset=17)
+    with pytest.raises(ValueError, match="attributes of TreeEnsembleRegressor node"):
+        OrtGradientForwardBackwardOptimizer(forest, max_iter=1).fit(X, y)
+    X, y = _data("iris")
+    svc = to_onnx(SVC(probability=True, random_state=0).fit(X, y), X[:1],
+                  target_opset=17)
+    with pytest.raises(ValueError, match="attributes of SVMClassifier node"):
+        OrtGradientForwardBackwardClassifier(svc, max_iter=1).fit(X, y)
