@@ -31,6 +31,7 @@ import math
 
 from .autodiff import trainable_initializers
 from .graph import FLOAT_TYPES
+from .models import select_weights
 from .training_mode import running_statistics
 
 __all__ = ["choose_weights", "default_weights"]
@@ -205,12 +206,10 @@ def default_weights(model, types=None):
     # constants are the model: nothing is frozen
     predictor = any(not g.is_projection(n) for n in layers)
     floats = {i.name for i in model.graph.initializer if i.data_type in FLOAT_TYPES}
-    for node in g.nodes:
+    for node in g.nodes if predictor else ():
         for name in node.input:
             if name not in floats or name in frozen:
                 continue
-            if not predictor:
-                break
             if fed and id(node) in prefix:
                 frozen[name] = (f"preprocessing constant: read by the {_label(node)} "
                                 "before the predictor")
@@ -248,8 +247,6 @@ def choose_weights(model, weights_to_train=None, types=None):
         name, nothing to train (the message names the ops that stop the
         gradient).
     """
-    from .models import select_weights
-
     if weights_to_train is None:
         names, frozen = default_weights(model, types)
         if names:
