@@ -446,7 +446,8 @@ def test_models_without_trainable_weights_name_their_op():
     with pytest.raises(ValueError, match="attributes of TreeEnsembleRegressor node"):
         OrtGradientForwardBackwardOptimizer(forest, max_iter=1).fit(X, y)
     X, y = _data("iris")
-    svc = to_onnx(SVC().fit(X, y), X[:1],
-                  target_opset=17)
+    with warnings.catch_warnings():  # skl2onnx reads SVC's deprecated probA_
+        warnings.simplefilter("ignore", FutureWarning)
+        svc = to_onnx(SVC().fit(X, y), X[:1], target_opset=17)
     with pytest.raises(ValueError, match="attributes of SVMClassifier node"):
         OrtGradientForwardBackwardClassifier(svc, max_iter=1).fit(X, y)
