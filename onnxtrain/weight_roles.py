@@ -8,12 +8,13 @@ to its input, or breaks the probabilities it outputs. :func:`default_weights`
 tells them apart by the graph's structure, whatever the converter named
 them:
 
-- the *preprocessing* is the part of the graph that only reshapes, selects,
-  imputes, encodes or applies constant affine maps to the data inputs
-  (``ai.onnx.ml`` preprocessing ops, Cast, Concat, Add/Sub/Mul/Div with a
-  constant, Gather of constant columns...), including a projection by a
-  constant matrix without a bias (PCA, TruncatedSVD) that feeds another
-  layer through affine ops only;
+- the *preprocessing* is the part of the graph between the data inputs
+  and the first layer: ops without weights of their own that reshape,
+  select, impute, encode, scale or transform the data (``ai.onnx.ml``
+  preprocessing ops, Cast, Concat, arithmetic with constants, Pow, Log,
+  reductions, Gather of columns, not of embedding rows...), including a
+  projection by a constant matrix without a bias (PCA, TruncatedSVD) that
+  feeds another layer through affine ops only;
 - a *layer* is a MatMul, Gemm, Conv or ConvTranspose with an initializer
   operand; its *bias* is Gemm's or Conv's third input, or a constant added
   to its output;
@@ -43,6 +44,17 @@ _PREPROCESSING = frozenset({
     "Add", "Sub", "Mul", "Div", "Neg", "Cast", "CastLike", "Identity",
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Transpose",
     "Gather", "Slice", "Split", "Expand"})
+#: Default-domain ops without weights of their own that preprocessing
+#: applies to the data before the first layer (PowerTransformer's Pow, Log
+#: and Where, a Normalizer's reductions, PolynomialFeatures' products...).
+_TRANSFORMS = _PREPROCESSING | frozenset({
+    "Abs", "Sqrt", "Pow", "Exp", "Log", "Reciprocal", "Sign", "Floor", "Ceil",
+    "Round", "Clip", "Max", "Min", "Where", "Equal", "Greater", "Less",
+    "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "IsNaN", "IsInf",
+    "ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd",
+    "ReduceL1", "ReduceL2", "ReduceSumSquare", "Shape", "Size",
+    "ConstantOfShape", "Range", "Tile", "OneHot", "ArgMax", "ArgMin",
+    "Cos", "Sin", "Erf", "Pad"})
 #: Ops of which a one-element initializer is an arithmetic constant.
 _ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min",
                          "Sum", "Mean", "Clip"})
@@ -118,6 +130,17 @@ class _Graph:
             return len(self.data_inputs(node)) == 1
         return True
 
+    def transform(self, node):
+        """Whether ``node`` may belong to the preprocessing: an
+        ``ai.onnx.ml`` transform, or a default-domain op without weights
+        of its own (a Gather of constant rows, an embedding, is not)."""
+        if node.domain == _ML_DOMAIN:
+            return node.op_type not in ("LinearClassifier", "LinearRegressor",
+                                        "ZipMap")
+        if not _is_default(node) or node.op_type not in _TRANSFORMS:
+            return False
+        return node.op_type != "Gather" or node.input[0] not in self.constants
+
     def is_projection(self, layer):
         """A layer without a bias whose output reaches another layer through
         affine steps only (PCA's components before the predictor)."""
@@ -157,9 +180,7 @@ def _preprocessing(g):
             if not g.is_projection(node):
                 fed = True
                 continue
-        elif not g.affine_step(node) and not (
-                node.domain == _ML_DOMAIN and node.op_type not in (
-                    "LinearClassifier", "LinearRegressor", "ZipMap")):
+        elif not g.transform(node):
             continue
         prefix.add(id(node))
         values.update(o for o in node.output if o)

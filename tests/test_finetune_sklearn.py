@@ -26,8 +26,8 @@ from sklearn.cross_decomposition import PLSRegression
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, load_wine
 from sklearn.decomposition import PCA, TruncatedSVD
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
-from sklearn.feature_selection import SelectKBest
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.feature_selection import SelectKBest
 from sklearn.impute import SimpleImputer
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
@@ -35,9 +35,10 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.pipeline import make_pipeline, make_union
 from sklearn.preprocessing import (Binarizer, KBinsDiscretizer, MaxAbsScaler,
-                                   MinMaxScaler,
-                                   Normalizer, OneHotEncoder, PolynomialFeatures,
+                                   MinMaxScaler, Normalizer, OneHotEncoder,
+                                   PolynomialFeatures, PowerTransformer,
                                    RobustScaler, StandardScaler)
+from sklearn.random_projection import GaussianRandomProjection
 from sklearn.svm import LinearSVC, LinearSVR
 from skl2onnx import to_onnx
 
@@ -136,6 +137,8 @@ MODELS = {
     "KBinsDiscretizer+Ridge": ("diabetes", lambda: make_pipeline(
         KBinsDiscretizer(n_bins=3, encode="onehot-dense", strategy="uniform"),
         lm.Ridge()), None),
+    "PowerTransformer+Ridge": ("diabetes", lambda: make_pipeline(
+        PowerTransformer(), lm.Ridge()), None),
     "Scaler+MLPRegressor": ("diabetes", lambda: make_pipeline(StandardScaler(), _mlp_r()), None),
     "PCA+MLPRegressor": ("diabetes", lambda: make_pipeline(PCA(6, random_state=0), _mlp_r()), None),
     # binary classifiers
@@ -170,6 +173,9 @@ MODELS = {
                                   {"zipmap": False}),
     "LinearDiscriminantAnalysis": ("wine", lambda: make_pipeline(
         StandardScaler(), LinearDiscriminantAnalysis()), None),
+    "GaussianRandomProjection+LogisticRegression": ("wine", lambda: make_pipeline(
+        StandardScaler(), GaussianRandomProjection(5, random_state=0),
+        lm.LogisticRegression()), None),
     "OneVsRest(LogisticRegression)": ("iris", lambda: make_pipeline(
         StandardScaler(), OneVsRestClassifier(lm.LogisticRegression())), None),
     "LogisticRegression-string-labels": ("iris-str", lm.LogisticRegression, None),
