@@ -117,7 +117,8 @@ MODELS = {
         SimpleImputer(), StandardScaler(), lm.Ridge()), None),
     "ColumnTransformer+Ridge": ("diabetes", lambda: make_pipeline(
         _columns(10), lm.Ridge()), None),
-    "Normalizer+Ridge": ("diabetes", lambda: make_pipeline(Normalizer(), lm.Ridge(0.01)), None),
+    "Normalizer+Ridge": ("diabetes", lambda: make_pipeline(
+        Normalizer(), lm.Ridge(0.01)), None),
     "OneHotEncoder+Scaler+Ridge": ("diabetes", lambda: make_pipeline(
         ColumnTransformer([("sex", OneHotEncoder(categories=[[0, 1]]), [1]),
                            ("std", StandardScaler(), [0] + list(range(2, 10)))]),
@@ -139,8 +140,10 @@ MODELS = {
         lm.Ridge()), None),
     "PowerTransformer+Ridge": ("diabetes", lambda: make_pipeline(
         PowerTransformer(), lm.Ridge()), None),
-    "Scaler+MLPRegressor": ("diabetes", lambda: make_pipeline(StandardScaler(), _mlp_r()), None),
-    "PCA+MLPRegressor": ("diabetes", lambda: make_pipeline(PCA(6, random_state=0), _mlp_r()), None),
+    "Scaler+MLPRegressor": ("diabetes", lambda: make_pipeline(
+        StandardScaler(), _mlp_r()), None),
+    "PCA+MLPRegressor": ("diabetes", lambda: make_pipeline(
+        PCA(6, random_state=0), _mlp_r()), None),
     # binary classifiers
     "LogisticRegression-bin": ("cancer", lambda: make_pipeline(
         StandardScaler(), lm.LogisticRegression()), None),
@@ -149,7 +152,8 @@ MODELS = {
     "SGDClassifier-bin": ("cancer", lambda: make_pipeline(
         StandardScaler(), lm.SGDClassifier(loss="log_loss", random_state=0)), None),
     "MLPClassifier-bin": ("cancer", lambda: make_pipeline(StandardScaler(), _mlp_c()), None),
-    "LinearSVC-bin": ("cancer", lambda: make_pipeline(StandardScaler(), LinearSVC()), {LinearSVC: {}}),
+    "LinearSVC-bin": ("cancer", lambda: make_pipeline(StandardScaler(), LinearSVC()),
+                      {LinearSVC: {}}),
     "RidgeClassifier-bin": ("cancer", lambda: make_pipeline(
         StandardScaler(), lm.RidgeClassifier()), None),
     "PCA+LogisticRegression-bin": ("cancer", lambda: make_pipeline(
@@ -179,7 +183,8 @@ MODELS = {
     "OneVsRest(LogisticRegression)": ("iris", lambda: make_pipeline(
         StandardScaler(), OneVsRestClassifier(lm.LogisticRegression())), None),
     "LogisticRegression-string-labels": ("iris-str", lm.LogisticRegression, None),
-    "LinearSVC-multi": ("iris", lambda: make_pipeline(StandardScaler(), LinearSVC()), {LinearSVC: {}}),
+    "LinearSVC-multi": ("iris", lambda: make_pipeline(StandardScaler(), LinearSVC()),
+                        {LinearSVC: {}}),
     "RidgeClassifier-multi": ("wine", lambda: make_pipeline(
         StandardScaler(), lm.RidgeClassifier()), None),
     "ColumnTransformer+LogisticRegression": ("wine", lambda: make_pipeline(
