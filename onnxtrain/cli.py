@@ -11,11 +11,12 @@ import numpy as np
 import onnx
 
 from ._files import load_checked_model
+from .estimators._inputs import imputes_nan
 
 __all__ = ["main", "read_csv"]
 
 
-def read_csv(path, target, features=None):
+def read_csv(path, target, features=None, missing_features=False):
     """Read a numeric CSV file with a header row.
 
     Parameters
@@ -25,6 +26,10 @@ def read_csv(path, target, features=None):
         Column holding y.
     features : list of str, default=None
         Columns of X in order (default: every column but ``target``).
+    missing_features : bool, default=False
+        Read an empty feature cell, or one that is not a number ('NA',
+        'nan'...), as NaN (for a graph that imputes missing values) instead
+        of refusing it. The target is always a finite number.
 
     Returns
     -------
@@ -77,7 +82,9 @@ def read_csv(path, target, features=None):
                 values[i, j] = float(cell)
             except ValueError:
                 values[i, j] = np.nan
-            if not np.isfinite(values[i, j]):
+            missing = np.isnan(values[i, j]) and missing_features \
+                and header[j] != target
+            if not (missing or np.isfinite(values[i, j])):
                 raise ValueError(f"{path}, line {line}, column {header[j]!r}: "
                                  f"{cell!r} is not a finite number.")
     X = values[:, [header.index(c) for c in features]]
@@ -186,7 +193,8 @@ def _train(args):
     _check_output_path(args.output, args.overwrite)
     learning_rate = _update_rule(args)
     model = load_checked_model(args.model)
-    X, y, _ = read_csv(args.data, args.target, args.features)
+    X, y, _ = read_csv(args.data, args.target, args.features,
+                       missing_features=imputes_nan(model))
     classify = args.task == "classification" or (
         args.task == "auto" and _is_classifier(model))
     estimator = (OrtGradientForwardBackwardClassifier if classify

@@ -208,3 +208,52 @@ def test_train_fine_tunes_a_classifier_with_adam(tmp_path, capsys):
     assert status == 2
     assert "--schedule applies to sgd and nesterov" in capsys.readouterr().err
     assert not (tmp_path / "no.onnx").exists()
+
+
+def test_read_csv_missing_features_as_nan(tmp_path):
+    path = tmp_path / "gaps.csv"
+    path.write_text("a,b,target\n1,,3\nNA,5,6\n")
+    X, y, _ = read_csv(str(path), "target", missing_features=True)
+    np.testing.assert_array_equal(np.isnan(X), [[False, True], [True, False]])
+    np.testing.assert_array_equal(y, [3, 6])
+    with pytest.raises(ValueError, match=r"line 2, column 'b'"):
+        read_csv(str(path), "target")
+    path.write_text("a,target\n1,\n")
+    with pytest.raises(ValueError, match=r"line 2, column 'target'"):
+        read_csv(str(path), "target", missing_features=True)
+
+
+def test_train_command_reads_gaps_for_an_imputing_graph(tmp_path, capsys):
+    import warnings
+
+    from sklearn.impute import SimpleImputer
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+
+    from onnxtrain import to_onnx
+    rng = np.random.RandomState(0)
+    X = rng.randn(40, 2).astype(np.float32)
+    y = X @ np.array([2.0, -1.0], dtype=np.float32) + 0.5
+    pipe = make_pipeline(SimpleImputer(), Ridge(alpha=1e-3)).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onx = to_onnx(pipe, X[:1])
+    model_path = tmp_path / "imputed.onnx"
+    model_path.write_bytes(onx.SerializeToString())
+    rows = [f"{'' if i % 7 == 0 else a},{b},{t}" for i, (a, b, t) in
+            enumerate(zip(X[:, 0], X[:, 1], y))]
+    data = tmp_path / "gaps.csv"
+    data.write_text("a,b,target\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out.onnx"
+    status = main(["train", str(model_path), str(data), "--target", "target",
+                   "--epochs", "2", "--learning-rate", "1e-4", "--output", str(out)])
+    assert status == 0, capsys.readouterr().err
+    # the trained graph imputes the gaps it was trained on: finite
+    # predictions, near y on the complete rows
+    import onnxruntime
+    sess = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    X_gaps = X.copy()
+    X_gaps[::7, 0] = np.nan
+    pred = sess.run(None, {sess.get_inputs()[0].name: X_gaps})[0].ravel()
+    assert np.isfinite(pred).all()
+    np.testing.assert_allclose(pred[1::7], y[1::7], atol=0.05)
