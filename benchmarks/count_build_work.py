@@ -6,7 +6,7 @@ paths) and of one ``generate_artifacts``: reverse passes
 sessions created and, of them, those that ran.
 
 Run: ``python benchmarks/count_build_work.py``; prints one table row per
-case. :func:`count_build_work` is what ``tests/test_build_counts.py`` pins.
+case. :func:`count_build_work` is what ``tests/assembly/test_build_counts.py`` pins.
 """
 from __future__ import annotations
 

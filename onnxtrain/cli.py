@@ -10,12 +10,13 @@ import sys
 import numpy as np
 import onnx
 
+from .estimators._inputs import imputes_nan
 from .runtime.checks import load_checked_model
 
 __all__ = ["main", "read_csv"]
 
 
-def read_csv(path, target, features=None):
+def read_csv(path, target, features=None, missing_features=False):
     """Read a numeric CSV file with a header row.
 
     Parameters
@@ -25,6 +26,10 @@ def read_csv(path, target, features=None):
         Column holding y.
     features : list of str, default=None
         Columns of X in order (default: every column but ``target``).
+    missing_features : bool, default=False
+        Read an empty feature cell, or one that is not a number ('NA',
+        'nan'...), as NaN (for a graph that imputes missing values) instead
+        of refusing it. The target is always a finite number.
 
     Returns
     -------
@@ -77,7 +82,9 @@ def read_csv(path, target, features=None):
                 values[i, j] = float(cell)
             except ValueError:
                 values[i, j] = np.nan
-            if not np.isfinite(values[i, j]):
+            missing = np.isnan(values[i, j]) and missing_features \
+                and header[j] != target
+            if not (missing or np.isfinite(values[i, j])):
                 raise ValueError(f"{path}, line {line}, column {header[j]!r}: "
                                  f"{cell!r} is not a finite number.")
     X = values[:, [header.index(c) for c in features]]
@@ -147,24 +154,70 @@ def _demo(args):
     return 0
 
 
+def _is_classifier(model):
+    """Whether ``model`` classifies: an output that is not a float tensor
+    (labels, ZipMap's probabilities)."""
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+              onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    return any(o.type.WhichOneof("value") != "tensor_type"
+               or o.type.tensor_type.elem_type not in floats
+               for o in model.graph.output)
+
+
+def _update_rule(args):
+    """The learning-rate object of ``--optimizer``, ``--learning-rate`` and
+    ``--schedule``.
+
+    Raises
+    ------
+    ValueError
+        ``--schedule`` with Adam or AdamW (their rate is constant).
+    """
+    from .optim import (LearningRateAdam, LearningRateAdamW, LearningRateSGD,
+                        LearningRateSGDNesterov)
+    sgd = {"sgd": LearningRateSGD, "nesterov": LearningRateSGDNesterov}
+    if args.optimizer in sgd:
+        return sgd[args.optimizer](eta0=args.learning_rate,
+                                   learning_rate=args.schedule or "invscaling")
+    if args.schedule is not None:
+        raise ValueError(f"--schedule applies to sgd and nesterov, not to "
+                         f"--optimizer {args.optimizer}.")
+    adam = {"adam": LearningRateAdam, "adamw": LearningRateAdamW}
+    return adam[args.optimizer](eta0=args.learning_rate)
+
+
 def _train(args):
-    from .estimators import OrtGradientForwardBackwardOptimizer
-    from .optim.learning_rates import LearningRateSGD
+    from .estimators import (OrtGradientForwardBackwardClassifier,
+                             OrtGradientForwardBackwardOptimizer)
 
     _check_output_path(args.output, args.overwrite)
-    X, y, _ = read_csv(args.data, args.target, args.features)
+    learning_rate = _update_rule(args)
     model = load_checked_model(args.model)
-    est = OrtGradientForwardBackwardOptimizer(
+    X, y, _ = read_csv(args.data, args.target, args.features,
+                       missing_features=imputes_nan(model))
+    classify = args.task == "classification" or (
+        args.task == "auto" and _is_classifier(model))
+    estimator = (OrtGradientForwardBackwardClassifier if classify
+                 else OrtGradientForwardBackwardOptimizer)
+    params = {} if args.loss is None else {"learning_loss": args.loss}
+    est = estimator(
         model, weights_to_train=args.weights, max_iter=args.epochs,
         batch_size=args.batch_size, device=args.device, verbose=1,
-        learning_rate=LearningRateSGD(eta0=args.learning_rate,
-                                      learning_rate=args.schedule),
-        warm_start=args.warm_start, random_state=args.random_state)
+        learning_rate=learning_rate,
+        init="random" if args.warm_start is False else args.init,
+        random_state=args.random_state, shuffle=args.shuffle,
+        early_stopping=args.early_stopping,
+        validation_fraction=args.validation_fraction,
+        n_iter_no_change=args.n_iter_no_change, tol=args.tol, **params)
     est.fit(X, y)
     onnx.save(est.get_trained_onnx(), args.output)
     print(f"trained weights: {est.weights_to_train_}")
+    if est.frozen_weights_:
+        print("frozen: " + "; ".join(f"{k} ({v})"
+                                     for k, v in est.frozen_weights_.items()))
+    score = "accuracy" if classify else "R2"
     print(f"epochs: {est.n_iter_}, last loss: {est.train_losses_[-1]:.6g}, "
-          f"R2 on the training data: {est.score(X, y):.4f}")
+          f"{score} on the training data: {est.score(X, y):.4f}")
     print(f"written: {args.output}")
     return 0
 
@@ -194,6 +247,18 @@ def _positive_int(text):
     return value
 
 
+_TRAIN_EXAMPLES = """examples:
+  fine-tune a converted regressor (its own weights, preprocessing frozen):
+    python -m onnxtrain train ridge.onnx new.csv --target y --output tuned.onnx
+  a classifier (labels in the target column), Adam, shuffled batches:
+    python -m onnxtrain train logreg.onnx new.csv --target label \\
+        --optimizer adam --learning-rate 0.001 --shuffle --output tuned.onnx
+  a cold start with random weights, early stopping:
+    python -m onnxtrain train mlp.onnx data.csv --target y --init random \\
+        --random-state 0 --early-stopping --output trained.onnx
+"""
+
+
 def build_parser():
     """The argparse parser of ``python -m onnxtrain``."""
     parser = argparse.ArgumentParser(
@@ -217,35 +282,72 @@ def build_parser():
                       "the loss (default: %(default)s)")
     demo.set_defaults(func=_demo)
 
-    train = sub.add_parser("train", help="train the initializers of an ONNX "
-                           "model on a CSV file")
-    train.add_argument("model", help="ONNX prediction graph (first output = "
-                       "prediction)")
+    train = sub.add_parser(
+        "train", help="train (fine-tune) the initializers of an ONNX model on "
+        "a CSV file", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_TRAIN_EXAMPLES)
+    train.add_argument("model", help="ONNX prediction graph: a regressor "
+                       "(first float output = prediction) or a classifier "
+                       "(probabilities, with or without ZipMap)")
     train.add_argument("data", help="CSV file with a header row, numbers only")
     train.add_argument("--target", required=True, help="column holding y")
     train.add_argument("--features", nargs="+", default=None,
                        help="feature columns in the model's order (default: "
                        "every column but the target)")
     train.add_argument("--weights", nargs="+", default=None,
-                       help="initializers to train (default: every trainable "
-                       "float initializer)")
+                       help="initializers to train (default: the model's "
+                       "weights, preprocessing and arithmetic constants "
+                       "frozen)")
     train.add_argument("--epochs", type=_positive_int, default=100,
                        help="training epochs (default: %(default)s)")
     train.add_argument("--batch-size", type=_positive_int, default=10,
                        help="rows per step (default: %(default)s)")
     train.add_argument("--learning-rate", type=_learning_rate, default=0.01,
-                       help="initial learning rate eta0 (default: %(default)s)")
-    train.add_argument("--schedule", default="invscaling",
+                       help="initial learning rate eta0 of the optimizer "
+                       "(default: %(default)s)")
+    train.add_argument("--task", choices=["auto", "regression", "classification"],
+                       default="auto", help="auto: classification when the "
+                       "model outputs labels (default: %(default)s)")
+    train.add_argument("--loss", default=None,
+                       help="learning loss, a name of onnxtrain.losses: "
+                       "square_error, absolute_error, elastic, log, "
+                       "cross_entropy, poisson... (default: square_error for "
+                       "regression, cross_entropy for classification)")
+    train.add_argument("--optimizer", default="sgd",
+                       choices=["sgd", "nesterov", "adam", "adamw"],
+                       help="update rule (default: %(default)s)")
+    train.add_argument("--schedule", default=None,
                        choices=["constant", "invscaling", "optimal"],
-                       help="learning-rate schedule: invscaling decays as "
-                       "lr / (epoch + 1) ** 0.25 (default: %(default)s)")
+                       help="learning-rate schedule of sgd and nesterov: "
+                       "invscaling decays as lr / (epoch + 1) ** 0.25 "
+                       "(default: invscaling)")
+    train.add_argument("--shuffle", action="store_true",
+                       help="shuffle the rows at each epoch (without it, "
+                       "batches in row order)")
+    train.add_argument("--early-stopping", action="store_true",
+                       help="hold out a fraction of the rows (validation "
+                       "fraction) and stop when their score stops improving, "
+                       "keeping the best weights")
+    train.add_argument("--validation-fraction", type=float, default=0.1,
+                       help="held-out rows of the early stopping (default: "
+                       "%(default)s)")
+    train.add_argument("--n-iter-no-change", type=int, default=10,
+                       help="epochs without improvement before stopping "
+                       "(default: %(default)s)")
+    train.add_argument("--tol", type=float, default=None,
+                       help="improvement threshold of the stopping rules "
+                       "(default: no stopping on the training loss, 1e-4 "
+                       "with early stopping)")
+    train.add_argument("--init", choices=["model", "random"], default="model",
+                       help="initial weights: the model's own (fine-tune what "
+                       "it learned) or random Glorot-uniform draws as "
+                       "scikit-learn's MLP (a cold start) (default: "
+                       "%(default)s)")
+    # the option --init replaced: --no-warm-start means --init random
     train.add_argument("--warm-start", action=argparse.BooleanOptionalAction,
-                       default=True, help="start from the model's own weights "
-                       "(default) or, for a graph converted by skl2onnx, from "
-                       "Glorot-uniform draws as scikit-learn's MLP "
-                       "(--no-warm-start; other graphs keep their weights)")
+                       default=None, help=argparse.SUPPRESS)
     train.add_argument("--random-state", type=int, default=None,
-                       help="seed of the initial weights with --no-warm-start "
+                       help="seed of the random initial weights (init random) "
                        "(default: a new seed each run)")
     train.add_argument("--device", default="cpu",
                        help="cpu, cuda or cuda:N (default: %(default)s)")

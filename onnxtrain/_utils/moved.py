@@ -29,6 +29,7 @@ MOVED = {
     "onnxtrain.training_graphs": "onnxtrain.assembly.training_graphs",
     "onnxtrain.training_mode": "onnxtrain.graph.training_mode",
     "onnxtrain.update_rules": "onnxtrain.optim.update_rules",
+    "onnxtrain.weight_roles": "onnxtrain.assembly.weight_roles",
 }
 
 

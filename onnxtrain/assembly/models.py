@@ -73,10 +73,7 @@ def select_weights(model, weights_to_train=None, types=None):
                   if n not in statistics]
     if weights_to_train is None:
         if not candidates:
-            raise ValueError(
-                "The model has no float initializer reaching its outputs through "
-                "differentiable ops: nothing to train. Coefficients stored in "
-                "attributes (ai.onnx.ml LinearRegressor...) are not trainable.")
+            _nothing_to_train(model, types)
         return candidates
     names = [weights_to_train] if isinstance(weights_to_train, str) else list(
         weights_to_train)
@@ -99,6 +96,30 @@ def select_weights(model, weights_to_train=None, types=None):
     if not set(names) & set(candidates):  # else one reaches: nothing to check
         check_weights_reach_outputs(model, names, types=types)
     return names
+
+
+def _nothing_to_train(model, types):
+    """Raise the ValueError of a model without weights to train, naming the
+    ops that hold its parameters in attributes (ai.onnx.ml trees, SVMs...)
+    or those where the gradient of its float initializers stops."""
+    floats = [i.name for i in model.graph.initializer
+              if i.data_type in FLOAT_TYPES and len(i.dims) > 0]
+    if floats:
+        check_weights_reach_outputs(model, floats, what="the float initializers",
+                                    types=types)
+    held = list(dict.fromkeys(
+        f"{n.op_type} node {n.name!r}" if n.name else n.op_type
+        for n in model.graph.node if n.domain == "ai.onnx.ml"
+        and n.op_type not in ("ZipMap", "Scaler", "Normalizer", "Imputer",
+                              "ArrayFeatureExtractor", "FeatureVectorizer",
+                              "OneHotEncoder", "Binarizer", "LabelEncoder",
+                              "CastMap", "DictVectorizer")))
+    where = (f": its parameters are attributes of {', '.join(held)} "
+             "(ai.onnx.ml), which onnxtrain does not train (it rewrites only "
+             "LinearRegressor and LinearClassifier into trainable ops)"
+             if held else "")
+    raise ValueError("The model has no float initializer reaching its outputs "
+                     f"through differentiable ops: nothing to train{where}.")
 
 
 def check_weights_reach_outputs(model, names, outputs=None,

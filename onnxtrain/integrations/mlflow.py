@@ -2,6 +2,10 @@
 ``onnx`` flavor), the parameters and the per-epoch ``history_``.
 
 Requires ``pip install onnxtrain[mlflow]`` (``mlflow-skinny`` is enough).
+MLflow 3 refuses a local file store unless the environment variable
+``MLFLOW_ALLOW_FILE_STORE=true`` is set, and its default store (SQLite)
+needs the full ``mlflow`` package: a refused store raises an error saying
+what to set.
 
 - :func:`log_model` logs a fitted estimator to the active run (or a new
   one);
@@ -29,6 +33,34 @@ def _mlflow():
         raise ImportError("onnxtrain.mlflow needs MLflow: pip install "
                           "onnxtrain[mlflow] (or mlflow-skinny).") from exc
     return mlflow
+
+
+def _start_run(mlflow):
+    """``mlflow.start_run()``, a store MLflow refuses named with what to set.
+
+    Raises
+    ------
+    mlflow.exceptions.MlflowException
+        MLflow 3 refuses its local file store (``file:`` URIs, ``./mlruns``)
+        unless ``MLFLOW_ALLOW_FILE_STORE=true``, and its default store
+        (``sqlite:///mlflow.db``) needs SQLAlchemy, which mlflow-skinny does
+        not install: the message says both.
+    """
+    try:
+        return mlflow.start_run()
+    except Exception as exc:
+        text = str(exc)
+        if "MLFLOW_ALLOW_FILE_STORE" not in text and "sqlite" not in text:
+            raise
+        uri = mlflow.get_tracking_uri()
+        raise mlflow.exceptions.MlflowException(
+            f"MLflow cannot open its tracking store {uri!r}. For a local "
+            "store, set the environment variable MLFLOW_ALLOW_FILE_STORE=true "
+            "(os.environ['MLFLOW_ALLOW_FILE_STORE'] = 'true' before logging) "
+            "with a file URI (mlflow.set_tracking_uri('file:./mlruns')); or "
+            "install the full mlflow package (SQLAlchemy) for its default "
+            "'sqlite:///mlflow.db'; or set MLFLOW_TRACKING_URI to a tracking "
+            f"server. MLflow said: {text}") from exc
 
 
 def _trained_onnx(estimator):
@@ -122,12 +154,15 @@ def log_model(estimator, name="model", *, params=True, history=True,
         An estimator not fitted yet (nothing is logged).
     ImportError
         MLflow is not installed.
+    mlflow.exceptions.MlflowException
+        MLflow refuses its tracking store (a local file store without
+        ``MLFLOW_ALLOW_FILE_STORE=true``...): the message says what to set.
     """
     mlflow = _mlflow()
     model = _trained_onnx(estimator)  # raises before anything is logged
     started = mlflow.active_run() is None
     if started:
-        mlflow.start_run()
+        _start_run(mlflow)
     try:
         if params:
             log_params(estimator)
@@ -170,7 +205,7 @@ class MLflowLogger(Callback):
     def on_train_begin(self, estimator, X=None, y=None):
         mlflow = _mlflow()
         self._started = mlflow.active_run() is None
-        run = mlflow.start_run() if self._started else mlflow.active_run()
+        run = _start_run(mlflow) if self._started else mlflow.active_run()
         self.run_id_ = run.info.run_id
         self.model_info_ = None
 

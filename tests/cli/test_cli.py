@@ -133,7 +133,14 @@ def test_train_command_clean_errors(csv_and_model, tmp_path, capsys):
     ("train", {"--epochs": "100", "--batch-size": "10", "--learning-rate": "0.01",
                "--schedule": "invscaling", "--device": "cpu",
                "--features": "every column but the target",
-               "--weights": "every trainable float initializer"}),
+               "--weights": "the model's weights, preprocessing and arithmetic "
+                            "constants frozen", "--init": "model",
+               "--task": "auto", "--optimizer": "sgd",
+               "--loss": "square_error for regression, cross_entropy for "
+                         "classification",
+               "--validation-fraction": "0.1", "--n-iter-no-change": "10",
+               "--tol": "no stopping on the training loss, 1e-4 with early "
+                        "stopping"}),
     ("demo", {"--output-dir": "onnxtrain_demo", "--epochs": "50",
               "--device": "cpu", "--verbose": "0"})])
 def test_help_gives_each_default_once(command, defaults, capsys):
@@ -143,7 +150,7 @@ def test_help_gives_each_default_once(command, defaults, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())  # undo the wrapping
-    text = text.split(" options: ", 1)[1]
+    text = text.split(" options: ", 1)[1].split(" examples: ")[0]
     assert "None" not in text
     sections = text.split(" --")
     for option, default in defaults.items():
@@ -155,3 +162,98 @@ def test_help_gives_each_default_once(command, defaults, capsys):
         for required in ("target", "output"):
             section = [s for s in sections if s.startswith(required + " ")]
             assert len(section) == 1 and "(default" not in section[0]
+
+
+def test_train_fine_tunes_a_classifier_with_adam(tmp_path, capsys):
+    """A converted scikit-learn classifier pipeline (labels and ZipMap
+    outputs: the task is classification) fine-tuned with Adam on shifted
+    data: the written model is more accurate there than the original, and
+    the accuracy printed is the written model's."""
+    import warnings
+
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from skl2onnx import to_onnx
+
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        skl = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+    model = tmp_path / "clf.onnx"
+    onnx.save(to_onnx(skl, X[:1], target_opset=17), model)
+    shifted = X + 0.5 * X.std(axis=0)
+    data = tmp_path / "new.csv"
+    with open(data, "w") as f:
+        f.write("a,b,c,d,label\n")
+        for row, label in zip(shifted, y):
+            f.write(",".join(str(v) for v in row) + f",{label}\n")
+    out = tmp_path / "tuned.onnx"
+    status = main(["train", str(model), str(data), "--target", "label",
+                   "--optimizer", "adam", "--learning-rate", "0.01",
+                   "--epochs", "10", "--batch-size", "16", "--shuffle",
+                   "--random-state", "0", "--output", str(out)])
+    assert status == 0
+    text = capsys.readouterr().out
+    sess = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    accuracy = (sess.run(None, {"X": shifted})[0] == y).mean()
+    assert accuracy > skl.score(shifted, y) + 0.1
+    assert f"accuracy on the training data: {accuracy:.4f}" in text
+    assert "trained weights: ['coefficient', 'intercepts']" in text
+    status = main(["train", str(model), str(data), "--target", "label",
+                   "--optimizer", "adam", "--schedule", "constant",
+                   "--output", str(tmp_path / "no.onnx")])
+    assert status == 2
+    assert "--schedule applies to sgd and nesterov" in capsys.readouterr().err
+    assert not (tmp_path / "no.onnx").exists()
+
+
+def test_read_csv_missing_features_as_nan(tmp_path):
+    path = tmp_path / "gaps.csv"
+    path.write_text("a,b,target\n1,,3\nNA,5,6\n")
+    X, y, _ = read_csv(str(path), "target", missing_features=True)
+    np.testing.assert_array_equal(np.isnan(X), [[False, True], [True, False]])
+    np.testing.assert_array_equal(y, [3, 6])
+    with pytest.raises(ValueError, match=r"line 2, column 'b'"):
+        read_csv(str(path), "target")
+    path.write_text("a,target\n1,\n")
+    with pytest.raises(ValueError, match=r"line 2, column 'target'"):
+        read_csv(str(path), "target", missing_features=True)
+
+
+def test_train_command_reads_gaps_for_an_imputing_graph(tmp_path, capsys):
+    import warnings
+
+    from sklearn.impute import SimpleImputer
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+
+    from onnxtrain import to_onnx
+    rng = np.random.RandomState(0)
+    X = rng.randn(40, 2).astype(np.float32)
+    y = X @ np.array([2.0, -1.0], dtype=np.float32) + 0.5
+    pipe = make_pipeline(SimpleImputer(), Ridge(alpha=1e-3)).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onx = to_onnx(pipe, X[:1])
+    model_path = tmp_path / "imputed.onnx"
+    model_path.write_bytes(onx.SerializeToString())
+    rows = [f"{'' if i % 7 == 0 else a},{b},{t}" for i, (a, b, t) in
+            enumerate(zip(X[:, 0], X[:, 1], y))]
+    data = tmp_path / "gaps.csv"
+    data.write_text("a,b,target\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out.onnx"
+    status = main(["train", str(model_path), str(data), "--target", "target",
+                   "--epochs", "2", "--learning-rate", "1e-4", "--output", str(out)])
+    assert status == 0, capsys.readouterr().err
+    # the trained graph imputes the gaps it was trained on: finite
+    # predictions, near y on the complete rows
+    import onnxruntime
+    sess = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    X_gaps = X.copy()
+    X_gaps[::7, 0] = np.nan
+    pred = sess.run(None, {sess.get_inputs()[0].name: X_gaps})[0].ravel()
+    assert np.isfinite(pred).all()
+    np.testing.assert_allclose(pred[1::7], y[1::7], atol=0.05)

@@ -68,3 +68,43 @@ def test_log_model_refuses_an_unfitted_estimator(store, mlp_onnx):
     assert mlflow.active_run() is None
     experiment = store.get_experiment_by_name("Default")
     assert experiment is None or store.search_runs([experiment.experiment_id]) == []
+
+
+def test_a_refused_local_store_says_what_to_set(tmp_path, monkeypatch, mlp_onnx,
+                                                regression_data):
+    """MLflow 3 refuses a file store without MLFLOW_ALLOW_FILE_STORE: the
+    error names the variable and the alternatives; nothing is logged."""
+    X, y = regression_data
+    est = _run(X, y, mlp_onnx())
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    try:
+        with pytest.raises(mlflow.exceptions.MlflowException,
+                           match="MLFLOW_ALLOW_FILE_STORE=true") as info:
+            log_model(est)
+        assert "set_tracking_uri('file:./mlruns')" in str(info.value)
+        assert mlflow.active_run() is None
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        assert log_model(est).model_uri  # what the message said works
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_the_default_store_without_sqlalchemy_says_what_to_set(
+        tmp_path, monkeypatch, mlp_onnx, regression_data):
+    """mlflow-skinny's default store (sqlite:///mlflow.db) needs SQLAlchemy,
+    which it does not install: the error says what to set instead."""
+    try:
+        import sqlalchemy  # noqa: F401
+        pytest.skip("SQLAlchemy is installed: the default store opens")
+    except ImportError:
+        pass
+    X, y = regression_data
+    est = _run(X, y, mlp_onnx())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow.set_tracking_uri(None)
+    with pytest.raises(mlflow.exceptions.MlflowException,
+                       match="MLFLOW_ALLOW_FILE_STORE=true") as info:
+        log_model(est)
+    assert "set_tracking_uri('file:./mlruns')" in str(info.value)
