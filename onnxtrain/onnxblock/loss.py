@@ -76,16 +76,6 @@ class _Loss(Block):
                 "becomes a graph input).")
         return target_name
 
-    def _elementwise(self, emitter, loss_input_name, target_name):
-        """The reduced loss of an elementwise ``emitter`` of
-        :mod:`onnxtrain.losses.emitters` (its second result) comparing
-        ``loss_input_name`` with the target ``target_name``."""
-        state = self._state()
-        elem, shape = self._float_input(state, loss_input_name)
-        target = self._target(state, target_name, elem, shape, loss_input_name)
-        _, values = emitter(_Emitter(state, loss_input_name), loss_input_name, target)
-        return self._reduce(state, values)
-
     def _reduce(self, state, values):
         if self._reduction == "none":
             return values
@@ -103,7 +93,24 @@ class _Loss(Block):
         return info
 
 
-class MSELoss(_Loss):
+class _ElementwiseLoss(_Loss):
+    """A loss reducing an elementwise comparison of the output with its
+    target: :attr:`emitter` is one of :mod:`onnxtrain.losses.emitters`."""
+
+    emitter = None
+
+    def build(self, loss_input_name, target_name="target"):
+        """Loss of ``loss_input_name`` (float tensor of any shape) against
+        ``target_name`` (same shape); returns the loss name."""
+        state = self._state()
+        elem, shape = self._float_input(state, loss_input_name)
+        target = self._target(state, target_name, elem, shape, loss_input_name)
+        _, values = type(self).emitter(_Emitter(state, loss_input_name),
+                                       loss_input_name, target)
+        return self._reduce(state, values)
+
+
+class MSELoss(_ElementwiseLoss):
     """Mean squared error, ``(output - target)^2`` reduced.
 
     Calling the block, ``loss(output_name, target_name="target")``,
@@ -116,31 +123,19 @@ class MSELoss(_Loss):
     reduction : {'mean', 'sum', 'none'}, default='mean'
     """
 
-    def build(self, loss_input_name, target_name="target"):
-        """Loss of ``loss_input_name`` (float tensor of any shape) against
-        ``target_name`` (same shape); returns the loss name."""
-        return self._elementwise(loss_emitters.squared_error, loss_input_name,
-                                 target_name)
+    emitter = staticmethod(loss_emitters.squared_error)
 
 
-class L1Loss(_Loss):
-    """Mean absolute error, ``|output - target|`` reduced.
-
-    Calling the block, ``loss(output_name, target_name="target")``,
-    compares ``output_name`` with the tensor ``target_name``: by default a
-    new graph input named ``"target"`` with the output's element type and
-    shape (an existing value of that name is used as it is).
+class L1Loss(_ElementwiseLoss):
+    """Mean absolute error, ``|output - target|`` reduced; called as
+    :class:`MSELoss` is.
 
     Parameters
     ----------
     reduction : {'mean', 'sum', 'none'}, default='mean'
     """
 
-    def build(self, loss_input_name, target_name="target"):
-        """Loss of ``loss_input_name`` against ``target_name``; returns the
-        loss name."""
-        return self._elementwise(loss_emitters.absolute_error, loss_input_name,
-                                 target_name)
+    emitter = staticmethod(loss_emitters.absolute_error)
 
 
 class BCEWithLogitsLoss(_Loss):
