@@ -16,6 +16,8 @@ from ._utils.moved import install as _install_moved, moved_attribute
 
 _install_moved()  # before any import of a former module path
 
+from .assembly.models import add_loss_output, get_train_initializer, to_onnx
+from .assembly.rewrite import prediction_graph, probability_graph, rewrite_ml_linear_ops
 from .estimators import (GraphInputs, OrtGradientForwardBackwardClassifier,
                          OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer)
 from .exceptions import (ConvergenceError, ConvergenceWarning, DeviceError,
@@ -23,11 +25,9 @@ from .exceptions import (ConvergenceError, ConvergenceWarning, DeviceError,
 from .losses import (AbsoluteLearningLoss, CrossEntropyLearningLoss,
                      ElasticLearningLoss, NegLogLearningLoss, PoissonLearningLoss,
                      SquareLearningLoss)
-from .assembly.models import add_loss_output, get_train_initializer, to_onnx
+from .losses.penalties import ElasticLearningPenalty, NoLearningPenalty
 from .optim import (LearningRateAdam, LearningRateAdamW, LearningRateSGD,
                     LearningRateSGDNesterov)
-from .losses.penalties import ElasticLearningPenalty, NoLearningPenalty
-from .assembly.rewrite import prediction_graph, probability_graph, rewrite_ml_linear_ops
 from .runtime import OrtGradientForwardBackward
 
 __all__ = [

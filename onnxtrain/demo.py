@@ -21,8 +21,8 @@ from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 
-from .estimators import OrtGradientForwardBackwardOptimizer
 from .assembly.models import to_onnx
+from .estimators import OrtGradientForwardBackwardOptimizer
 from .optim.learning_rates import LearningRateSGD
 
 __all__ = ["DemoResult", "run_demo", "demo_linear_regression", "demo_diabetes"]

@@ -9,17 +9,17 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .._utils.casting import cast_within_range
-from ..runtime.checks import check_onnx_model, load_checked_model
 from ..graph import elem_type_to_numpy, infer_value_types
 from ..graph.aliasing import writes_after_reads
 from ..graph.scopes import node_reads
 from ..onnxblock._training import EVAL_METADATA, TRAINING_METADATA
-from ._plain_step import without_accumulation
 from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
                        ortvalue_dtype, parse_device, to_numpy, to_ortvalue)
+from ..runtime.checks import check_onnx_model, load_checked_model
+from ..runtime.ort_format import OrtFormatModel, is_ort_format
 from ..runtime.sessions import default_session_options
 from ..runtime.threads import check_n_threads
-from ..runtime.ort_format import OrtFormatModel, is_ort_format
+from ._plain_step import without_accumulation
 
 __all__ = ["Module"]
 

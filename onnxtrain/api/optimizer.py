@@ -5,12 +5,12 @@ import numbers
 
 import numpy as np
 
+from ..checkpoint.format import MAX_STEP
 from ..graph import numpy_to_elem_type
 from ..graph.aliasing import writes_after_reads
 from ..onnxblock.optim import OPTIMIZER_METADATA
 from ..runtime import SessionRunner, is_ortvalue, to_ortvalue
 from ._flat import FlatBuffers, flat_optimizer_model
-from ..checkpoint.format import MAX_STEP
 from .module import load_model, read_layout
 from .state import OptimizerState
 

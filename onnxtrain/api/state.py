@@ -5,8 +5,8 @@ from collections.abc import MutableMapping
 
 import numpy as np
 
-from ..runtime import to_numpy
 from ..checkpoint.format import encode_property, read_checkpoint, write_checkpoint
+from ..runtime import to_numpy
 
 __all__ = ["Parameter", "CheckpointState", "OptimizerState"]
 

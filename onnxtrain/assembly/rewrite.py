@@ -18,11 +18,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
+                     infer_value_types, opset_of)
 from ..graph.builder import constant_node_value, copy_fields
 from ..graph.scopes import subgraphs
 from .models import load_model
-from ..graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
-                     infer_value_types, opset_of)
 
 __all__ = ["rewrite_ml_linear_ops", "probability_graph", "prediction_graph"]
 

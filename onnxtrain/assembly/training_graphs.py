@@ -31,13 +31,13 @@ from onnx import TensorProto, helper
 
 from .._utils.gc import gc_frozen
 from ..autodiff import build_fused_model, build_gradient_models
-from ..graph.broadcasts import avoid_slow_broadcasts
-from ..graph.conv_gemm import lower_small_convs
-from ..graph.aliasing import writes_after_reads
-from ..graph.cse import eliminate_common_subexpressions
-from ..graph.scopes import rename_values, subgraphs, without_unread
 from ..autodiff.backward import rename_many_reads
 from ..graph import GraphBuilder, infer_value_types, make_model, opset_of
+from ..graph.aliasing import writes_after_reads
+from ..graph.broadcasts import avoid_slow_broadcasts
+from ..graph.conv_gemm import lower_small_convs
+from ..graph.cse import eliminate_common_subexpressions
+from ..graph.scopes import rename_values, subgraphs, without_unread
 from ..graph.training_mode import updated_name, with_running_statistics_updates
 
 __all__ = ["TrainingStep", "TrainingGraphs", "LossGraphs", "build_training_step",

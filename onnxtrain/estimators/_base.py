@@ -17,28 +17,28 @@ from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
-from ..runtime.checks import load_checked_model
 from .._utils.gc import gc_frozen
+from ..assembly.models import load_model, replace_initializers
+from ..assembly.training_graphs import LossGraphs, small_graph_opset
+from ..assembly.weight_roles import choose_weights
 from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..graph._small import full_repr
 from ..graph import (elem_type_to_numpy, infer_value_types, opset_of,
                      without_initializer_values)
+from ..graph._small import full_repr
 from ..graph.identities import remove_identity_dropouts
-from ..optim.initializers import bias_weights, glorot_uniform_weights
+from ..graph.training_mode import inference_mode
 from ..losses.learning_losses import resolve_learning_loss
-from ..assembly.models import load_model, replace_initializers
-from ..optim.learning_rates import resolve_learning_rate
 from ..losses.penalties import resolve_learning_penalty
+from ..optim.initializers import bias_weights, glorot_uniform_weights
+from ..optim.learning_rates import resolve_learning_rate
+from ..runtime.checks import load_checked_model
 from ..runtime.engine import check_weight_names
 from ..runtime.threads import session_threads, with_session_threads
 from ..training.callbacks import check_callbacks
 from ..training.loop import EpochLoop
-from ..graph.training_mode import inference_mode
-from ..assembly.weight_roles import choose_weights
-from ..assembly.training_graphs import LossGraphs, small_graph_opset
-from ._trainer import StepRunner
 from ._inputs import (GraphInputs, check_batch_dimension, check_features,
                       data_inputs)
+from ._trainer import StepRunner
 from ._validation import check_sample_weight, validation_period
 
 __all__ = ["BaseOrtGradientEstimator"]

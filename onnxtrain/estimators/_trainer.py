@@ -9,13 +9,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..assembly.training_graphs import TrainingGraphs, final_activation
 from ..graph import elem_type_to_numpy, without_initializer_values
+from ..graph.training_mode import with_running_statistics_updates
 from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
-from ..assembly.training_graphs import TrainingGraphs, final_activation
 from ..runtime.engine import copy_arrays
 from ..runtime.threads import session_threads
-from ..graph.training_mode import with_running_statistics_updates
 from ._inputs import feature_arrays
 
 __all__ = ["StepRunner", "final_activation"]

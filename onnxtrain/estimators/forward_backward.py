@@ -11,9 +11,9 @@ from sklearn.base import ClassifierMixin, RegressorMixin, clone
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.multiclass import unique_labels
 
-from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLoss
 from ..assembly.rewrite import (prediction_graph, probability_graph,
                                 rewrite_ml_linear_ops)
+from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLoss
 from ._base import BaseOrtGradientEstimator, prediction_dtype
 from ._trainer import final_activation
 from ._validation import check_sample_weight, check_targets, check_use_numpy

@@ -32,11 +32,11 @@ from ..estimators._validation import check_target_rank
 from ..exceptions import ConvergenceWarning
 from ..losses.learning_losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
                                       PoissonLearningLoss, SquareLearningLoss)
-from ..optim.learning_rates import LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
 from ..losses.penalties import ElasticLearningPenalty, NoLearningPenalty
+from ..optim.learning_rates import LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+from ..training.callbacks import check_callbacks
 from ._graph import (OUTPUT_FUNCTIONS, classifier_graph, init_layers,
                      regressor_graph, training_graph, weight_names)
-from ..training.callbacks import check_callbacks
 from ._loop import MLPTrainingLoop
 
 __all__ = ["MLPRegressor", "MLPClassifier"]

@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..runtime.checks import check_onnx_model, load_checked_model
 from ..graph import (FLOAT_TYPES, GraphBuilder, infer_value_types, opset_of,
                      type_of_value_info)
 from ..graph.builder import tensor_value_info
+from ..runtime.checks import check_onnx_model, load_checked_model
 
 __all__ = ["base", "owned_base", "empty_base", "current_base", "BaseState",
            "ModelAccessor", "DEFAULT_OPSET"]

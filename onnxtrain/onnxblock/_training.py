@@ -15,16 +15,16 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
+from ..assembly.models import check_weights_reach_outputs
 from ..autodiff import backward
 from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
 from ..graph import (FLOAT_TYPES, default_ir_version,
                      infer_value_types, opset_of)
-from ..graph.builder import tensor_value_info
 from ..graph.broadcasts import avoid_slow_broadcasts
+from ..graph.builder import tensor_value_info
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
-from ..assembly.models import check_weights_reach_outputs
 from ..graph.training_mode import (batchnorm_buffers, running_statistics,
                                    with_running_statistics_updates)
 

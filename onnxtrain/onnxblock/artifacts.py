@@ -22,10 +22,10 @@ from ..checkpoint.format import (check_checkpoint_entries, checkpoint_to_bytes,
                                  write_checkpoint)
 from ..graph import FLOAT_TYPES, opset_of
 from ..graph.builder import without_initializer_values
+from ..graph.training_mode import running_statistics
+from ..runtime.ort_format import save_ort_format
 from ._base import owned_base, read_model
 from .optim import build_optimizer_model
-from ..runtime.ort_format import save_ort_format
-from ..graph.training_mode import running_statistics
 
 __all__ = ["LossType", "OptimType", "generate_artifacts"]
 

@@ -8,11 +8,11 @@ import numpy as np
 from onnx import numpy_helper
 from onnxruntime import OrtValue
 
-from .checks import load_checked_model
+from ..assembly.models import load_model, select_weights
 from ..autodiff import build_gradient_models, weights_as_inputs
 from ..graph import elem_type_to_numpy
-from ..assembly.models import load_model, select_weights
 from ..graph.training_mode import inference_mode
+from .checks import load_checked_model
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
 from .threads import (current_session_threads, requested_session_threads,

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import TensorProto
 
-from .checks import load_checked_model
-from ..autodiff import build_gradient_models
 from ..assembly.models import get_train_initializer, select_weights
+from ..autodiff import build_gradient_models
+from .checks import load_checked_model
 from .devices import parse_device
 from .engine import check_weight_names
 from .sessions import SessionRunner, make_session, to_ortvalue
