@@ -2,7 +2,7 @@
 
 scikit-learn's ``MLPRegressor`` (10-16-1, relu) is converted to ONNX with
 skl2onnx, and :class:`onnxtrain.OrtGradientForwardBackwardOptimizer` trains
-the converted graph on onnxruntime. With ``warm_start=False`` and the same
+the converted graph on onnxruntime. With ``init='random'`` and the same
 ``random_state``, onnxtrain draws the initial weights scikit-learn draws and
 visits the same batches, so the two per-epoch loss curves coincide. Two
 solvers are compared:
@@ -78,12 +78,13 @@ def train_both(X_train, y_train, solver, epochs, batch_size):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         skl.fit(X_train, y_train)
-    # The graph does not depend on the weights scikit-learn learned: onnxtrain
-    # starts from the weights scikit-learn started from (warm_start=False).
+    # The training does not depend on the weights scikit-learn learned:
+    # onnxtrain starts from the weights scikit-learn started from
+    # (init='random'; the default, init='model', would fine-tune the graph's).
     onx = to_onnx(skl, X_train[:1], target_opset=15)
     est = OrtGradientForwardBackwardOptimizer(
         onx, max_iter=epochs, batch_size=batch_size, random_state=0,
-        warm_start=False, **ours)
+        init="random", **ours)
     est.fit(X_train, y_train)
     return skl, est
 

@@ -67,7 +67,8 @@ def main(output_dir=".", epochs=30, batch_size=32, learning_rate=0.1):
     est = OrtGradientForwardBackwardClassifier(
         onx, learning_rate=LearningRateSGD(eta0=learning_rate,
                                            learning_rate="constant"),
-        max_iter=epochs, batch_size=batch_size, random_state=0)
+        max_iter=epochs, batch_size=batch_size, random_state=0,
+        init="random")  # scikit-learn's initial weights, not its trained ones
     est.fit(X_train, y_train)
 
     ours, theirs = est.predict(X_test), skl.predict(X_test)

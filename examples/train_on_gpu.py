@@ -80,7 +80,7 @@ def main(output_dir=".", epochs=20, batch_size=50, n_samples=2000):
         est = OrtGradientForwardBackwardOptimizer(
             onx, device=on, max_iter=epochs, batch_size=batch_size,
             learning_rate=LearningRateSGD(eta0=0.01, learning_rate="constant"),
-            random_state=0)
+            random_state=0, init="random")  # scikit-learn's initial weights
         begin = time.perf_counter()
         est.fit(X_train, y_train)
         return est, time.perf_counter() - begin

@@ -35,7 +35,8 @@ def resolve_named(value, registry, base, what):
 
     One resolver for the extension points (losses, learning rates,
     penalties): an object is cloned (the caller's is never modified), a name
-    is looked up in ``registry`` (name -> class).
+    is looked up in ``registry`` (name -> class), in any case ('adam' is
+    'Adam', as scikit-learn spells its solvers).
 
     Raises
     ------
@@ -50,8 +51,12 @@ def resolve_named(value, registry, base, what):
         return clone(value)
     if isinstance(value, str):
         if value not in registry:
-            raise ValueError(f"Unknown {what} {value!r}; accepted: "
-                             f"{sorted(k for k in registry if k)}.")
+            # scikit-learn spells its solvers in lower case ('adam', 'sgd')
+            folded = {k.lower(): k for k in registry}
+            if value.lower() not in folded:
+                raise ValueError(f"Unknown {what} {value!r}; accepted (in any "
+                                 f"case): {sorted(k for k in registry if k)}.")
+            value = folded[value.lower()]
         return registry[value]()
     raise TypeError(f"{what} must be a str or a {base.__name__}, not "
                     f"{type(value).__name__}.")

@@ -159,7 +159,8 @@ def _train(args):
         batch_size=args.batch_size, device=args.device, verbose=1,
         learning_rate=LearningRateSGD(eta0=args.learning_rate,
                                       learning_rate=args.schedule),
-        warm_start=args.warm_start, random_state=args.random_state)
+        init="random" if args.warm_start is False else args.init,
+        random_state=args.random_state)
     est.fit(X, y)
     onnx.save(est.get_trained_onnx(), args.output)
     print(f"trained weights: {est.weights_to_train_}")
@@ -227,8 +228,9 @@ def build_parser():
                        help="feature columns in the model's order (default: "
                        "every column but the target)")
     train.add_argument("--weights", nargs="+", default=None,
-                       help="initializers to train (default: every trainable "
-                       "float initializer)")
+                       help="initializers to train (default: the model's "
+                       "weights, preprocessing and arithmetic constants "
+                       "frozen)")
     train.add_argument("--epochs", type=_positive_int, default=100,
                        help="training epochs (default: %(default)s)")
     train.add_argument("--batch-size", type=_positive_int, default=10,
@@ -239,13 +241,16 @@ def build_parser():
                        choices=["constant", "invscaling", "optimal"],
                        help="learning-rate schedule: invscaling decays as "
                        "lr / (epoch + 1) ** 0.25 (default: %(default)s)")
+    train.add_argument("--init", choices=["model", "random"], default="model",
+                       help="initial weights: the model's own (fine-tune what "
+                       "it learned) or random Glorot-uniform draws as "
+                       "scikit-learn's MLP (a cold start) (default: "
+                       "%(default)s)")
+    # the option --init replaced: --no-warm-start means --init random
     train.add_argument("--warm-start", action=argparse.BooleanOptionalAction,
-                       default=True, help="start from the model's own weights "
-                       "(default) or, for a graph converted by skl2onnx, from "
-                       "Glorot-uniform draws as scikit-learn's MLP "
-                       "(--no-warm-start; other graphs keep their weights)")
+                       default=None, help=argparse.SUPPRESS)
     train.add_argument("--random-state", type=int, default=None,
-                       help="seed of the initial weights with --no-warm-start "
+                       help="seed of the random initial weights (init random) "
                        "(default: a new seed each run)")
     train.add_argument("--device", default="cpu",
                        help="cpu, cuda or cuda:N (default: %(default)s)")

@@ -58,7 +58,7 @@ def _train_both(name, X_train, X_test, y_train, y_test, hidden, epochs,
         onx, learning_rate=LearningRateSGD(eta0=learning_rate,
                                            learning_rate="constant"),
         max_iter=epochs, batch_size=batch_size, device=device,
-        random_state=0, verbose=verbose)
+        random_state=0, verbose=verbose, init="random")
     est.fit(X_train, y_train)
     return DemoResult(name, list(est.train_losses_), list(skl.loss_curve_),
                       est.score(X_test, y_test), skl.score(X_test, y_test)), est

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph.builder import copy_fields
+from .graph.builder import constant_node_value, copy_fields
 from .graph.scopes import subgraphs
 from .models import load_model
 from .graph import (FLOAT_TYPES, GraphBuilder, clean_shape,
@@ -337,6 +337,12 @@ def _rewrite_linear_classifier(builder, node, tie_binary):
                        outputs=[score_out])
         elif transform == "NONE":
             builder.op("Identity", raw, outputs=[score_out])
+        elif transform == "LOGISTIC" and mode == "tied":
+            # the sigmoid of each column of (-z, z), written so that the
+            # graph does not end with a Sigmoid over two columns: those
+            # rows sum to 1, and the classifier reads them as probabilities
+            builder.op("Concat", builder.op("Sigmoid", builder.op("Neg", z)),
+                       builder.op("Sigmoid", z), axis=1, outputs=[score_out])
         elif transform == "LOGISTIC":
             builder.op("Sigmoid", raw, outputs=[score_out])
         elif transform == "SOFTMAX":
@@ -361,6 +367,104 @@ def _rewrite_l1_normalizer(builder, node):
                            TensorProto.FLOAT)
     divisor = builder.op("Add", total, is_zero)
     builder.op("Div", x, divisor, outputs=[node.output[0]])
+
+
+def _scalar_values(graph):
+    """``name -> float`` of the one-element float initializers and Constant
+    nodes of ``graph``."""
+    values = {}
+    for init in graph.initializer:
+        if init.data_type in FLOAT_TYPES and int(np.prod(init.dims)) == 1:
+            values[init.name] = float(numpy_helper.to_array(init).reshape(-1)[0])
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = constant_node_value(node)
+            if value is not None and value.dtype.kind == "f" and value.size == 1:
+                values[node.output[0]] = float(value.reshape(-1)[0])
+    return values
+
+
+def _logistic_chains(graph):
+    """``(Mul, Exp, Add, Reciprocal)`` chains computing ``1 / (1 + exp(-x))``
+    (skl2onnx's SGDClassifier probabilities) whose intermediate values
+    nothing else reads."""
+    scalars = _scalar_values(graph)
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def only_reader(node, op_type):
+        name = node.output[0]
+        nodes = readers.get(name, [])
+        if name in outputs or len(nodes) != 1 or nodes[0].op_type != op_type \
+                or nodes[0].domain not in ("", "ai.onnx"):
+            return None
+        return nodes[0]
+
+    def other(node, name):
+        """The input of a binary node that is not ``name``."""
+        if list(node.input).count(name) != 1 or len(node.input) != 2:
+            return None
+        return node.input[1] if node.input[0] == name else node.input[0]
+
+    chains = []
+    for mul in graph.node:
+        if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx"):
+            continue
+        negate = [i for i in mul.input if scalars.get(i) == -1.0]
+        if len(negate) != 1 or len(mul.input) != 2:
+            continue
+        exp = only_reader(mul, "Exp")
+        add = exp and only_reader(exp, "Add")
+        reciprocal = add and only_reader(add, "Reciprocal")
+        if reciprocal and scalars.get(other(add, exp.output[0])) == 1.0:
+            chains.append((mul, exp, add, reciprocal))
+    return chains
+
+
+#: Largest exponent of the bounded logistic chains: exp(88) is finite in
+#: float32 (its largest exponent is 88.72).
+_MAX_EXPONENT = 88.0
+
+
+def _rewrite_logistic(graph, types):
+    """Bound the exponent of each chain of :func:`_logistic_chains`:
+    ``1 / (1 + exp(min(-x, 88)))``. The values are the chain's where
+    ``exp(-x)`` is finite, and below 1e-38 instead of 0 elsewhere; the
+    gradient stays finite there (the chain's is ``0 * inf``, NaN, for
+    scores below -88). Sigmoid would not do: onnxruntime's clamps its
+    input to [-18, 18], and the ratios of small one-vs-rest probabilities
+    would change. Returns whether the graph changed."""
+    names = _graph_names(graph)
+    changed = False
+    for mul, exp, add, reciprocal in _logistic_chains(graph):
+        elem = types.get(mul.output[0], (None,))[0]
+        if elem not in FLOAT_TYPES:
+            continue
+        bound, bounded = (_unique(names, f"{mul.output[0]}_{suffix}")
+                          for suffix in ("max", "bounded"))
+        value = numpy_helper.from_array(np.asarray(
+            _MAX_EXPONENT, dtype=helper.tensor_dtype_to_np_dtype(elem)), bound)
+        position = list(graph.node).index(exp)
+        graph.node.insert(position, helper.make_node(
+            "Min", [mul.output[0], bound], [bounded], name=bounded))
+        graph.node.insert(position, helper.make_node(
+            "Constant", [], [bound], value=value, name=bound))
+        exp.input[0] = bounded
+        changed = True
+    return changed
+
+
+def _unique(names, base):
+    """``base``, suffixed when taken, added to ``names``."""
+    name, i = base, 0
+    while name in names:
+        i += 1
+        name = f"{base}_{i}"
+    names.add(name)
+    return name
 
 
 def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
@@ -389,10 +493,18 @@ def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
       (what skl2onnx emits for a binary LogisticRegression) and
       ``tie_binary``, only ``w`` and ``b`` become weights (``W`` of shape
       (n_features, 1)) and the raw scores are ``(-z, z)``, so the two
-      probabilities keep summing to one during training.
+      probabilities keep summing to one during training; with LOGISTIC
+      the scores are ``Concat(Sigmoid(-z), Sigmoid(z))`` (the same values
+      as a Sigmoid of the raw scores, which would read as two independent
+      one-vs-rest sigmoids).
     - ``Normalizer(norm='L1')`` nodes reading the scores of a rewritten
       LinearClassifier (skl2onnx's multiclass LogisticRegression) become
       ``scores / ReduceSum(Abs(scores))``.
+    - ``Reciprocal(Add(Exp(Mul(x, -1)), 1))`` (skl2onnx's SGDClassifier
+      probabilities), its intermediate values read by nothing else, gets
+      its exponent bounded: ``Exp(Min(Mul(x, -1), 88))``, the same values
+      where ``exp(-x)`` is finite (below 1e-38 instead of 0 elsewhere), and
+      a gradient that stays finite where it overflows.
 
     Inputs that are not float are cast to float (these ops compute in float
     and output float in onnxruntime). The default-domain opset is added when
@@ -427,11 +539,14 @@ def rewrite_ml_linear_ops(model, tie_binary=True, copy=True):
     """
     source = load_model(model)
     targets = {"LinearRegressor", "LinearClassifier"}
-    if not any(n.domain == ML_DOMAIN and n.op_type in targets
-               for n in source.graph.node):
+    logistic = bool(_logistic_chains(source.graph))
+    if not logistic and not any(n.domain == ML_DOMAIN and n.op_type in targets
+                                for n in source.graph.node):
         return _copy(source) if copy else source
     new = _copy(source)
     graph = new.graph
+    if logistic:
+        _rewrite_logistic(graph, infer_value_types(source))
     opset = _ensure_default_opset(new)
     builder = GraphBuilder(opset, used_names=_graph_names(graph),
                            value_types=infer_value_types(source))

@@ -61,7 +61,7 @@ def registered_update_rules():
 
 
 def get_update_rule(name, **params):
-    """A new rule ``name`` with ``params``.
+    """A new rule ``name`` (in any case: 'Adam' is 'adam') with ``params``.
 
     Raises
     ------
@@ -69,8 +69,11 @@ def get_update_rule(name, **params):
         Unknown name (the message lists the registered ones).
     """
     if name not in _RULES:
-        raise ValueError(f"Unknown update rule {name!r}; registered: "
-                         f"{registered_update_rules()}.")
+        folded = {k.lower(): k for k in _RULES}
+        if not isinstance(name, str) or name.lower() not in folded:
+            raise ValueError(f"Unknown update rule {name!r}; registered (in "
+                             f"any case): {registered_update_rules()}.")
+        name = folded[name.lower()]
     return _RULES[name](**params)
 
 

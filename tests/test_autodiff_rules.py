@@ -452,6 +452,7 @@ def test_every_registered_op_has_a_row():
     from op_corpus import corpus_op_types
     covered = {("", op) for case in CASES for op in case.op_types()}
     covered |= {("", op) for op in corpus_op_types()}
+    covered.add(("ai.onnx.ml", "ArrayFeatureExtractor"))  # its own test below
     missing = sorted(set(registered_vjp_ops()) - covered)
     assert not missing, f"registered VJP rules without a test row: {missing}"
 
@@ -691,6 +692,39 @@ def test_embedding_gradient_is_one_row_scatter():
     X = np.random.RandomState(1).randn(2, 3, 3)
     _, grads = check_gradients(model, ["W"], {"X": X, "W": W}, seed=2)
     assert grads["W"].shape == W.shape
+
+
+@pytest.mark.parametrize("shape,indices", [
+    ((4, 5), [3, 1, 3]),           # repeated columns of a table
+    ((2, 3, 4), [0]),              # the last axis of a 3-D tensor
+    ((4, 2), np.int64(1)),         # a rank-0 index (a binary score column)
+    ((5,), [4, 0, 4])])            # a 1-D X: onnxruntime returns one row
+def test_array_feature_extractor_gradient(shape, indices):
+    """ai.onnx.ml ArrayFeatureExtractor (columns of the last axis, repeated
+    or not) against central differences: its gradient sums dY back into the
+    selected columns."""
+    from gradcheck import check_gradients
+    W = np.random.RandomState(0).randn(*shape)
+    indices = np.asarray(indices, np.int64)
+    selected = np.take(W, indices.reshape(-1), axis=-1)
+    if W.ndim == 1:
+        selected = selected.reshape(1, -1)
+    graph = helper.make_graph(
+        [helper.make_node("ArrayFeatureExtractor", ["W", "i"], ["r"],
+                          domain="ai.onnx.ml"),
+         helper.make_node("Mul", ["r", "X"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, selected.shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, selected.shape)],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(indices, "i")])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = 8
+    X = np.random.RandomState(1).randn(*selected.shape)
+    _, grads = check_gradients(model, ["W"], {"X": X, "W": W}, seed=2)
+    unselected = np.setdiff1d(np.arange(W.shape[-1]), indices.reshape(-1))
+    assert grads["W"].shape == W.shape
+    assert (grads["W"][..., unselected] == 0).all()
+    assert (grads["W"][..., indices.reshape(-1)] != 0).all()
 
 
 @pytest.mark.parametrize("opset, message", [

@@ -57,7 +57,7 @@ def test_mlp_classifier_loss_curve_overlays(name, n_classes, labels, options):
                   {"zipmap": False})
     est = OrtGradientForwardBackwardClassifier(
         onx, learning_rate=LearningRateSGD(0.05, learning_rate="constant"),
-        max_iter=20, random_state=0).fit(X, y)
+        max_iter=20, random_state=0, init="random").fit(X, y)
     assert_allclose(est.train_losses_, skl.loss_curve_, rtol=1e-4)
     assert list(est.classes_) == list(skl.classes_)
     assert_allclose(est.predict_proba(X), skl.predict_proba(X), rtol=1e-3, atol=1e-5)
@@ -126,7 +126,7 @@ def test_classifier_early_stopping_and_pickle():
     est = OrtGradientForwardBackwardClassifier(
         onx, learning_rate=LearningRateSGD(0.05, learning_rate="constant"),
         max_iter=40, random_state=0, early_stopping=True, validation_fraction=0.2,
-        n_iter_no_change=3, tol=1e-2).fit(X, y)
+        n_iter_no_change=3, tol=1e-2, init="random").fit(X, y)
     assert est.n_iter_ == skl.n_iter_
     assert_allclose(est.validation_scores_, skl.validation_scores_)
     clone = pickle.loads(pickle.dumps(est))

@@ -133,7 +133,8 @@ def test_train_command_clean_errors(csv_and_model, tmp_path, capsys):
     ("train", {"--epochs": "100", "--batch-size": "10", "--learning-rate": "0.01",
                "--schedule": "invscaling", "--device": "cpu",
                "--features": "every column but the target",
-               "--weights": "every trainable float initializer"}),
+               "--weights": "the model's weights, preprocessing and arithmetic "
+                            "constants frozen", "--init": "model"}),
     ("demo", {"--output-dir": "onnxtrain_demo", "--epochs": "50",
               "--device": "cpu", "--verbose": "0"})])
 def test_help_gives_each_default_once(command, defaults, capsys):

@@ -140,7 +140,7 @@ def test_ort_gradient_optimizer_trains_a_log_loss_graph():
     loss = add_loss_output(onx, "log", output_index=1)
     est = OrtGradientOptimizer(loss, ["coef", "intercept"], max_iter=30,
                                learning_rate=LearningRateSGD(0.1, learning_rate="constant"),
-                               random_state=0).fit(X, y.reshape(-1, 1))
+                               random_state=0, init="random").fit(X, y.reshape(-1, 1))
     assert est.train_losses_[-1] < 0.5 * est.train_losses_[0]
     assert est.losses(X, y) == pytest.approx(est.train_losses_[-1], rel=0.2)
 

@@ -158,7 +158,7 @@ def test_seed_settings_follow_numpy_sgd():
     onx = _seed_graph(X, y)
     est = OrtGradientForwardBackwardOptimizer(
         onx, ["coefficient", "intercepts"], learning_rate=1e-2, max_iter=200,
-        batch_size=10, random_state=3).fit(X, y)
+        batch_size=10, random_state=3, init="random").fit(X, y)
     start = glorot_uniform_weights(onx, ["coefficient", "intercepts"], 3)
     coef, intercept, losses = _numpy_linear_sgd(
         X, y, start["coefficient"], start["intercepts"], 200, 10,
@@ -222,7 +222,7 @@ def test_parity_with_mlp_regressor(mlp_onnx, sgd_mlp, regression_data, n_outputs
     skl = sgd_mlp(hidden_layer_sizes=(8,), max_iter=20, batch_size=10).fit(X, y)
     est = OrtGradientForwardBackwardOptimizer(
         mlp_onnx(n_outputs=n_outputs), learning_rate=constant(0.01), max_iter=20,
-        batch_size=10, random_state=0).fit(X, y)
+        batch_size=10, random_state=0, init="random").fit(X, y)
     assert est.weights_to_train_ == MLP_WEIGHTS
     assert len(est.train_losses_) == len(skl.loss_curve_) == 20
     assert_allclose(est.train_losses_, skl.loss_curve_, rtol=1e-4)
@@ -243,7 +243,7 @@ def test_parity_with_sample_weight(mlp_onnx, sgd_mlp, regression_data):
     skl.fit(X, y, sample_weight=w)
     est = OrtGradientForwardBackwardOptimizer(
         mlp_onnx(), learning_rate=constant(0.01), max_iter=10, batch_size=10,
-        random_state=0).fit(X, y, sample_weight=w)
+        random_state=0, init="random").fit(X, y, sample_weight=w)
     for name, value, expected in zip(MLP_WEIGHTS, est.get_state(), sklearn_weights(skl)):
         assert_allclose(value, expected, rtol=1e-4, atol=1e-5, err_msg=name)
 
@@ -263,7 +263,7 @@ def test_diabetes_r2_matches_scikit_learn(mlp_onnx, sgd_mlp):
     skl.fit(X_train, y_train)
     est = OrtGradientForwardBackwardOptimizer(
         mlp_onnx(hidden=(16,), n_features=10), learning_rate=constant(0.01),
-        max_iter=50, batch_size=32, random_state=0).fit(X_train, y_train)
+        max_iter=50, batch_size=32, random_state=0, init="random").fit(X_train, y_train)
     r2_skl = skl.score(X_test, y_test)
     r2_ort = est.score(X_test, y_test)
     assert r2_skl > 0.3  # the model learned something
@@ -605,12 +605,18 @@ def test_grid_search(mlp_onnx, regression_data):
 
 # --------------------------------------------------------------- warm start
 
-def test_warm_start_first_fit_starts_from_graph(mlp_onnx, regression_data):
+def test_init_model_starts_from_graph_init_random_draws(mlp_onnx, regression_data):
+    """init='model' (default, with or without warm start) starts from the
+    graph's weights; init='random' draws them (onnxcustom's cold start)."""
     X, y = regression_data
     model = mlp_onnx()
     graph = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     warm = _fit(model, X, y, warm_start=True, max_iter=1, learning_rate=constant(1e-7))
-    cold = _fit(model, X, y, warm_start=False, max_iter=1, learning_rate=constant(1e-7))
+    default = _fit(model, X, y, max_iter=1, learning_rate=constant(1e-7))
+    for name, w_warm, w_default in zip(MLP_WEIGHTS, warm.get_state(),
+                                       default.get_state()):
+        assert_allclose(w_default, w_warm, rtol=0, atol=0, err_msg=name)
+    cold = _fit(model, X, y, init="random", max_iter=1, learning_rate=constant(1e-7))
     for name, w_warm, w_cold in zip(MLP_WEIGHTS, warm.get_state(), cold.get_state()):
         assert_allclose(w_warm, graph[name], atol=1e-5, err_msg=name)
         assert np.abs(w_cold - graph[name]).max() > 0.01, name
@@ -633,9 +639,9 @@ def test_warm_start_continues(mlp_onnx, regression_data):
 
 def test_cold_start_random_state(mlp_onnx, regression_data):
     X, y = regression_data
-    est = _fit(mlp_onnx(), X, y, random_state=7)
-    again = _fit(mlp_onnx(), X, y, random_state=7)
-    other = _fit(mlp_onnx(), X, y, random_state=8)
+    est = _fit(mlp_onnx(), X, y, random_state=7, init="random")
+    again = _fit(mlp_onnx(), X, y, random_state=7, init="random")
+    other = _fit(mlp_onnx(), X, y, random_state=8, init="random")
     assert_allclose(again.train_losses_, est.train_losses_, rtol=0, atol=0)
     for a, b in zip(again.get_state(), est.get_state()):
         assert_allclose(a, b, rtol=0, atol=0)
@@ -660,7 +666,7 @@ def test_cold_start_redraws_only_weights_to_train(regression_data):
     trained_names = ["intercepts", "coefficient1"]
     est = OrtGradientForwardBackwardOptimizer(
         model, weights_to_train=trained_names, learning_rate=constant(1e-7),
-        max_iter=1, batch_size=10, random_state=0, warm_start=False)
+        max_iter=1, batch_size=10, random_state=0, warm_start=False, init="random")
     for _ in range(2):  # the first fit and a refit both redraw
         est.fit(X, y)
         trained = {i.name: numpy_helper.to_array(i)

@@ -406,7 +406,7 @@ class TestDivergence:
         # learning rate 1e9: the loss is infinite before epoch 1 ends
         return OrtGradientForwardBackwardOptimizer(
             skl2onnx_graph(kind), max_iter=5, training_path=path, exc=exc,
-            random_state=0, learning_rate=LearningRateSGD(
+            random_state=0, init="random", learning_rate=LearningRateSGD(
                 1e9, learning_rate="constant"))
 
     def _assert_initial_state(self, est, kind, X):

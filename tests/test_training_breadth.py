@@ -158,7 +158,7 @@ def _fit_both(skl, X, y, **ours):
         skl.fit(X, y)
     onx = _converted(skl, X)
     settings = dict(max_iter=skl.max_iter, batch_size=skl.batch_size,
-                    random_state=0)
+                    random_state=0, init="random")
     settings.update(ours)
     est = OrtGradientForwardBackwardOptimizer(onx, **settings).fit(X, y)
     return skl, est

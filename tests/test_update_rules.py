@@ -132,6 +132,22 @@ def test_registry_refuses_duplicates_and_names_unknown_rules():
     assert get_update_rule("adamw", weight_decay=0.5) == AdamWRule(weight_decay=0.5)
 
 
+def test_names_in_any_case():
+    """'Adam' and 'adam' (scikit-learn's spelling) name the same rule, for
+    the update rules and the estimators' learning rates, losses and
+    penalties; an unknown name still lists the accepted ones."""
+    from onnxtrain.losses import SquareLearningLoss, resolve_learning_loss
+    from onnxtrain.optim import (LearningRateAdam, LearningRateAdamW,
+                                 LearningRateSGD, resolve_learning_rate)
+    assert get_update_rule("AdamW", weight_decay=0.5) == AdamWRule(weight_decay=0.5)
+    assert type(resolve_learning_rate("adam")) is LearningRateAdam
+    assert type(resolve_learning_rate("ADAMW")) is LearningRateAdamW
+    assert type(resolve_learning_rate("sgd")) is LearningRateSGD
+    assert type(resolve_learning_loss("Square_Error")) is SquareLearningLoss
+    with pytest.raises(ValueError, match=r"Unknown learning_rate 'adamx'.*'Adam'"):
+        resolve_learning_rate("adamx")
+
+
 @pytest.mark.parametrize("rate,rule", [
     (LearningRateSGD(0.1), SGDRule()),
     (LearningRateSGDNesterov(0.1, momentum=0.7, nesterov=False),

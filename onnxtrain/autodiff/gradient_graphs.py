@@ -239,7 +239,11 @@ def gradient_models_from(bg, model):
                  for n, w in zip(bg.grad_names, wrt)]
     ggraph = bg.builder.make_graph(f"{graph.name}_gradient", g_inputs,
                                    g_outputs, constant_inits)
-    default = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    # the default domain, and the others a rule emits nodes of (the
+    # ai.onnx.ml ArrayFeatureExtractor of its own rule)
+    used = {n.domain for n in ggraph.node}
+    default = [o for o in model.opset_import
+               if o.domain in ("", "ai.onnx") or o.domain in used]
     backward_model = _model_like(model, ggraph, default)
     return GradientModels(inference, forward, backward_model, list(wrt),
                           list(bg.outputs), list(bg.grad_output_names),

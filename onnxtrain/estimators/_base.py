@@ -26,7 +26,7 @@ from ..graph import (elem_type_to_numpy, infer_value_types, opset_of,
 from ..graph.identities import remove_identity_dropouts
 from ..initializers import bias_weights, glorot_uniform_weights
 from ..losses import resolve_learning_loss
-from ..models import load_model, replace_initializers, select_weights
+from ..models import load_model, replace_initializers
 from ..optim import resolve_learning_rate
 from ..penalties import resolve_learning_penalty
 from ..runtime.engine import check_weight_names
@@ -34,6 +34,7 @@ from ..runtime.threads import session_threads, with_session_threads
 from ..training.callbacks import check_callbacks
 from ..training.loop import EpochLoop
 from ..training_mode import inference_mode
+from ..weight_roles import choose_weights
 from ..training_graphs import LossGraphs, small_graph_opset
 from ._trainer import StepRunner
 from ._inputs import (GraphInputs, check_batch_dimension, check_features,
@@ -86,6 +87,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         "learning_rate": "no_validation",
         "device": [str],
         "warm_start": ["boolean"],
+        "init": [StrOptions({"model", "random"})],
         "verbose": ["verbose"],
         "validation_every": [Interval(numbers.Integral, 1, None, closed="left"),
                              Interval(numbers.Real, 0, 1, closed="neither")],
@@ -227,7 +229,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
         resolved = resolve_learning_loss(self.learning_loss or self._default_loss)
         loss = self._adapt_loss(resolved)
         types = self._training_types()
-        self.weights_to_train_ = select_weights(model, self.weights_to_train, types)
+        self.weights_to_train_, self.frozen_weights_ = choose_weights(
+            model, self.weights_to_train, types)
         learning_rate = resolve_learning_rate(self.learning_rate)
         penalty = resolve_learning_penalty(self.learning_penalty)
         out_type, out_shape = types[model.graph.output[0].name]
@@ -440,14 +443,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
         step: subclasses raise to refuse the fit."""
 
     def _start(self, model):
-        """First fit: resolve everything, draw or read the initial weights."""
+        """First fit (or a fit without warm start): resolve everything, read
+        the graph's weights or draw them (``init``)."""
         self._rng = check_random_state(self.random_state)
         self._resolve(model)
         self._fitted_model_onnx = self.model_onnx
         self._trainer = self._new_trainer()
-        if not self.warm_start and from_scikit_learn(
-                self.model_onnx if isinstance(self.model_onnx, ModelProto)
-                else load_model(self.model_onnx)):
+        if self.init == "random":
             self._trainer.set_weights(glorot_uniform_weights(
                 model, self.weights_to_train_, self._rng))
         self.t_ = 0
@@ -771,14 +773,6 @@ def _state_number(state, key, kind):
         raise ValueError(f"The state's {key!r} must be a finite number >= 0, got "
                          f"{state[key]!r}.")
     return value
-
-
-def from_scikit_learn(model):
-    """Whether ``model`` was converted from scikit-learn by skl2onnx: its
-    weights are then redrawn as scikit-learn's MLP draws them unless
-    ``warm_start``; any other graph (PyTorch exports...) starts from its own
-    initializers."""
-    return model.producer_name == "skl2onnx"
 
 
 def prediction_dtype(model, types=None):

@@ -94,12 +94,26 @@ def _check_numeric(array, name):
                         "string columns first.")
 
 
-def _check_one(array, input_name, name, types):
-    """One array for one graph input: numeric, finite, the input's rank and
-    static dims after axis 0, cast to its element type."""
+def imputes_nan(model):
+    """Whether ``model`` replaces NaN by values (an ``ai.onnx.ml`` Imputer
+    whose ``replaced_value_float`` is NaN, as skl2onnx converts
+    SimpleImputer): NaN in its inputs is then data, not an error."""
+    for node in model.graph.node:
+        if node.domain == "ai.onnx.ml" and node.op_type == "Imputer":
+            for att in node.attribute:
+                if att.name == "replaced_value_float" and np.isnan(att.f):
+                    return True
+    return False
+
+
+def _check_one(array, input_name, name, types, allow_nan=False):
+    """One array for one graph input: numeric, finite (NaN allowed with
+    ``allow_nan``), the input's rank and static dims after axis 0, cast to
+    its element type."""
     elem_type, shape = types[input_name]
     array = check_array(array, dtype=None, allow_nd=True, input_name=name,
-                        ensure_2d=shape is None or len(shape) != 1)
+                        ensure_2d=shape is None or len(shape) != 1,
+                        ensure_all_finite="allow-nan" if allow_nan else True)
     _check_numeric(array, name)
     if shape is not None:
         if len(shape) != array.ndim:
@@ -155,12 +169,15 @@ def check_features(model, X, name="X", types=None, inputs=None):
     TypeError
         Non-numeric data.
     ValueError
-        NaN or inf; a rank or a static dimension the input does not take;
+        Infinity, or NaN unless the graph imputes it (:func:`imputes_nan`:
+        NaN is then a missing value); a rank or a static dimension the
+        input does not take;
         one array for a graph of several inputs; keys that are not the
         graph's data inputs; dict arrays of different numbers of rows.
     """
     types = infer_value_types(model) if types is None else types
     names = data_inputs(model) if inputs is None else list(inputs)
+    allow_nan = imputes_nan(model)
     if isinstance(X, (Mapping, GraphInputs)):
         given = list(X.keys())
         missing = [n for n in names if n not in given]
@@ -170,13 +187,14 @@ def check_features(model, X, name="X", types=None, inputs=None):
                              f"model {names}; missing {missing}, unknown "
                              f"{unknown}.")
         values = X.arrays if isinstance(X, GraphInputs) else X
-        return GraphInputs({n: _check_one(values[n], n, f"{name}[{n!r}]", types)
+        return GraphInputs({n: _check_one(values[n], n, f"{name}[{n!r}]", types,
+                                          allow_nan)
                             for n in names})
     if len(names) > 1:
         raise ValueError(f"The model takes {len(names)} inputs {names}: pass "
                          f"{name} as a dict (or onnxtrain.GraphInputs) of one "
                          "array per input name.")
-    return _check_one(X, names[0], name, types)
+    return _check_one(X, names[0], name, types, allow_nan)
 
 
 def check_batch_dimension(model, sizes, inputs=None, types=None):

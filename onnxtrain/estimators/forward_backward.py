@@ -27,10 +27,17 @@ _COMMON_PARAMETERS = """
     model_onnx : onnx.ModelProto, bytes or str
         The graph (never modified). {model}
     weights_to_train : list of str, default=None
-        Initializers to train. None: the float initializers of rank >= 1
-        reaching the output through differentiable ops (never integer
-        tensors such as skl2onnx's ``shape_tensor`` nor rank-0 constants
-        such as ``unity``). An unknown name raises a ValueError listing them.
+        Initializers to train. None: the model's weights, chosen by the
+        graph's structure (:func:`onnxtrain.weight_roles.default_weights`):
+        the predictor's coefficients and intercepts (MatMul, Gemm, Conv
+        operands and their biases, and the other float initializers of
+        rank >= 1 reaching the output through differentiable ops), not the
+        preprocessing constants before the predictor (a scaler's offsets
+        and scales, PCA's mean and components), nor one-element constants
+        of arithmetic (skl2onnx's ``unity`` in ``1 - p``), nor integer
+        tensors. ``frozen_weights_`` says why each float initializer left
+        out is. A list wins over that choice; an unknown name raises a
+        ValueError listing the candidates.
     loss_output_name : str, default='loss'
         Kept for compatibility with onnxcustom; see ``OrtGradientOptimizer``.
     max_iter : int, default=100
@@ -45,13 +52,9 @@ _COMMON_PARAMETERS = """
         or an object from :mod:`onnxtrain.optim`.
     device : {{'cpu', 'cuda', 'cuda:N'}}, default='cpu'
     warm_start : bool, default=False
-        False: every fit starts from the initial weights: for a graph
-        converted from scikit-learn (skl2onnx), weights drawn
-        Glorot-uniform as scikit-learn's MLP draws them (``random_state``);
-        for any other graph (a PyTorch export...), the graph's own
-        initializers. Only ``weights_to_train`` are drawn, never
-        BatchNormalization running statistics or constants. True: from the
-        weights of the previous fit, or the graph's initializers at first.
+        False: every fit starts from the initial weights (``init``). True:
+        a fit continues from the weights of the previous fit (the initial
+        weights at first), with a new optimizer state.
     verbose : int, default=0
         > 0: a tqdm progress bar over epochs; > 1: with loss and learning rate.
     validation_every : int or float, default=0.1
@@ -111,12 +114,24 @@ _COMMON_PARAMETERS = """
         budget inside a joblib worker process (``cpu_count() // n_jobs``,
         e.g. ``GridSearchCV(n_jobs=2)``), onnxruntime's default elsewhere
         (see :mod:`onnxtrain.runtime.threads`).
+    init : {{'model', 'random'}}, default='model'
+        The initial weights. 'model': the graph's own initializers, so that
+        fine-tuning a converted model (skl2onnx, a PyTorch export...) starts
+        from what it learned. 'random': a cold start, ``weights_to_train``
+        drawn Glorot-uniform as scikit-learn's MLP draws them
+        (``random_state``; BatchNormalization running statistics and the
+        other initializers keep their values), what onnxcustom did for
+        graphs converted from scikit-learn with ``warm_start=False``.
 """
 
 _COMMON_ATTRIBUTES = """
     Attributes
     ----------
     weights_to_train_ : list of str
+    frozen_weights_ : dict
+        ``name -> reason`` for each float initializer not trained
+        (preprocessing constant, arithmetic constant, running statistic,
+        not in ``weights_to_train``...).
     train_losses_ : list of float
         One loss per epoch: the mean of the batch losses weighted by their
         rows (or sample weights), comparable to ``MLPRegressor.loss_curve_``.
@@ -162,7 +177,8 @@ class _ForwardBackwardParams:
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto", callbacks=None, n_threads=None):
+                 training_path="auto", callbacks=None, n_threads=None,
+                 init="model"):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -188,6 +204,7 @@ class _ForwardBackwardParams:
         self.training_path = training_path
         self.callbacks = callbacks
         self.n_threads = n_threads
+        self.init = init
 
 
 class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams,
@@ -220,14 +237,15 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto", callbacks=None, n_threads=None):
+                 training_path="auto", callbacks=None, n_threads=None,
+                 init="model"):
         super().__init__(
             model_onnx, weights_to_train, loss_output_name, max_iter,
             training_optimizer_name, batch_size, learning_rate, device,
             warm_start, verbose, validation_every, learning_loss,
             enable_logging, weight_name, learning_penalty, exc, random_state,
             shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
-            training_path, callbacks, n_threads)
+            training_path, callbacks, n_threads, init)
 
     # ------------------------------------------------------------ graph
     def _make_training_model(self, model):
@@ -507,14 +525,15 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
                  weight_name=None, learning_penalty=None, exc=True,
                  random_state=None, shuffle=False, early_stopping=False,
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto", callbacks=None, n_threads=None):
+                 training_path="auto", callbacks=None, n_threads=None,
+                 init="model"):
         super().__init__(
             model_onnx, weights_to_train, loss_output_name, max_iter,
             training_optimizer_name, batch_size, learning_rate, device,
             warm_start, verbose, validation_every, learning_loss,
             enable_logging, weight_name, learning_penalty, exc, random_state,
             shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
-            training_path, callbacks, n_threads)
+            training_path, callbacks, n_threads, init)
 
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model, copy=False)

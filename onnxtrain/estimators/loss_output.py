@@ -36,6 +36,7 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
     learning_rate : float, str or learning-rate object, default='SGD'
     device : {'cpu', 'cuda', 'cuda:N'}, default='cpu'
     warm_start : bool, default=False
+        As in :class:`OrtGradientForwardBackwardOptimizer`.
     verbose : int, default=0
     validation_every : int or float, default=0.1
     saved_gradient : str, default=None
@@ -48,10 +49,13 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         As in :class:`OrtGradientForwardBackwardOptimizer`.
     n_threads : int, default=None
         As in :class:`OrtGradientForwardBackwardOptimizer`.
+    init : {'model', 'random'}, default='model'
+        The initial weights: the graph's own, or drawn (a cold start), as
+        in :class:`OrtGradientForwardBackwardOptimizer`.
 
     Attributes
     ----------
-    weights_to_train_, train_losses_, validation_losses_, n_iter_, t_, history_
+    weights_to_train_, frozen_weights_, train_losses_, validation_losses_, n_iter_, t_, history_
         As in :class:`OrtGradientForwardBackwardOptimizer`.
     """
 
@@ -76,7 +80,8 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
                  batch_size=10, learning_rate="SGD", device="cpu",
                  warm_start=False, verbose=0, validation_every=0.1,
                  saved_gradient=None, sample_weight_name="weight",
-                 random_state=None, shuffle=False, callbacks=None, n_threads=None):
+                 random_state=None, shuffle=False, callbacks=None, n_threads=None,
+                 init="model"):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -94,6 +99,7 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         self.shuffle = shuffle
         self.callbacks = callbacks
         self.n_threads = n_threads
+        self.init = init
 
     def _make_training_model(self, model):
         names = [o.name for o in model.graph.output]

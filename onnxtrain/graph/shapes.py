@@ -6,6 +6,7 @@ import math
 import onnx
 
 from .builder import copy_fields, tensor_value_info
+from .ml_shapes import ML_DOMAIN, ml_output_types
 from .symbolic import refine_symbolic_dims
 
 __all__ = ["clean_shape", "infer_value_types", "type_of_value_info"]
@@ -85,19 +86,49 @@ def _without_weights(model):
     return light
 
 
-def infer_value_types(model):
-    """Map every value name of ``model``'s main graph to ``(elem_type, shape)``.
+def _without_output_shapes(light):
+    """A copy of ``light`` whose outputs are typed without their declared
+    shapes, for a model declaring a shape its nodes contradict (skl2onnx
+    declares a PLSRegression's prediction (N, n_features)): inference then
+    computes them, :func:`_declared_dims` completes them."""
+    model = onnx.ModelProto()
+    copy_fields(model, light, skip=("graph",))
+    graph = copy_fields(model.graph, light.graph, skip=("output",))
+    graph.output.extend(
+        tensor_value_info(o.name, o.type.tensor_type.elem_type, None)
+        if o.type.WhichOneof("value") == "tensor_type" else o
+        for o in light.graph.output)
+    return model
 
-    Runs :func:`onnx.shape_inference.infer_shapes` on a copy without the
-    weights' values (the caller's model is not modified), then
-    :func:`~onnxtrain.graph.symbolic.refine_symbolic_dims` on its result.
-    Values whose type cannot be inferred are absent.
-    """
+
+def _declared_dims(inferred, declared):
+    """An output's inferred shape completed by its declared one: the
+    declared rank and dims where inference does not tell, the inferred
+    static dims where they differ."""
+    if inferred is None or declared is None or len(inferred) != len(declared):
+        return declared if inferred is None else inferred
+    return tuple(i if isinstance(i, int) or d is None or (
+        isinstance(d, str) and d.startswith("unk__")) else d
+        for i, d in zip(inferred, declared))
+
+
+def _onnx_types(model, light):
+    """``name -> (elem_type, shape)`` from onnx's shape inference on
+    ``light`` (``model`` or its copy without the weights' values)."""
+    stripped = False
     try:
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(model),
+        # strict: a declared shape the nodes contradict is an error, not
+        # silently kept
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=True,
                                                      data_prop=True)
-    except Exception:  # pragma: no cover - inference failing on exotic ops
-        inferred = model
+    except Exception as error:
+        stripped = "existing shape differ" in str(error)
+        if stripped:
+            light = _without_output_shapes(light)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+        except Exception:  # pragma: no cover - inference failing on exotic ops
+            inferred = model
     graph = inferred.graph
     types = {}
     for init in model.graph.initializer:
@@ -106,9 +137,81 @@ def infer_value_types(model):
         info = type_of_value_info(vi)
         if info is not None and vi.name not in types:
             types[vi.name] = info
+    for vi in model.graph.output if stripped else ():
+        info = type_of_value_info(vi)
+        if info is not None and vi.name in types and types[vi.name][0] == info[0]:
+            types[vi.name] = (info[0], _declared_dims(types[vi.name][1], info[1]))
+        elif info is not None and vi.name not in types:
+            types[vi.name] = info
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for att in node.attribute:
                 if att.name == "value":
                     types[node.output[0]] = (att.t.data_type, tuple(att.t.dims))
+    return inferred.graph, types
+
+
+def _conflicts(declared, computed):
+    """Whether a declared shape contradicts the one onnxruntime computes
+    (another rank, or another static dim)."""
+    if declared is None or computed is None:
+        return False
+    if len(declared) != len(computed):
+        return True
+    return any(isinstance(a, int) and isinstance(b, int) and a != b
+               for a, b in zip(declared, computed))
+
+
+def _ml_types(model, types):
+    """Types of the ``ai.onnx.ml`` outputs onnx left unknown
+    (:func:`~onnxtrain.graph.ml_shapes.ml_output_types`), in node order so
+    that chains (Imputer, then Scaler...) resolve in one pass, and
+    ``(unknown, wrong)``: the outputs whose declared shape contradicts
+    onnxruntime's (skl2onnx declares a binary RidgeClassifier's
+    probabilities (N, 2); the ArrayFeatureExtractor writing them gives
+    (N, 1))."""
+    dims = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    found, wrong = {}, {}
+    for node in model.graph.node:
+        if node.domain != ML_DOMAIN:
+            continue
+        outputs = ml_output_types(node, {**types, **found, **wrong}, dims)
+        for name, info in zip(node.output, outputs or ()):
+            if not name:
+                continue
+            if types.get(name, (None, None))[1] is None:  # rank unknown
+                found[name] = info
+            elif types[name][0] == info[0] and _conflicts(types[name][1], info[1]):
+                wrong[name] = info
+    return found, wrong
+
+
+def infer_value_types(model):
+    """Map every value name of ``model``'s main graph to ``(elem_type, shape)``.
+
+    Runs :func:`onnx.shape_inference.infer_shapes` on a copy without the
+    weights' values (the caller's model is not modified), then
+    :func:`~onnxtrain.graph.symbolic.refine_symbolic_dims` on its result.
+    The outputs of the ``ai.onnx.ml`` operators onnx gives no shape
+    (Scaler, Normalizer, Imputer...) get theirs from
+    :func:`~onnxtrain.graph.ml_shapes.ml_output_types`, and inference runs
+    again from them for the values downstream; their rules also replace a
+    declared output shape onnxruntime contradicts. Values whose type
+    cannot be inferred are absent.
+    """
+    light = _without_weights(model)
+    graph, types = _onnx_types(model, light)
+    extra, wrong = _ml_types(model, types)
+    while extra:
+        if light is model:  # the caller's model is not modified
+            light = onnx.ModelProto()
+            light.CopyFrom(model)
+        light.graph.value_info.extend(
+            tensor_value_info(name, elem, shape)
+            for name, (elem, shape) in extra.items())
+        graph, types = _onnx_types(model, light)
+        types.update((k, v) for k, v in extra.items()
+                     if types.get(k, (None, None))[1] is None)
+        extra, wrong = _ml_types(model, types)
+    types.update(wrong)
     return refine_symbolic_dims(graph, types)

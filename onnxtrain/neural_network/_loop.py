@@ -189,6 +189,7 @@ class MLPTrainingLoop(BaseOrtGradientEstimator):
     _loop_class = MLPEpochLoop
     callback_owner = None  # the MLP estimator, given to the callbacks
     warm_start = True
+    init = "model"
     training_optimizer_name = "SGDOptimizer"
     validation_every = 1
     verbose = 0

@@ -229,6 +229,17 @@ def _gather(ctx, gy):
                   equation=f"{pre}{idx}{post},{idx}Z->{pre}Z{post}")
 
 
+@register_vjp("ArrayFeatureExtractor", domain="ai.onnx.ml")
+def _array_feature_extractor(ctx, gy):
+    # a Gather of columns (last axis) in the ai.onnx.ml domain, whose
+    # indices may repeat: the op itself run on the positions of X tells
+    # where each output element comes from
+    x, indices = ctx.inputs[:2]
+    positions = ctx.g.op("ArrayFeatureExtractor", _positions(ctx, x), indices,
+                         domain="ai.onnx.ml")
+    return _scatter_add(ctx, x, positions, gy, unique=False), None
+
+
 def _gather_rows_adjoint(ctx, gy):
     """dx of ``Gather(x, indices, axis=0)``: ``dy`` (indices.shape + the
     rows' shape) summed into zero rows of ``x`` by one ScatterND with

@@ -11,7 +11,7 @@ register_nondifferentiable(
     "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot")
 
 register_nondifferentiable(
-    "ArrayFeatureExtractor", "ZipMap", "LabelEncoder", "CastMap",
+    "ZipMap", "LabelEncoder", "CastMap",
     "CategoryMapper", "DictVectorizer", "OneHotEncoder", "Binarizer",
     "TreeEnsembleClassifier", "TreeEnsembleRegressor", "TreeEnsemble",
     domain="ai.onnx.ml")
