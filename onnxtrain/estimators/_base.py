@@ -1,8 +1,12 @@
-"""What the forward/backward estimators share: parameters, the preparation
-of a fit (validation, resolution, the trainer), state and pickling. The
-epochs run in :class:`~onnxtrain.training.loop.EpochLoop`."""
+"""What the forward/backward estimators share: their scikit-learn
+parameters, the preparation of a fit (validation, resolution, the step
+runner) and their results. Each fit belongs to a
+:class:`~onnxtrain.training.run.TrainingRun`, which holds what the fit
+resolved and learned and runs its epochs; the estimator publishes its
+fitted attributes from it."""
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import threading
@@ -13,43 +17,41 @@ from onnx import ModelProto
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import train_test_split
-from sklearn.utils import check_random_state, gen_batches
+from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
 from .._utils.gc import gc_frozen
-from ..assembly.models import load_model, replace_initializers
-from ..assembly.training_graphs import LossGraphs, small_graph_opset
+from ..assembly.models import load_model
 from ..assembly.weight_roles import choose_weights
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import (elem_type_to_numpy, infer_value_types, opset_of,
                      without_initializer_values)
 from ..graph._small import full_repr
 from ..graph.identities import remove_identity_dropouts
-from ..graph.training_mode import inference_mode
 from ..losses.learning_losses import resolve_learning_loss
 from ..losses.penalties import resolve_learning_penalty
-from ..optim.initializers import bias_weights, glorot_uniform_weights
+from ..optim.initializers import glorot_uniform_weights
 from ..optim.learning_rates import resolve_learning_rate
 from ..runtime.checks import load_checked_model
 from ..runtime.engine import check_weight_names
 from ..runtime.threads import session_threads, with_session_threads
 from ..training.callbacks import check_callbacks
-from ..training.loop import EpochLoop
+from ..training.run import (FitHooks, FitSettings, TrainingRun,
+                            resolve_training_path)
 from ._inputs import (GraphInputs, check_batch_dimension, check_features,
                       data_inputs)
-from ._trainer import StepRunner
-from ._validation import check_sample_weight, validation_period
+from ._trainer import StepRunner, step_graphs
+from ._validation import Count, check_sample_weight, validation_period
 
 __all__ = ["BaseOrtGradientEstimator"]
 
-_OPSET = 17
 #: 'auto' trains with the fused step rather than the in-graph loop when the
 #: weights and optimizer state take more than this many bytes: the Loop holds
 #: about three more copies of them, which its small gain in speed over the
 #: fused step does not pay for on big models.
 LOOP_MAX_PARAMETER_BYTES = 64 * 2 ** 20
-#: Held while an unpickled estimator rebuilds its trainer, so that threads
+#: Held while an unpickled estimator rebuilds its runner, so that threads
 #: predicting at once build it once (estimators hold no lock: they pickle).
 _TRAINER_LOCK = threading.Lock()
 
@@ -64,30 +66,119 @@ class _Short:
         return self.text
 
 
+class _Published:
+    """A fitted attribute read from (and written to) the estimator's
+    :class:`~onnxtrain.training.run.TrainingRun`: absent before the first
+    fit, as scikit-learn's fitted attributes are."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __set_name__(self, owner, attribute):
+        self.attribute = attribute
+
+    def _run(self, estimator):
+        run = estimator.__dict__.get("_run")
+        if run is None:
+            raise AttributeError(f"{type(estimator).__name__!r} object has no "
+                                 f"attribute {self.attribute!r}")
+        return run
+
+    def __get__(self, estimator, owner=None):
+        if estimator is None:
+            return self
+        return getattr(self._run(estimator), self.name)
+
+    def __set__(self, estimator, value):
+        setattr(self._run(estimator), self.name, value)
+
+
+def _restoring(method):
+    """``method`` leaves the estimator and its run as they were when it
+    raises."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        saved = _snapshot(self)
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            _restore(self, saved)
+            raise
+    return wrapper
+
+
+def _snapshot(estimator):
+    run = estimator.__dict__.get("_run")
+    return estimator.__dict__.copy(), run, None if run is None else vars(run).copy()
+
+
+def _restore(estimator, saved):
+    attributes, run, run_attributes = saved
+    estimator.__dict__.clear()
+    estimator.__dict__.update(attributes)
+    if run is not None:
+        vars(run).clear()
+        vars(run).update(run_attributes)
+
+
+def _weight_input(estimator):
+    """Name of the sample-weight input of the loss (or of the graph)."""
+    return getattr(estimator, "sample_weight_name", None) or \
+        estimator.weight_name or "weight"
+
+
+def _objects_changed(estimator, run):
+    """True when set_params replaced the learning rate, loss or penalty
+    since the last fit (fit publishes the resolved objects there; the loss
+    published is the one resolved from the parameter, which the run may
+    train adapted to the graph)."""
+    published = (run.update_rule, run.resolved_loss, run.penalty)
+    current = (estimator.learning_rate, estimator.learning_loss,
+               estimator.learning_penalty)
+    return any(a is not b for a, b in zip(current, published))
+
+
+def _forget_fit(estimator):
+    """Drop every fitted attribute: only the parameters remain, as after
+    ``__init__``."""
+    params = estimator.get_params(deep=False)
+    for key in list(estimator.__dict__):
+        if key not in params:
+            del estimator.__dict__[key]
+
+
 class BaseOrtGradientEstimator(BaseEstimator):
     """Base of the estimators training a graph with the forward/backward
-    engine. Subclasses define the training graph, the target encoding and
-    the validation score."""
+    engine. Subclasses define the graph trained
+    (``_make_training_model(model) -> (model after rewrites, graph)``), the
+    target encoding (``_encode_targets``) and the validation score
+    (``_validation_score``)."""
 
     _default_loss = "square_error"
+    #: Whether the graph computes its own loss (no loss graph).
+    _loss_in_graph = False
+    #: The class owning each fit, whose methods are the epoch loop.
+    _loop_class = TrainingRun
+    #: Labels stratifying the early-stopping split (None: not stratified).
+    _stratify = staticmethod(lambda y: None)
 
-    #: scikit-learn's parameter constraints (``_validate_params``), checked
-    #: by ``fit`` after the checks whose messages onnxcustom users know.
-    #: The learning rate, loss and penalty accept several kinds of objects
-    #: and are validated by their ``resolve_*`` functions.
+    #: scikit-learn's parameter constraints (``_validate_params``), the one
+    #: check of the parameters. The learning rate, loss, penalty, training
+    #: path and weight names are validated by resolving them (they accept
+    #: several kinds of objects or name what is available).
     _parameter_constraints: dict = {
         "model_onnx": [ModelProto, bytes, str, os.PathLike],
         "weights_to_train": "no_validation",  # check_weight_names: str, list...
         "loss_output_name": [str],
-        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "max_iter": [Count()],
         "training_optimizer_name": [StrOptions({"SGDOptimizer"})],
-        "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
+        "batch_size": [Count()],
         "learning_rate": "no_validation",
         "device": [str],
         "warm_start": ["boolean"],
         "init": [StrOptions({"model", "random"})],
         "verbose": ["verbose"],
-        "validation_every": [Interval(numbers.Integral, 1, None, closed="left"),
+        "validation_every": [Count(),
                              Interval(numbers.Real, 0, 1, closed="neither")],
         "learning_loss": "no_validation",
         "enable_logging": ["boolean"],
@@ -98,14 +189,27 @@ class BaseOrtGradientEstimator(BaseEstimator):
         "shuffle": ["boolean"],
         "early_stopping": ["boolean"],
         "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
+        "n_iter_no_change": [Count()],
         "tol": [Interval(numbers.Real, 0, None, closed="left"), None],
-        "training_path": [StrOptions({"auto", "split", "fused", "loop"})],
+        "training_path": "no_validation",  # resolve_training_path
         "callbacks": [list, tuple, None],
         "n_threads": [Interval(numbers.Integral, 1, None, closed="left"), None],
     }
 
-    # ---------------------------------------------------------------- repr
+    # fitted attributes, held by the fit's run
+    train_losses_ = _Published("train_losses")
+    validation_losses_ = _Published("validation_losses")
+    validation_scores_ = _Published("validation_scores")
+    best_validation_score_ = _Published("best_validation_score")
+    best_loss_ = _Published("best_loss")
+    n_iter_ = _Published("n_iter")
+    t_ = _Published("t")
+    history_ = _Published("history")
+    training_path_ = _Published("path")
+    learning_rate_ = _Published("update_rule")
+    learning_loss_ = _Published("loss")
+    learning_penalty_ = _Published("penalty")
+
     def __repr__(self, N_CHAR_MAX=700):
         params = self.get_params(deep=False)
         model = params["model_onnx"]
@@ -114,59 +218,16 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 f"<ModelProto {model.graph.name!r}: {len(model.graph.node)} nodes>")
         return full_repr(self, params)
 
-    # --------------------------------------------------------- parameters
-    def _check_params(self):
-        for name in ("max_iter", "batch_size", "n_iter_no_change"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
-                    or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
-        if self.training_optimizer_name != "SGDOptimizer":
-            raise ValueError("training_optimizer_name must be 'SGDOptimizer', got "
-                             f"{self.training_optimizer_name!r}.")
-        validation_period(self.validation_every, self.max_iter)
-        if not 0 < self.validation_fraction < 1:
-            raise ValueError("validation_fraction must be in (0, 1), got "
-                             f"{self.validation_fraction!r}.")
-        if self.tol is not None and not (isinstance(self.tol, numbers.Real)
-                                         and self.tol >= 0):
-            raise ValueError(f"tol must be None or a float >= 0, got {self.tol!r}.")
-        self._check_run_params()
-        self._validate_params()
-        check_callbacks(getattr(self, "callbacks", None))
-
-    def _check_run_params(self):
-        """What ``fit`` would otherwise find only after drawing the weights:
-        the learning rate (the object a warm refit reuses too), the training
-        path and the type of ``weights_to_train``."""
-        resolve_learning_rate(self.learning_rate)
-        path = getattr(self, "training_path", "auto")
-        if path not in self._PATHS:
-            raise ValueError(f"training_path must be one of {self._PATHS}, got "
-                             f"{path!r}.")
-        check_weight_names(self.weights_to_train)
-
-    def _stopping_tol(self):
-        """tol=None: no stopping, except early stopping and the 'adaptive'
-        schedule, which use scikit-learn's default 1e-4."""
-        if self.tol is not None:
-            return float(self.tol)
-        adaptive = getattr(self.learning_rate_, "learning_rate", None) == "adaptive"
-        return 1e-4 if (self.early_stopping or adaptive) else None
-
-    def _weight_input(self):
-        return self.weight_name or "weight"
-
     # ------------------------------------------------------ training graph
     def _training_model(self, values=False):
         """The graph trained, cached while ``model_onnx`` stays the same.
 
-        Once a trainer holds the trained weights on the device, the cache
-        keeps the graph without their values (the
-        rewritten full model is not kept either: :meth:`get_trained_onnx`
-        rebuilds it). ``values=True`` gives the graph with them, rebuilt
-        from ``model_onnx`` when they were dropped (a new trainer starting
-        from the graph's weights)."""
+        Once a runner holds the trained weights on the device, the cache
+        keeps the graph without their values (the rewritten full model is
+        not kept either: :meth:`get_trained_onnx` rebuilds it).
+        ``values=True`` gives the graph with them, rebuilt from
+        ``model_onnx`` when they were dropped (a new runner starting from
+        the graph's weights)."""
         cached = getattr(self, "_model_cache", None)
         same = cached is not None and cached[0] is self.model_onnx
         if not same or (values and cached[3]):
@@ -187,20 +248,6 @@ class BaseOrtGradientEstimator(BaseEstimator):
                                           cached[2] if same else {}, False)
         return cached[1]
 
-    def _drop_weight_values(self):
-        """Keep the cached graph without the values of the weights a trainer
-        now holds (when the graph is a rewritten copy, not the caller's)."""
-        cached = self._model_cache
-        if not cached[3] and cached[1] is not cached[0]:
-            self._model_cache = (cached[0], without_initializer_values(
-                cached[1], self.weights_to_train_), cached[2], True)
-
-    def _float_dtype(self):
-        """numpy dtype of the training's floats (learning rate, sample
-        weights): the graph's first output's, the prediction or the loss of a
-        graph computing its own (whose targets may be integer labels)."""
-        return prediction_dtype(self._training_model(), self._training_types())
-
     def _training_types(self):
         """:func:`~onnxtrain.graph.infer_value_types` of the graph trained,
         cached with it: shape inference would otherwise run at every
@@ -216,65 +263,52 @@ class BaseOrtGradientEstimator(BaseEstimator):
         initializer (one array, or a dict of arrays for several)."""
         return data_inputs(model)
 
-    def _make_training_model(self, model):
-        """(model after rewrites, graph trained): subclasses choose."""
-        raise NotImplementedError
-
-    def _resolve(self, model):
-        """Weights, learning rate, loss, penalty and the small graphs. The
-        loss comes first: one that does not fit the graph raises before any
-        graph is built."""
-        resolved = resolve_learning_loss(self.learning_loss or self._default_loss)
-        loss = self._adapt_loss(resolved)
-        types = self._training_types()
-        self.weights_to_train_, self.frozen_weights_ = choose_weights(
-            model, self.weights_to_train, types)
-        learning_rate = resolve_learning_rate(self.learning_rate)
-        penalty = resolve_learning_penalty(self.learning_penalty)
-        out_type, out_shape = types[model.graph.output[0].name]
-        self._elem_type = out_type
-        self._output_rank = 2 if out_shape is None else len(out_shape)
-        penalized = set(self.weights_to_train_)
-        if getattr(penalty, "exclude_bias", True):
-            penalized -= set(bias_weights(model, self.weights_to_train_))
-        learning_rate.build_onnx([(w, types[w][1]) for w in self.weights_to_train_],
-                                 out_type, small_graph_opset(model, _OPSET), penalty,
-                                 penalized)
-        self._loss_models = self._build_loss_models(loss, out_type)
-        self._fused_spec = None if self._loss_models is None else {
-            "loss": loss, "penalty": penalty, "penalized": penalized,
-            "shapes": {w: types[w][1] for w in self.weights_to_train_},
-            "elem_type": out_type, "rank": self._output_rank}
-        self.learning_rate_, self.learning_loss_ = learning_rate, loss
-        self.learning_penalty_ = penalty
-        self._resolved_loss = resolved  # what fit publishes as learning_loss
-
     def _adapt_loss(self, loss):
         """The loss trained on this graph, from the one resolved from
         ``learning_loss`` (never modified: a subclass adapting it returns a
         new object). Raises ValueError when they cannot go together."""
         return loss
 
-    def _build_loss_models(self, loss, elem_type):
-        """(unweighted, weighted) loss graphs, each built at its first use
-        (:class:`~onnxtrain.assembly.training_graphs.LossGraphs`); the unweighted one
-        now, as ``loss.loss_grad_onnx_``, which the seed reads after fit."""
-        opset = small_graph_opset(self._training_model(), _OPSET)
-        graphs = LossGraphs(loss, elem_type, opset, self._output_rank,
-                            self._weight_input())
-        graphs[False]
-        return graphs
+    # ------------------------------------------------------------ the run
+    def _new_run(self, model, rng, previous=None, keep_optimizer=False):
+        """A :class:`~onnxtrain.training.run.TrainingRun` on the resolved
+        weights, learning rate, loss and penalty, with its runner on the
+        graph's weights, or going on with ``previous``'s (see
+        :meth:`~onnxtrain.training.run.FitState.go_on_with`). The loss
+        comes first: one that does not fit the graph raises before any
+        graph is built."""
+        resolved = resolve_learning_loss(self.learning_loss or self._default_loss)
+        loss = self._adapt_loss(resolved)
+        types = self._training_types()
+        self.weights_to_train_, self.frozen_weights_ = choose_weights(
+            model, self.weights_to_train, types)
+        rate = resolve_learning_rate(self.learning_rate)
+        penalty = resolve_learning_penalty(self.learning_penalty)
+        loss_models, spec = step_graphs(
+            model, self.weights_to_train_, types,
+            None if self._loss_in_graph else loss, rate, penalty, _weight_input(self))
+        run = self._loop_class(rate, loss, penalty, rng, resolved, loss_models, spec,
+                               early_stopping=self.early_stopping)
+        run.attach(self._new_runner(run))
+        if previous is not None:
+            run.go_on_with(previous, keep_optimizer)
+        rate.init_learning_rate()
+        return run
 
     @gc_frozen
-    def _new_trainer(self):
-        """A trainer on the graph's weights (see :meth:`_training_model`)."""
-        trainer = StepRunner(self._training_model(values=True), self.weights_to_train_,
-                             self.device, self._loss_models,
-                             self.learning_rate_.axpy_onnx_, self.learning_rate_,
-                             self._weight_input(), self._fused_spec,
-                             types=self._training_types())
-        self._drop_weight_values()
-        return trainer
+    def _new_runner(self, run):
+        """A step runner for ``run`` on the graph's weights (see
+        :meth:`_training_model`), which then keeps the graph without their
+        values."""
+        runner = StepRunner(self._training_model(values=True), self.weights_to_train_,
+                            self.device, run.loss_models, run.update_rule.axpy_onnx_,
+                            run.update_rule, _weight_input(self), run.fused_spec,
+                            types=self._training_types())
+        cached = self._model_cache
+        if not cached[3] and cached[1] is not cached[0]:
+            self._model_cache = (cached[0], without_initializer_values(
+                cached[1], self.weights_to_train_), cached[2], True)
+        return runner
 
     def _model_changed(self):
         """True when ``model_onnx`` is no longer the model of the last fit
@@ -288,7 +322,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
         return True
 
     def _ensure_trainer(self):
-        """The trainer, rebuilt from numpy copies after unpickling.
+        """The step runner, rebuilt from numpy copies after unpickling.
 
         Raises
         ------
@@ -301,16 +335,19 @@ class BaseOrtGradientEstimator(BaseEstimator):
                 f"model_onnx changed since this {type(self).__name__} was "
                 "fitted (set_params): its weights belong to the previous model. "
                 "Call 'fit' again before using this estimator.")
-        if getattr(self, "_trainer", None) is None:
+        run = self._run
+        if run.runner is None:
             with _TRAINER_LOCK, session_threads(getattr(self, "n_threads", None)):
-                if getattr(self, "_trainer", None) is None:
-                    trainer = self._new_trainer()
-                    trainer.set_weights(self._pickled["weights"])
-                    trainer.set_state(self._pickled["state"],
-                                      self._pickled["steps"])
-                    trainer.set_buffers(self._pickled.get("buffers"))
-                    self._trainer = trainer
-        return self._trainer
+                if run.runner is None:
+                    run.attach(self._new_runner(run))
+        return run.runner
+
+    @property
+    def _trainer(self):
+        """The run's step runner (None before the first fit or until an
+        unpickled estimator rebuilds it)."""
+        run = self.__dict__.get("_run")
+        return None if run is None else run.runner
 
     # --------------------------------------------------------------- fit
     @with_session_threads
@@ -320,19 +357,20 @@ class BaseOrtGradientEstimator(BaseEstimator):
         the first step (parameters, data, a loss that does not fit the
         graph) leaves the estimator as it was: its parameters, its fitted
         state or the absence of one."""
-        before = self.__dict__.copy()
-        X, y, sample_weight, X_val, y_val = self._prepare_or_restore(
+        before = _snapshot(self)
+        X, y, sample_weight, X_val, y_val = self._prepare_fit(
             X, y, sample_weight, X_val, y_val, classes, incremental)
-        self._diverged = self._diverged_to_start = None
+        hooks = FitHooks(self, getattr(self, "_validation_score", None),
+                         prediction_dtype(self._training_model(), self._training_types()))
         try:
-            self._epochs(X, y, sample_weight, X_val, y_val,
-                         1 if incremental else self.max_iter, incremental)
+            self._run.fit_loop(X, y, sample_weight, X_val, y_val,
+                               1 if incremental else self.max_iter, hooks)
         except ConvergenceError as exc:
             unusable = self._unusable_after_divergence(X, before)
             if unusable:
                 raise ConvergenceError(f"{exc} {unusable}") from None
             raise
-        if self._diverged is not None:  # exc=False: the loop warned
+        if self._run.diverged is not None:  # exc=False: the loop warned
             unusable = self._unusable_after_divergence(X, before)
             if unusable:
                 warnings.warn(unusable, ConvergenceWarning)
@@ -342,29 +380,21 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """After a non-finite loss, the weights kept must predict finite
         values on the training rows ``X``. When they do not, the estimator
         is put back as it was before this call when the call built its own
-        trainer (the earlier one is untouched), else it forgets the fit
+        runner (the earlier one is untouched), else it forgets the fit
         (its weights were trained in place); returns what happened (None
         when the kept weights are usable, or are those the call started
         from: non-finite values then come from the data)."""
-        if self._diverged_to_start or np.isfinite(self._trainer.predict(X)).all():
+        run = self._run
+        if run.diverged_to_start or np.isfinite(run.runner.predict(X)).all():
             return None
-        if self._trainer is not before.get("_trainer"):
-            self.__dict__.clear()
-            self.__dict__.update(before)
+        if run is not before[1] or run.runner is not before[2].get("runner"):
+            _restore(self, before)
             return ("However, those weights predict non-finite values on the "
                     "training rows: the estimator is back to its state before "
                     "this call.")
-        self._forget_fit()
+        _forget_fit(self)
         return ("However, those weights predict non-finite values on the "
                 "training rows: the estimator is no longer fitted (fit it again).")
-
-    def _forget_fit(self):
-        """Drop every fitted attribute: only the parameters remain, as
-        after ``__init__``."""
-        params = self.get_params(deep=False)
-        for key in list(self.__dict__):
-            if key not in params:
-                del self.__dict__[key]
 
     @with_session_threads
     def _initialize(self, X, y, classes=None):
@@ -372,227 +402,125 @@ class BaseOrtGradientEstimator(BaseEstimator):
         build the graphs and sessions, draw or read the initial weights)
         without any step; used by :mod:`onnxtrain.integrations.distributed` to give
         every worker the same starting state. Returns self."""
-        self._prepare_or_restore(X, y, None, None, None, classes, True)
+        self._prepare_fit(X, y, None, None, None, classes, True)
         return self
 
-    def _prepare_or_restore(self, *args):
-        """:meth:`_prepare_fit`, or on any error the estimator put back as
-        it was."""
-        before = self.__dict__.copy()
-        try:
-            return self._prepare_fit(*args)
-        except BaseException:
-            self.__dict__.clear()
-            self.__dict__.update(before)
-            raise
-
+    @_restoring
     def _prepare_fit(self, X, y, sample_weight, X_val, y_val, classes,
                      incremental):
         """Everything before the first step: validation, resolution, the
-        trainer, :meth:`_check_start`, the early-stopping split, then the
-        published parameters. Returns the data to train on."""
-        self._check_params()
+        run and its runner, :meth:`_check_start`, the early-stopping split,
+        then the published parameters. Returns the data to train on; on an
+        error the estimator is as it was."""
+        self._validate_params()
+        check_callbacks(self.callbacks)
+        resolve_learning_rate(self.learning_rate)  # before drawing weights
+        resolve_training_path(getattr(self, "training_path", "auto"))
+        check_weight_names(self.weights_to_train)
         if incremental and self.early_stopping:
             # scikit-learn's MLP message: no held-out split in partial_fit
             raise ValueError("partial_fit does not support early_stopping=True")
         model = self._training_model()
         first = not hasattr(self, "weights_to_train_") or (
             not incremental and not self.warm_start) or self._model_changed()
-        X, y, sample_weight = self._validate_data_for_fit(
-            model, X, y, sample_weight, classes, first)
-        X_val, y_val = self._validate_validation(model, X_val, y_val)
-        self._check_batch_dimension(model, X.shape[0])
+        X, y, sample_weight, X_val, y_val = self._validate_data(
+            model, X, y, sample_weight, X_val, y_val, classes, first)
+        previous = None if first else self._run
         # objects replaced by set_params take effect now, partial_fit included
-        restart = not first and self._objects_changed()
+        restart = not first and _objects_changed(self, previous)
         if first:
-            self._start(model)
+            rng = check_random_state(self.random_state)
+            self._run = self._new_run(model, rng)
+            self._fitted_model_onnx = self.model_onnx
+            if self.init == "random":
+                self._run.runner.set_weights(glorot_uniform_weights(
+                    model, self.weights_to_train_, rng))
         else:
             self._ensure_trainer()
             if restart:
-                self._restart_keeping_weights(model, keep_optimizer=incremental)
+                self._run = self._new_run(model, previous.rng, previous,
+                                          keep_optimizer=incremental)
+        run = self._run
+        size = int(np.clip(self.batch_size, 1, len(X)))
         if first or restart:
-            self._check_start(X[:int(np.clip(self.batch_size, 1, len(X)))])
+            self._check_start(X[:size])
+        run.configure(self._settings(run), incremental)
         if self.early_stopping and not incremental:
-            X, X_val, y, y_val, sample_weight = self._early_stopping_split(
-                X, y, sample_weight)
+            arrays = [X, y] + ([] if sample_weight is None else [sample_weight])
+            parts = train_test_split(*arrays, random_state=run.rng,
+                                     test_size=self.validation_fraction,
+                                     stratify=self._stratify(y))
+            X, X_val, y, y_val = parts[:4]
+            sample_weight = None if sample_weight is None else parts[4]
         # a path that cannot run raises here, not after the weights changed;
         # its graphs are built now (and only its graphs)
-        path = self._choose_path(sample_weight,
-                                 int(np.clip(self.batch_size, 1, len(X))),
-                                 self._epoch_loop(incremental))
-        self._trainer.prepare(path, sample_weight is not None)
+        path = run.choose_path(sample_weight, int(np.clip(self.batch_size, 1, len(X))))
+        run.runner.prepare(path, sample_weight is not None)
         if not (first or restart or incremental):
             # a new fit starts a new optimizer, as scikit-learn's warm start
-            self._trainer.reset_state()  # does (last: nothing fails after)
-        self._publish_objects()
+            run.runner.reset_state()  # does (last: nothing fails after)
+        # The seed reads ``est.learning_rate.axpy_onnx_`` and
+        # ``est.learning_loss.loss_grad_onnx_``: the parameters hold the
+        # resolved objects (copies), the loss as resolved from the parameter
+        # so that a fit on another graph or a clone adapts it anew.
+        self.learning_rate, self.learning_penalty = run.update_rule, run.penalty
+        self.learning_loss = run.resolved_loss
         return X, y, sample_weight, X_val, y_val
 
-    def _check_batch_dimension(self, model, n_samples):
-        """Refuse, before any step, a graph whose fixed batch dimension the
-        batches of this fit do not have (an export without dynamic axes)."""
-        size = int(np.clip(self.batch_size, 1, n_samples))
-        sizes = {size} | ({n_samples % size} if n_samples % size else set())
-        check_batch_dimension(model, sizes, self._feature_inputs(model),
-                              self._training_types())
+    def _settings(self, run):
+        """The :class:`~onnxtrain.training.run.FitSettings` of this call.
+        ``tol=None`` stops on nothing, except early stopping and the
+        'adaptive' schedule, which use scikit-learn's default 1e-4."""
+        tol = self.tol
+        if tol is None and (self.early_stopping or getattr(
+                run.update_rule, "learning_rate", None) == "adaptive"):
+            tol = 1e-4
+        return FitSettings(
+            batch_size=self.batch_size,
+            training_path=getattr(self, "training_path", "auto"),
+            shuffle=self.shuffle, early_stopping=self.early_stopping,
+            validation_period=validation_period(self.validation_every, self.max_iter),
+            n_iter_no_change=self.n_iter_no_change,
+            tol=None if tol is None else float(tol), exc=self.exc,
+            verbose=self.verbose, enable_logging=self.enable_logging,
+            callbacks=list(self.callbacks or ()), name=type(self).__name__,
+            loop_max_bytes=LOOP_MAX_PARAMETER_BYTES)
 
-    def _check_start(self, X):
-        """Called with the first rows of a fit once the loss is (re)resolved
-        and the trainer holds the weights training starts from, before any
-        step: subclasses raise to refuse the fit."""
-
-    def _start(self, model):
-        """First fit (or a fit without warm start): resolve everything, read
-        the graph's weights or draw them (``init``)."""
-        self._rng = check_random_state(self.random_state)
-        self._resolve(model)
-        self._fitted_model_onnx = self.model_onnx
-        self._trainer = self._new_trainer()
-        if self.init == "random":
-            self._trainer.set_weights(glorot_uniform_weights(
-                model, self.weights_to_train_, self._rng))
-        self.t_ = 0
-        self.train_losses_ = []
-        self.history_ = []
-        self.n_iter_ = 0
-        self.validation_losses_ = None
-        self.validation_scores_ = [] if self.early_stopping else None
-        self.best_validation_score_ = -np.inf if self.early_stopping else None
-        self.best_loss_ = np.inf
-        self._no_improvement = 0
-        self._best_weights = None
-        self._order = None
-        self.learning_rate_.init_learning_rate()
-
-    def _objects_changed(self):
-        """True when set_params replaced the learning rate, loss or penalty
-        since the last fit (fit publishes the resolved objects there; the
-        loss published is the one resolved from the parameter, which
-        ``learning_loss_`` may hold adapted to the graph)."""
-        published = (self.learning_rate_,
-                     # estimators pickled before _resolved_loss published learning_loss_
-                     getattr(self, "_resolved_loss", self.learning_loss_),
-                     self.learning_penalty_)
-        current = (self.learning_rate, self.learning_loss, self.learning_penalty)
-        return any(a is not b for a, b in zip(current, published))
-
-    def _restart_keeping_weights(self, model, keep_optimizer=False):
-        """Resolve the new objects and rebuild the trainer on the current
-        weights (a warm start or a partial_fit after set_params). With
-        ``keep_optimizer`` (partial_fit), the optimizer state and step go on
-        when the new update rule keeps the same state (same rule, other
-        hyperparameters); another rule starts from a new state."""
-        weights = self._trainer.engine.get_weights()
-        buffers = self._trainer.get_buffers()
-        state, steps = self._trainer.get_state(), self._trainer.step_count
-        names = tuple(self.learning_rate_.state_names)
-        self._resolve(model)
-        self._trainer = self._new_trainer()
-        self._trainer.set_weights(weights)
-        self._trainer.set_buffers(buffers)
-        if keep_optimizer and tuple(self.learning_rate_.state_names) == names:
-            self._trainer.set_state(state, steps)
-        self.learning_rate_.init_learning_rate()
-
-    def _publish_objects(self):
-        """The seed reads ``est.learning_rate.axpy_onnx_`` and
-        ``est.learning_loss.loss_grad_onnx_``: after fit those parameters
-        hold the resolved objects (copies; the caller's are not modified).
-        ``learning_loss`` gets the loss resolved from the parameter, not its
-        adaptation to the graph (``learning_loss_``), so that a later fit on
-        another graph (``set_params(model_onnx=...)``) or a clone adapts it
-        anew."""
-        self.learning_rate = self.learning_rate_
-        self.learning_loss = getattr(self, "_resolved_loss", self.learning_loss_)
-        self.learning_penalty = self.learning_penalty_
-
-    def _validate_data_for_fit(self, model, X, y, sample_weight, classes, first):
+    def _validate_data(self, model, X, y, sample_weight, X_val, y_val, classes,
+                       first):
+        """The training and validation data, checked against the graph
+        (types, widths, a fixed batch dimension) and encoded."""
         _check_feature_names(self, X, reset=first)  # feature_names_in_
-        X = check_features(model, X, "X", self._training_types(),
-                           self._feature_inputs(model))
+        types, inputs = self._training_types(), self._feature_inputs(model)
+        X = check_features(model, X, "X", types, inputs)
         y = self._encode_targets(y, X.shape[0], classes, first)
         if sample_weight is not None:
-            sample_weight = check_sample_weight(sample_weight, X.shape[0],
-                                                self._float_dtype())
+            sample_weight = check_sample_weight(
+                sample_weight, X.shape[0], prediction_dtype(model, types))
             if (sample_weight < 0).any():
                 raise ValueError("sample_weight has negative values.")
             if not sample_weight.sum() > 0:
                 raise ValueError("sample_weight sums to zero: nothing to train on.")
         if not isinstance(X, GraphInputs):
             self.n_features_in_ = X.shape[1]
-        return X, y, sample_weight
-
-    def _validate_validation(self, model, X_val, y_val):
         if (X_val is None) != (y_val is None):
             raise ValueError("X_val and y_val must be given together.")
-        if X_val is None:
-            return None, None
-        X_val = check_features(model, X_val, "X_val", self._training_types(),
-                               self._feature_inputs(model))
-        return X_val, self._encode_targets(y_val, X_val.shape[0], None, False,
-                                           name="y_val")
+        if X_val is not None:
+            X_val = check_features(model, X_val, "X_val", types, inputs)
+            y_val = self._encode_targets(y_val, X_val.shape[0], None, False,
+                                         name="y_val")
+        # a graph whose fixed batch dimension the batches of this fit do
+        # not have (an export without dynamic axes) is refused before any step
+        n_samples = X.shape[0]
+        size = int(np.clip(self.batch_size, 1, n_samples))
+        sizes = {size} | ({n_samples % size} if n_samples % size else set())
+        check_batch_dimension(model, sizes, inputs, types)
+        return X, y, sample_weight, X_val, y_val
 
-    def _early_stopping_split(self, X, y, sample_weight):
-        stratify = self._stratify(y)
-        arrays = [X, y] + ([] if sample_weight is None else [sample_weight])
-        parts = train_test_split(*arrays, random_state=self._rng,
-                                 test_size=self.validation_fraction,
-                                 stratify=stratify)
-        X, X_val, y, y_val = parts[:4]
-        return X, X_val, y, y_val, (parts[4] if sample_weight is not None else None)
-
-    def _stratify(self, y):
-        return None
-
-    # ------------------------------------------------------------ the loop
-    #: The epoch loop's class (:class:`~onnxtrain.training.loop.EpochLoop`).
-    _loop_class = EpochLoop
-
-    def _epoch_loop(self, incremental=False):
-        """The :class:`~onnxtrain.training.loop.EpochLoop` running this fit's
-        epochs, with the ``callbacks`` parameter."""
-        return self._loop_class(self, getattr(self, "callbacks", None) or (),
-                                incremental)
-
-    def _epochs(self, X, y, sample_weight, X_val, y_val, n_epochs, incremental):
-        self._epoch_loop(incremental).fit_loop(X, y, sample_weight, X_val, y_val,
-                                              n_epochs)
-
-    # ----------------------------------------------------- execution paths
-    _PATHS = ("auto", "split", "fused", "loop")
-
-    def _choose_path(self, sample_weight, batch_size, loop=None):
-        """'split' (the seed's: four graphs per step), 'fused' (one graph
-        per step) or 'loop' (an ONNX Loop over the batches): the requested
-        one, or with 'auto' the fastest available: the loop, unless the
-        parameters exceed :data:`LOOP_MAX_PARAMETER_BYTES` (its extra copies
-        of them), a batch has zero weight or the host acts between batches
-        (``loop``'s :meth:`~onnxtrain.training.loop.EpochLoop.per_batch_host_work`);
-        the split path when the model cannot be fused."""
-        path = getattr(self, "training_path", "auto")
-        if path not in self._PATHS:
-            raise ValueError(f"training_path must be one of {self._PATHS}, got "
-                             f"{path!r}.")
-        if path == "split":
-            return path
-        weighted = sample_weight is not None
-        zero_batch = weighted and any(
-            not sample_weight[b].sum() > 0
-            for b in gen_batches(sample_weight.shape[0], batch_size))
-        host = None if loop is None else loop.per_batch_host_work()
-        reason = self._trainer.fused_graph("flat step", weighted)
-        if isinstance(reason, str) or (path == "loop" and (zero_batch or host)):
-            if path == "auto":
-                return "split"
-            why = reason if isinstance(reason, str) else (
-                "a batch has zero weight" if zero_batch else host)
-            raise ValueError(f"training_path={path!r} is not available: {why}.")
-        if path == "auto":
-            heavy = self._trainer.parameter_bytes() > LOOP_MAX_PARAMETER_BYTES
-            return "fused" if (zero_batch or heavy or host) else "loop"
-        return path
-
-    def _validation_score(self, X_val, y_val):
-        raise NotImplementedError
+    def _check_start(self, X):
+        """Called with the first rows of a fit once the loss is (re)resolved
+        and the runner holds the weights training starts from, before any
+        step: subclasses raise to refuse the fit."""
 
     # ------------------------------------------------------------ results
     @property
@@ -633,18 +561,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
             (int), ``buffers`` (dict), ``rng`` (the generator's state) and
             ``order`` (the last epoch's row order or None).
         """
-        trainer = self._ensure_trainer()
-        weights = trainer.engine.get_weights()
-        if not include_optimizer:
-            return weights
-        order = getattr(self, "_order", None)
-        return {"weights": weights, "optimizer": trainer.get_state(),
-                "step": int(trainer.step_count),
-                "learning_rate": float(self.learning_rate_.value),
-                "n_iter": int(self.n_iter_), "t": int(self.t_),
-                "buffers": trainer.get_buffers(),
-                "rng": self._rng.get_state() if hasattr(self, "_rng") else None,
-                "order": None if order is None else order.copy()}
+        self._ensure_trainer()
+        return self._run.get_state(include_optimizer)
 
     def set_state(self, state):
         """Replace the trained weights, or restore a :meth:`get_state`
@@ -669,39 +587,8 @@ class BaseOrtGradientEstimator(BaseEstimator):
             Wrong number of tensors, unknown names or shapes, an optimizer
             state of another update rule; nothing is changed then.
         """
-        trainer = self._ensure_trainer()
-        if not (isinstance(state, dict) and "optimizer" in state):
-            trainer.set_weights(state)  # checks everything before it writes
-            return self
-        backup = self.get_state(include_optimizer=True)
-        try:
-            return self._set_full_state(trainer, state)
-        except Exception:
-            self._set_full_state(trainer, backup)
-            raise
-
-    def _set_full_state(self, trainer, state):
-        optimizer = state["optimizer"]
-        expected = [[tuple(w.shape()) for _ in self.learning_rate_.state_names]
-                    for w in trainer.engine.weights]
-        given = [[np.shape(s) for s in states] for states in optimizer]
-        if given != expected:
-            raise ValueError(
-                f"The optimizer state has shapes {given}; this estimator's update "
-                f"rule {type(self.learning_rate_).__name__} keeps "
-                f"{list(self.learning_rate_.state_names)} per weight: {expected}.")
-        step, n_iter, t = (_state_number(state, key, int) for key in ("step", "n_iter", "t"))
-        rate = _state_number(state, "learning_rate", float)
-        trainer.set_weights(state["weights"])  # checks (first)
-        trainer.set_state(optimizer, step)
-        trainer.set_buffers(state.get("buffers"))
-        self.learning_rate_.value = rate
-        self.n_iter_, self.t_ = n_iter, t
-        if state.get("rng") is not None:
-            self._rng = np.random.RandomState()
-            self._rng.set_state(state["rng"])
-        order = state.get("order")
-        self._order = None if order is None else np.array(order, copy=True)
+        self._ensure_trainer()
+        self._run.set_state(state)
         return self
 
     def get_trained_onnx(self, model=None):
@@ -721,12 +608,15 @@ class BaseOrtGradientEstimator(BaseEstimator):
         -------
         onnx.ModelProto
         """
-        trainer = self._ensure_trainer()
-        engine = trainer.engine
+        self._ensure_trainer()
         base = self._full_model() if model is None else load_model(model)
-        values = dict(zip(engine.weights_to_train, engine.get_weights()))
-        values.update(trainer.get_buffers())
-        return inference_mode(replace_initializers(base, values))
+        return self._run.trained_model(base)
+
+    def _full_model(self):
+        """``model_onnx`` after the estimator's rewrites: a new model, or the
+        loaded ``model_onnx`` itself when nothing is rewritten (not to be
+        modified)."""
+        return self._make_training_model(load_model(self.model_onnx))[0]
 
     def save_onnx_graph(self, folder, prefix=None, suffix=None):
         """Save every ONNX graph of the estimator (the model, the training
@@ -735,42 +625,10 @@ class BaseOrtGradientEstimator(BaseEstimator):
         from ..graph._saving import save_onnx_graph
         return save_onnx_graph(self, folder, prefix, suffix)
 
-    def _full_model(self):
-        """``model_onnx`` after the estimator's rewrites: a new model, or the
-        loaded ``model_onnx`` itself when nothing is rewritten (not to be
-        modified)."""
-        return self._make_training_model(load_model(self.model_onnx))[0]
-
     def __getstate__(self):
         state = self.__dict__.copy()
-        state.pop("_model_cache", None)
-        trainer = state.pop("_trainer", None)
-        if trainer is not None:
-            state["_pickled"] = {"weights": trainer.engine.get_weights(),
-                                 "state": trainer.get_state(),
-                                 "steps": trainer.step_count,
-                                 "buffers": trainer.get_buffers()}
+        state.pop("_model_cache", None)  # rebuilt from model_onnx
         return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._trainer = None
-
-
-def _state_number(state, key, kind):
-    """``kind(state[key])`` for :meth:`BaseOrtGradientEstimator.set_state`,
-    or a ValueError naming the key (a finite number >= 0 is expected)."""
-    if key not in state:
-        raise ValueError(f"The state has no {key!r} (a get_state("
-                         "include_optimizer=True) dict has one).")
-    try:
-        value = kind(state[key])
-    except (TypeError, ValueError, OverflowError):
-        value = None
-    if value is None or not np.isfinite(value) or value < 0:
-        raise ValueError(f"The state's {key!r} must be a finite number >= 0, got "
-                         f"{state[key]!r}.")
-    return value
 
 
 def prediction_dtype(model, types=None):

@@ -9,16 +9,21 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..assembly.training_graphs import TrainingGraphs, final_activation
+from ..assembly.training_graphs import (LossGraphs, TrainingGraphs, final_activation,
+                                        small_graph_opset)
 from ..graph import elem_type_to_numpy, without_initializer_values
 from ..graph.training_mode import with_running_statistics_updates
+from ..optim.initializers import bias_weights
 from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
 from ..runtime.engine import copy_arrays
 from ..runtime.threads import session_threads
 from ._inputs import feature_arrays
 
-__all__ = ["StepRunner", "final_activation"]
+__all__ = ["StepRunner", "final_activation", "step_graphs"]
+
+#: Opset of the small graphs (update rule, loss) unless the model's is lower.
+_OPSET = 17
 
 _ITEMSIZE = {"tensor(float16)": 2, "tensor(bfloat16)": 2, "tensor(float)": 4,
              "tensor(double)": 8}
@@ -39,6 +44,85 @@ def _without_initializer_inputs(model):
     del new.graph.input[:]
     new.graph.input.extend(inputs)
     return new
+
+
+def step_graphs(model, weights, types, loss, update_rule, penalty,
+                weight_input="weight"):
+    """Build the update rule's graph and the loss graphs of a fit.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The graph trained; its first output is the prediction (or the loss
+        when ``loss`` is None).
+    weights : list of str
+        The weights trained.
+    types : dict
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types`.
+    loss : loss object or None
+        None: the graph computes its own loss (no loss graph).
+    update_rule, penalty : objects
+        The resolved learning rate (its ``axpy_onnx_`` built here) and
+        penalty (applied to the weights but the biases, unless
+        ``exclude_bias=False``).
+    weight_input : str, default='weight'
+        Name of the weighted loss graph's sample-weight input.
+
+    Returns
+    -------
+    loss_models : LossGraphs or None
+        The (unweighted, weighted) loss graphs, each built at its first
+        use; the unweighted one now, as ``loss.loss_grad_onnx_``, which the
+        seed reads after fit.
+    fused_spec : dict or None
+        What :class:`StepRunner`'s fused paths need.
+    """
+    out_type, out_shape = types[model.graph.output[0].name]
+    rank = 2 if out_shape is None else len(out_shape)
+    opset = small_graph_opset(model, _OPSET)
+    penalized = set(weights)
+    if getattr(penalty, "exclude_bias", True):
+        penalized -= set(bias_weights(model, weights))
+    update_rule.build_onnx([(w, types[w][1]) for w in weights], out_type, opset,
+                           penalty, penalized)
+    if loss is None:
+        return None, None
+    loss_models = LossGraphs(loss, out_type, opset, rank, weight_input)
+    loss_models[False]  # noqa: B018 - builds it
+    return loss_models, {
+        "loss": loss, "penalty": penalty, "penalized": penalized,
+        "shapes": {w: types[w][1] for w in weights},
+        "elem_type": out_type, "rank": rank}
+
+
+def _sample_weight_dtype(model, input_names, buffer_names, loss_models):
+    """numpy dtype of the sample-weight input of a graph computing its
+    own loss (its third input), as the graph declares it: a float type,
+    whatever the type of the labels; None without such an input."""
+    names = [n for n in input_names if n not in buffer_names]
+    if loss_models or len(names) < 3:
+        return None
+    declared = {i.name: i for i in model.graph.input}[names[2]]
+    return elem_type_to_numpy(declared.type.tensor_type.elem_type)
+
+
+def _scalar(cache, value, dtype, device):
+    """A scalar OrtValue of ``value``, kept in ``cache`` for the next steps
+    (at most a few hundred: schedules change the rate at every epoch)."""
+    key = (float(value), dtype)
+    if key not in cache:
+        if len(cache) > 256:
+            cache.clear()
+        cache[key] = to_ortvalue(np.array(value, dtype=dtype), device)
+    return cache[key]
+
+
+def _data_feeds(graph, X, y, sample_weight):
+    """The data inputs of a fused graph: the features, y, the weights."""
+    values = feature_arrays(X) + [y]
+    if sample_weight is not None:
+        values.append(sample_weight)
+    return dict(zip(graph.data_inputs, values))
 
 
 class StepRunner:
@@ -139,24 +223,11 @@ class StepRunner:
         self._fused = {}
         self._parameter_bytes = None
         self._finite_copy = None
-        self._weight_dtype = self._default_weight_dtype()
+        self._weight_dtype = _sample_weight_dtype(
+            model, self.engine.input_names, self.buffer_names, loss_models)
         self.reset_state()
 
-    def _default_weight_dtype(self):
-        """numpy dtype of the sample-weight input of a graph computing its
-        own loss (its third input), as the graph declares it: a float type,
-        whatever the type of the labels; None without such an input."""
-        names = [n for n in self.engine.input_names if n not in self.buffer_names]
-        if self.loss_models or len(names) < 3:
-            return None
-        declared = {i.name: i for i in self.model.graph.input}[names[2]]
-        return elem_type_to_numpy(declared.type.tensor_type.elem_type)
-
     # ------------------------------------------------------------- state
-    @property
-    def weights(self):
-        return self.engine.weights
-
     def finite_weights_copy(self):
         """A copy of the weights when every value is finite, else None.
 
@@ -237,27 +308,13 @@ class StepRunner:
     def _forward(self, X, training, extra=()):
         """The engine's outputs for the features ``X`` (one array or
         GraphInputs), ``extra`` inputs and the running statistics; in
-        training mode the updated statistics wait in ``_new_buffers`` for
-        :meth:`_commit_buffers`."""
+        training mode the updated statistics wait in ``_new_buffers`` until
+        the step commits them."""
         inputs = feature_arrays(X) + list(extra) + list(self.buffers)
         outputs = self.engine.forward(inputs, training=training)
         if training and self.buffer_names:
             self._new_buffers = outputs[1:1 + len(self.buffer_names)]
         return outputs
-
-    def _commit_buffers(self):
-        if self._new_buffers is not None:
-            self.buffers = list(self._new_buffers)
-        self._new_buffers = None
-
-    def _scalar(self, value, dtype):
-        key = (float(value), dtype)
-        if key not in self._scalars:
-            if len(self._scalars) > 256:
-                self._scalars.clear()
-            self._scalars[key] = to_ortvalue(np.array(value, dtype=dtype),
-                                             self.device)
-        return self._scalars[key]
 
     @property
     def update(self):
@@ -301,13 +358,13 @@ class StepRunner:
         grads = self.engine.backward([grad])
         rows = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
         step = self.step_count + 1
-        feeds = {name: self._scalar(value, dtype) for name, value in
-                 self.learning_rate.step_scalars(step).items()}
+        feeds = {name: _scalar(self._scalars, value, dtype, self.device)
+                 for name, value in self.learning_rate.step_scalars(step).items()}
         feeds["loss"] = loss
-        feeds["penalty_scale"] = self._scalar(1.0 / rows, dtype)
+        feeds["penalty_scale"] = _scalar(self._scalars, 1.0 / rows, dtype, self.device)
         names = self.engine.weights_to_train
         states = self.learning_rate.state_names
-        for name, weight, grad_w, state in zip(names, self.weights, grads, self.state):
+        for name, weight, grad_w, state in zip(names, self.engine.weights, grads, self.state):
             feeds[name] = weight
             feeds[f"{name}_grad"] = grad_w
             feeds.update((f"{name}_{s}", v) for s, v in zip(states, state))
@@ -319,7 +376,8 @@ class StepRunner:
             self.state = [outputs[i * width + 1:(i + 1) * width]
                           for i in range(len(names))]
             self.step_count = step
-            self._commit_buffers()
+            if self._new_buffers is not None:
+                self.buffers = list(self._new_buffers)
         self._new_buffers = None
         return total
 
@@ -362,7 +420,7 @@ class StepRunner:
     def flops_per_step(self, rows):
         """Estimated work of a step on ``rows`` rows: forward and backward
         cost about 6 floating-point operations per weight and row."""
-        return 6.0 * rows * sum(int(np.prod(w.shape())) for w in self.weights)
+        return 6.0 * rows * sum(int(np.prod(w.shape())) for w in self.engine.weights)
 
     def _runner(self, kind, weighted, rows):
         key = ("runner", kind, weighted)
@@ -395,12 +453,6 @@ class StepRunner:
         self.state = [flat[i * width + 1:(i + 1) * width]
                       for i in range(len(self.engine.weights))]
 
-    def _data(self, graph, X, y, sample_weight):
-        values = feature_arrays(X) + [y]
-        if sample_weight is not None:
-            values.append(sample_weight)
-        return dict(zip(graph.data_inputs, values))
-
     def fused_step(self, X, y, sample_weight, dtype):
         """:meth:`step` as one graph run (forward, loss, backward, update)."""
         weighted = sample_weight is not None
@@ -409,7 +461,7 @@ class StepRunner:
         scalars = self.learning_rate.step_scalars(step)
         rows = X.shape[0] if not weighted else float(np.sum(sample_weight))
         scalars["penalty_scale"] = 1.0 / rows
-        loss = float(runner.run(self._data(runner.step, X, y, sample_weight),
+        loss = float(runner.run(_data_feeds(runner.step, X, y, sample_weight),
                                 scalars))
         if np.isfinite(loss):
             self._take_parameters(runner)
@@ -438,7 +490,7 @@ class StepRunner:
         for name in rates[0]:
             if name != "step":
                 scalars[f"{name}__per_epoch"] = [r[name] for r in rates]
-        losses = runner.run(self._data(runner.step, X, y, sample_weight), scalars)
+        losses = runner.run(_data_feeds(runner.step, X, y, sample_weight), scalars)
         if np.isfinite(losses).all():
             self._take_parameters(runner)
             self.step_count += n_batches * len(rates)

@@ -1,15 +1,29 @@
 """Input validation shared by the estimators (scikit-learn's utilities)."""
 from __future__ import annotations
 
+import numbers
 
 import numpy as np
+from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_array
 
 from .._utils.casting import cast_within_range
 from ..training.loop import validation_period
 
-__all__ = ["cast_within_range", "check_batch_dim", "check_target_rank",
+__all__ = ["Count", "cast_within_range", "check_batch_dim", "check_target_rank",
            "check_targets", "validation_period"]
+
+
+class Count(Interval):
+    """scikit-learn's ``Interval(numbers.Integral, low, None)`` constraint
+    without the bools (True is an Integral; a count given as True is a
+    mistake)."""
+
+    def __init__(self, low=1):
+        super().__init__(numbers.Integral, low, None, closed="left")
+
+    def is_satisfied_by(self, val):
+        return not isinstance(val, (bool, np.bool_)) and super().is_satisfied_by(val)
 
 
 def _check_numeric(array, name):

@@ -108,20 +108,17 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
                              f"not an output of the model: {names}.")
         return model, prediction_graph(model, self.loss_output_name)
 
-    def _build_loss_models(self, loss, elem_type):
-        return None  # the graph computes its own loss
+    _loss_in_graph = True  # no loss graph: the graph's output is the loss
 
     def _feature_inputs(self, model):
         return super()._feature_inputs(model)[:1]  # then targets, weights
 
-    def _start(self, model):
-        super()._start(model)
+    def _new_run(self, model, rng, previous=None, keep_optimizer=False):
+        run = super()._new_run(model, rng, previous, keep_optimizer)
         if self.saved_gradient:
             import onnx
-            onnx.save(self._trainer.engine.gradient_model, self.saved_gradient)
-
-    def _weight_input(self):
-        return self.sample_weight_name
+            onnx.save(run.runner.engine.gradient_model, self.saved_gradient)
+        return run
 
     def _encode_targets(self, y, n_samples, classes, first, name="y"):
         model = self._training_model()

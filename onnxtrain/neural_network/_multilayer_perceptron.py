@@ -7,13 +7,16 @@ and the training arithmetic are scikit-learn 1.9's
 settings and ``random_state`` the initial weights, the batches, the updates
 and so ``loss_curve_`` are the same. The network is an ONNX graph built from
 the layer sizes at the first fit;
-:class:`~onnxtrain.neural_network._loop.MLPTrainingLoop` trains it with onnxtrain's forward/backward engine; ``to_onnx()`` returns the
-trained inference graph.
+a :class:`~onnxtrain.neural_network._loop.MLPEpochLoop` (a
+:class:`~onnxtrain.training.run.TrainingRun`) owns each fit and trains it
+with onnxtrain's forward/backward engine; ``to_onnx()`` returns the trained
+inference graph.
 """
 from __future__ import annotations
 
 import functools
 import numbers
+import threading
 import warnings
 
 import numpy as np
@@ -28,16 +31,21 @@ from sklearn.utils.multiclass import type_of_target, unique_labels
 from sklearn.utils.validation import (_check_sample_weight, check_is_fitted,
                                       validate_data)
 
-from ..estimators._validation import check_target_rank
+from ..estimators import _base
+from ..estimators._validation import check_sample_weight, check_target_rank
 from ..exceptions import ConvergenceWarning
+from ..graph import infer_value_types
 from ..losses.learning_losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
                                       PoissonLearningLoss, SquareLearningLoss)
 from ..losses.penalties import ElasticLearningPenalty, NoLearningPenalty
 from ..optim.learning_rates import LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+from ..runtime.threads import session_threads, with_session_threads
 from ..training.callbacks import check_callbacks
+from ..training.run import FitHooks, FitSettings
 from ._graph import (OUTPUT_FUNCTIONS, classifier_graph, init_layers,
                      regressor_graph, training_graph, weight_names)
-from ._loop import MLPTrainingLoop
+from ._loop import (early_stopping_split, mlp_runner, new_mlp_run, same_objects,
+                    validation_scorer)
 
 __all__ = ["MLPRegressor", "MLPClassifier"]
 
@@ -45,6 +53,8 @@ _STOCHASTIC_SOLVERS = ("sgd", "adam")
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 #: scikit-learn's sparse formats (the graph takes X densified).
 _SPARSE = ["csr", "csc"]
+#: Held while an unpickled estimator rebuilds its runner.
+_RUNNER_LOCK = threading.Lock()
 _NON_FINITE = ("Solver produced non-finite parameter weights. The input data may"
                " contain large values and need to be preprocessed.")
 
@@ -56,15 +66,15 @@ class SolverDivergedError(ValueError):
 
 def _keeps_state_on_error(method):
     """``method`` (fit, partial_fit, set_state) leaves the estimator as it
-    was when it raises: its attributes and its training loop's (a fit that
+    was when it raises: its attributes and its run's (a fit that
     diverged keeps its last finite weights instead, as scikit-learn's).
     An error after training began cannot give back weights trained in
     place: only the attributes are restored then."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         saved = self.__dict__.copy()
-        loop = saved.get("_loop")
-        saved_loop = None if loop is None else loop.__dict__.copy()
+        run = saved.get("_run")
+        saved_run = None if run is None else run.__dict__.copy()
         try:
             return method(self, *args, **kwargs)
         except SolverDivergedError:
@@ -72,9 +82,9 @@ def _keeps_state_on_error(method):
         except Exception:
             self.__dict__.clear()
             self.__dict__.update(saved)
-            if loop is not None:
-                loop.__dict__.clear()
-                loop.__dict__.update(saved_loop)
+            if run is not None:
+                run.__dict__.clear()
+                run.__dict__.update(saved_run)
             raise
     return wrapper
 
@@ -83,6 +93,119 @@ def _dense(X):
     """X as a dense ndarray: onnxruntime's MatMul takes dense tensors, so a
     sparse matrix is expanded (n_samples x n_features floats in memory)."""
     return X.toarray() if scipy.sparse.issparse(X) else X
+
+
+def _check_solver(estimator):
+    """partial_fit exists only for the stochastic solvers (scikit-learn's
+    rule)."""
+    if estimator.solver not in _STOCHASTIC_SOLVERS:
+        raise AttributeError("partial_fit is only available for stochastic "
+                             f"optimizers. {estimator.solver} is not stochastic.")
+    return True
+
+
+def _requested_dtype(dtype):
+    """None (follow X) or the float dtype asked for.
+
+    Raises
+    ------
+    ValueError
+        Anything but None, float32 or float64.
+    """
+    if dtype is None:
+        return None
+    try:
+        value = np.dtype(dtype)
+    except TypeError:
+        value = None
+    if value not in _FLOAT_DTYPES:
+        raise ValueError(f"dtype must be None, np.float32 or np.float64, got "
+                         f"{dtype!r}.")
+    return value
+
+
+def _checked_sample_weight(sample_weight, X):
+    """scikit-learn's check of the sample weights, then what training
+    refuses: negative weights, or weights summing to zero."""
+    sample_weight = _check_sample_weight(sample_weight, X, dtype=X.dtype)
+    sample_weight = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    if (sample_weight < 0).any():
+        raise ValueError("sample_weight has negative values.")
+    if not sample_weight.sum() > 0:
+        raise ValueError("sample_weight sums to zero: nothing to train on.")
+    return sample_weight
+
+
+def _assigned_layers(assigned, X, y):
+    """The weights assigned before the first fit, checked against the data
+    and cast to X's dtype.
+
+    Raises
+    ------
+    ValueError
+        Lists of different lengths, or shapes that do not chain from
+        n_features to n_outputs.
+    """
+    coefs = [np.asarray(c, dtype=X.dtype) for c in assigned[0]]
+    intercepts = [np.asarray(b, dtype=X.dtype).reshape(-1) for b in assigned[1]]
+    fans = [X.shape[1]] + [c.shape[1] if c.ndim == 2 else -1 for c in coefs]
+    if not coefs or len(coefs) != len(intercepts) or fans[-1] != y.shape[1] \
+            or any(c.shape != (i, o) for c, i, o in zip(coefs, fans, fans[1:])) \
+            or any(b.shape != (o,) for b, o in zip(intercepts, fans[1:])):
+        raise ValueError(
+            "The coefs_ and intercepts_ assigned before fit do not fit the "
+            f"data: coefs_ shapes {[c.shape for c in coefs]}, intercepts_ "
+            f"shapes {[b.shape for b in intercepts]}, X has {X.shape[1]} "
+            f"features and y {y.shape[1]} outputs.")
+    return coefs, intercepts
+
+
+def _update_rule(estimator):
+    """scikit-learn's ``AdamOptimizer`` or ``SGDOptimizer`` as an onnxtrain
+    update rule (same formulas, see :mod:`onnxtrain.optim`)."""
+    est = estimator
+    if est.solver == "adam":
+        return LearningRateAdam(eta0=est.learning_rate_init, beta_1=est.beta_1,
+                                beta_2=est.beta_2, epsilon=est.epsilon)
+    if est.momentum == 0:
+        return LearningRateSGD(eta0=est.learning_rate_init, power_t=est.power_t,
+                               learning_rate=est.learning_rate)
+    return LearningRateSGDNesterov(
+        eta0=est.learning_rate_init, power_t=est.power_t,
+        learning_rate=est.learning_rate, momentum=est.momentum,
+        nesterov=est.nesterovs_momentum)
+
+
+def _penalty(estimator):
+    """``alpha`` as scikit-learn applies it: ``alpha / 2 * sum(coef**2)``
+    divided by the batch's sample-weight sum, intercepts excluded."""
+    if estimator.alpha == 0:
+        return NoLearningPenalty()
+    return ElasticLearningPenalty(l1=0.0, l2=estimator.alpha / 2)
+
+
+def _warn_batch_size(estimator, n_samples):
+    if estimator.batch_size == "auto":
+        return
+    if estimator.early_stopping:
+        n_samples -= int(np.ceil(estimator.validation_fraction * n_samples))
+    if estimator.batch_size > n_samples:
+        warnings.warn("Got `batch_size` less than 1 or larger than sample "
+                      "size. It is going to be clipped")
+
+
+def _collect(estimator, run, seen, incremental):
+    """Copy the run's results into scikit-learn's attributes."""
+    est = estimator
+    est.__dict__.setdefault("loss_curve_", []).extend(run.train_losses[seen:])
+    est.loss_ = est.loss_curve_[-1] if est.loss_curve_ else None
+    est.n_iter_ = min(run.n_iter, 1) if incremental else run.n_iter
+    est.t_ = run.t
+    est.history_ = [dict(record) for record in run.history or ()]
+    est.best_loss_ = None if est.early_stopping else run.best_loss
+    est.validation_scores_ = (None if run.validation_scores is None
+                              else list(run.validation_scores))
+    est.best_validation_score_ = run.best_validation_score
 
 
 class _BaseMLP(BaseEstimator):
@@ -125,14 +248,6 @@ class _BaseMLP(BaseEstimator):
     }
 
     # ------------------------------------------------------------ checks
-    def _check_solver(self):
-        """partial_fit exists only for the stochastic solvers (scikit-learn's
-        rule)."""
-        if self.solver not in _STOCHASTIC_SOLVERS:
-            raise AttributeError("partial_fit is only available for stochastic "
-                                 f"optimizers. {self.solver} is not stochastic.")
-        return True
-
     def _check_fit_params(self, incremental):
         self._validate_params()
         check_callbacks(self.callbacks)
@@ -144,45 +259,23 @@ class _BaseMLP(BaseEstimator):
             raise ValueError(f"hidden_layer_sizes must be > 0, got {hidden}.")
         return [int(h) for h in hidden]
 
-    def _requested_dtype(self):
-        """None (follow X) or the float dtype asked for.
-
-        Raises
-        ------
-        ValueError
-            Anything but None, float32 or float64.
-        """
-        if self.dtype is None:
-            return None
-        try:
-            dtype = np.dtype(self.dtype)
-        except TypeError:
-            dtype = None
-        if dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"dtype must be None, np.float32 or np.float64, got "
-                             f"{self.dtype!r}.")
-        return dtype
-
-    def _data_dtype(self, first):
-        """The dtype X is validated to: the graph's after the first fit."""
-        if not first:
-            return self._dtype
-        dtype = self._requested_dtype()
-        return (np.float64, np.float32) if dtype is None else dtype
-
     # ---------------------------------------------------------------- fit
+    @with_session_threads
     def _fit(self, X, y, sample_weight=None, incremental=False):
         """The one code path of fit and partial_fit."""
         hidden = self._check_fit_params(incremental)
-        previous_loop = self.__dict__.get("_loop")
-        first = previous_loop is None or (not self.warm_start and not incremental)
+        first = "_run" not in self.__dict__ or (not self.warm_start and not incremental)
         # weights assigned before the first fit start a warm start or a
         # partial_fit, as scikit-learn's (its first pass tests coefs_)
         assigned = self.__dict__.get("_layers") if (
-            not hasattr(self, "_loop") and (self.warm_start or incremental)) else None
-        X, y = self._validate_input(X, y, incremental, reset=first)
+            "_run" not in self.__dict__ and (self.warm_start or incremental)) else None
+        if not first:
+            dtype = self._dtype
+        else:  # the graph's dtype after the first fit
+            dtype = _requested_dtype(self.dtype) or (np.float64, np.float32)
+        X, y = self._validate_input(X, y, incremental, reset=first, dtype=dtype)
         if sample_weight is not None:
-            sample_weight = _check_sample_weight(sample_weight, X, dtype=X.dtype)
+            sample_weight = _checked_sample_weight(sample_weight, X)
         random_state = check_random_state(self.random_state)
         if first:
             self._initialize(X, y, hidden, random_state, assigned)
@@ -194,28 +287,29 @@ class _BaseMLP(BaseEstimator):
         y = y.astype(self._dtype)
         if self.solver == "lbfgs":
             self._fit_lbfgs(X, y, sample_weight)
-            return self._check_finite(False, X, previous_loop)
+            return self._check_finite(False, X, first)
         if not first:
             # partial_fit keeps the optimizer, unless set_params changed it
-            self._loop.restart(random_state, incremental, **self._loop_settings())
+            self._restart(random_state, incremental)
         self._fit_stochastic(X, y, sample_weight, incremental)
-        return self._check_finite(self._loop.diverged and not self.early_stopping,
-                                  X, previous_loop)
+        return self._check_finite(
+            self._run.diverged is not None and not self.early_stopping, X, first)
 
-    def _check_finite(self, diverged, X, previous_loop):
+    def _check_finite(self, diverged, X, built):
         """scikit-learn's last check of a fit: a diverged network (a
         non-finite loss without early stopping, whose best weights replace
         the last ones, or non-finite weights) raises its ValueError. The
         weights kept must predict finite values on the training rows ``X``:
         otherwise the estimator goes back to its state before the call when
-        this call built a new network, or forgets the fit."""
+        this call ``built`` a new network, or forgets the fit."""
         self._layers = None
-        if not diverged and all(np.isfinite(w).all() for w in self._loop.get_state()):
+        run = self._network()
+        if not diverged and all(np.isfinite(w).all() for w in run.get_state()):
             return self
-        if (diverged and getattr(self._loop, "_diverged_to_start", False)) or \
-                np.isfinite(self._loop.output(X)).all():
+        if (diverged and run.diverged_to_start) or \
+                np.isfinite(run.runner.predict(X)).all():
             raise SolverDivergedError(_NON_FINITE)
-        if self._loop is not previous_loop:  # restored by _keeps_state_on_error
+        if built:  # restored by _keeps_state_on_error
             raise ValueError(f"{_NON_FINITE} The weights kept predict non-finite "
                              "values: the estimator is back to its state before "
                              "this call.")
@@ -223,21 +317,36 @@ class _BaseMLP(BaseEstimator):
             if key not in self.get_params(deep=False):
                 del self.__dict__[key]
         raise SolverDivergedError(f"{_NON_FINITE} The weights kept predict non-finite values: "
-                        "the estimator is no longer fitted (fit it again).")
+                                  "the estimator is no longer fitted (fit it again).")
 
     def __sklearn_is_fitted__(self):
-        return "_loop" in self.__dict__
+        return "_run" in self.__dict__
 
     def _fit_stochastic(self, X, y, sample_weight, incremental):
-        """scikit-learn's ``_fit_stochastic``: the loop's epochs (one for
+        """scikit-learn's ``_fit_stochastic``: the run's epochs (one for
         partial_fit), then its results as scikit-learn's attributes."""
-        self._warn_batch_size(X.shape[0])
-        loop = self._loop
-        seen = len(getattr(loop, "train_losses_", ())) if incremental else 0
-        fit = loop.partial_fit if incremental else loop.fit
-        loop.callback_owner = self  # the callbacks see this estimator
+        _warn_batch_size(self, X.shape[0])
+        run = self._network()
+        seen = len(run.train_losses) if incremental else 0
+        run.configure(self._settings(), incremental)
+        X_val = y_val = weight = None
         try:
-            fit(X, y, sample_weight)
+            if self.early_stopping and not incremental:
+                single = y.ndim == 1 or y.shape[1] == 1
+                # scikit-learn stratifies binary targets on its binarized y,
+                # a bool column (its error messages name 'True' / 'False')
+                stratify = y.reshape(-1, 1).astype(bool) \
+                    if self._is_classifier() and single else None
+                X, X_val, y, y_val, sample_weight, weight = early_stopping_split(
+                    X, y, sample_weight, run.rng, self.validation_fraction, stratify)
+            path = run.choose_path(sample_weight, int(np.clip(
+                run.settings.batch_size, 1, len(X))))
+            run.runner.prepare(path, sample_weight is not None)
+            hooks = FitHooks(self, validation_scorer(
+                run, "classification" if self._is_classifier() else "regression",
+                self.out_activation_, weight), self._dtype, self._forget_layer_lists)
+            run.fit_loop(X, y, sample_weight, X_val, y_val,
+                         1 if incremental else self.max_iter, hooks)
         except ValueError as exc:
             if "least populated class" in str(exc) and self._is_classifier():
                 negative, positive = self.classes_[[0, -1]].tolist()
@@ -246,10 +355,8 @@ class _BaseMLP(BaseEstimator):
                                  f"'False' for {negative!r})") from exc
             raise
         finally:
-            loop.callback_owner = None
-            if hasattr(loop, "train_losses_"):  # also after an error
-                self._collect(seen, incremental)
-        if not incremental and loop.n_iter_ == self.max_iter and not loop.stopped:
+            _collect(self, run, seen, incremental)  # also after an error
+        if not incremental and run.n_iter == self.max_iter and not run.stopped:
             warnings.warn(f"Stochastic Optimizer: Maximum iterations "
                           f"({self.max_iter}) reached and the optimization "
                           "hasn't converged yet.", ConvergenceWarning)
@@ -260,8 +367,9 @@ class _BaseMLP(BaseEstimator):
         the rows and its gradient (onnxruntime's forward and backward
         passes) plus the ``alpha`` term, the weights packed as scikit-learn
         packs them (every coefficient, then every intercept)."""
-        loop = self._loop.prepare()
-        shapes = [w.shape for w in loop.get_state()]
+        run = self._network()
+        runner = run.runner
+        shapes = [w.shape for w in run.get_state()]
         order = list(range(0, len(shapes), 2)) + list(range(1, len(shapes), 2))
         ends = np.cumsum([int(np.prod(shapes[i])) for i in order])[:-1]
         total = X.shape[0] if sample_weight is None else float(sample_weight.sum())
@@ -276,9 +384,13 @@ class _BaseMLP(BaseEstimator):
             return weights
 
         def loss_and_gradient(packed):
+            # one forward and one backward pass on every row (no penalty):
+            # scikit-learn's loss and its coef_grads / intercept_grads
             weights = unpack(packed)
-            loop.set_state(weights)
-            loss, gradients = loop.loss_and_gradients(X, y, sample_weight)
+            run.set_state(weights)
+            value, grad = runner.loss_and_gradient(X, y, sample_weight)
+            gradients = [g.numpy().copy() for g in runner.engine.backward([grad])]
+            loss = float(value.numpy())
             for i in range(0, len(weights), 2):  # coefficients only
                 coef = weights[i].ravel()
                 loss += 0.5 * self.alpha * float(np.dot(coef, coef)) / total
@@ -286,7 +398,7 @@ class _BaseMLP(BaseEstimator):
             return loss, pack(gradients)
 
         result = scipy.optimize.minimize(
-            loss_and_gradient, pack(loop.get_state()), method="L-BFGS-B", jac=True,
+            loss_and_gradient, pack(run.get_state()), method="L-BFGS-B", jac=True,
             options={"maxfun": self.max_fun, "maxiter": self.max_iter,
                      "gtol": self.tol})
         self.n_iter_ = min(result.nit, self.max_iter)
@@ -295,19 +407,19 @@ class _BaseMLP(BaseEstimator):
                           f"iteration(s) (status={result.status}):\n"
                           f"{result.message}", ConvergenceWarning)
         self.loss_ = float(result.fun)
-        loop.set_state(unpack(result.x))
+        run.set_state(unpack(result.x))
         return self
 
     def _initialize(self, X, y, hidden, random_state, assigned=None):
         """First fit: the layers, the initial weights (drawn from
         ``random_state``, which then shuffles and splits, or ``assigned``,
         the lists given to ``coefs_`` and ``intercepts_`` before), the
-        graphs and the training loop."""
+        graphs and the run."""
         self._dtype = X.dtype
         self._layers = None  # the lists assigned before are read once, here
         self.n_outputs_ = y.shape[1]
         if assigned is not None:
-            coefs, intercepts = self._assigned_layers(assigned, X, y)
+            coefs, intercepts = _assigned_layers(assigned, X, y)
             hidden = [c.shape[1] for c in coefs[:-1]]
         layer_units = [X.shape[1]] + hidden + [self.n_outputs_]
         self.n_layers_ = len(layer_units)
@@ -316,100 +428,69 @@ class _BaseMLP(BaseEstimator):
             coefs, intercepts = init_layers(layer_units, self.activation,
                                             random_state, X.dtype)
         self._inference_onnx = self._inference_graph(coefs, intercepts)
-        training = training_graph(coefs, intercepts, self.activation,
-                                  exp_output=self.out_activation_ == "exp")
-        self._loop = MLPTrainingLoop(
-            training, weight_names(len(coefs)), learning_loss=self._learning_loss(),
-            task="classification" if self._is_classifier() else "regression",
-            out_activation=self.out_activation_, device=self.device,
-            random_state=random_state, **self._loop_settings())
+        self._training_onnx = training_graph(coefs, intercepts, self.activation,
+                                             exp_output=self.out_activation_ == "exp")
+        self._training_types = infer_value_types(self._training_onnx)
+        self._run = new_mlp_run(
+            self._training_onnx, self._training_types, weight_names(len(coefs)),
+            self._learning_loss(),
+            _update_rule(self), _penalty(self), self.device, random_state,
+            self.early_stopping)
         self.t_ = self.n_iter_ = 0
         if self.solver in _STOCHASTIC_SOLVERS:
             self.loss_curve_ = []
 
-    def _assigned_layers(self, assigned, X, y):
-        """The weights assigned before the first fit, checked against the
-        data and cast to X's dtype.
+    def _restart(self, random_state, incremental):
+        """Prepare a later fit or partial_fit of the same network.
 
-        Raises
-        ------
-        ValueError
-            Lists of different lengths, or shapes that do not chain from
-            n_features to n_outputs.
+        scikit-learn's MLP calls ``check_random_state`` at each call, starts
+        each call's epoch order from ``arange``, reads its parameters again
+        and, for a fit (not a partial_fit), builds a new optimizer: zero
+        velocities and moments, step 0, initial learning rate. An update
+        rule or penalty with new parameters gives a new run on the current
+        weights (a partial_fit keeps the optimizer state when the rule
+        keeps the same one); unchanged ones go on as they are.
         """
-        coefs = [np.asarray(c, dtype=X.dtype) for c in assigned[0]]
-        intercepts = [np.asarray(b, dtype=X.dtype).reshape(-1) for b in assigned[1]]
-        fans = [X.shape[1]] + [c.shape[1] if c.ndim == 2 else -1 for c in coefs]
-        if not coefs or len(coefs) != len(intercepts) or fans[-1] != y.shape[1] \
-                or any(c.shape != (i, o) for c, i, o in zip(coefs, fans, fans[1:])) \
-                or any(b.shape != (o,) for b, o in zip(intercepts, fans[1:])):
-            raise ValueError(
-                "The coefs_ and intercepts_ assigned before fit do not fit the "
-                f"data: coefs_ shapes {[c.shape for c in coefs]}, intercepts_ "
-                f"shapes {[b.shape for b in intercepts]}, X has {X.shape[1]} "
-                f"features and y {y.shape[1]} outputs.")
-        return coefs, intercepts
+        run = self._network()
+        rule, penalty = _update_rule(self), _penalty(self)
+        if not same_objects((run.update_rule, run.penalty), (rule, penalty)):
+            run = self._run = new_mlp_run(
+                self._training_onnx, self._training_types,
+                run.runner.engine.weights_to_train, run.loss,
+                rule, penalty, self.device, random_state, self.early_stopping,
+                previous=run, keep_optimizer=incremental)
+        elif not incremental:
+            run.runner.reset_state()
+            run.update_rule.init_learning_rate()
+        run.rng, run.order = random_state, None
+        if self.early_stopping and run.validation_scores is None:
+            run.validation_scores, run.best_validation_score = [], -np.inf
 
-    def _loop_settings(self):
-        """The training loop's parameters that a later fit reads again."""
-        return dict(
-            learning_rate=self._learning_rate(), learning_penalty=self._penalty(),
-            max_iter=self.max_iter,
+    def _network(self):
+        """The run, its runner rebuilt from numpy copies after unpickling."""
+        run = self._run
+        if run.runner is None:
+            with _RUNNER_LOCK, session_threads(self.n_threads):
+                if run.runner is None:
+                    run.attach(mlp_runner(
+                        self._training_onnx, weight_names(self.n_layers_ - 1),
+                        run, self.device, self._training_types))
+        return run
+
+    def _settings(self):
+        """The :class:`~onnxtrain.training.run.FitSettings` of this call."""
+        return FitSettings(
             batch_size=200 if self.batch_size == "auto" else self.batch_size,
             shuffle=self.shuffle, early_stopping=self.early_stopping,
-            validation_fraction=self.validation_fraction,
-            n_iter_no_change=self.n_iter_no_change, tol=self.tol,
-            print_progress=bool(self.verbose), callbacks=self.callbacks,
-            n_threads=self.n_threads)
+            n_iter_no_change=self.n_iter_no_change, tol=float(self.tol),
+            print_progress=bool(self.verbose), callbacks=list(self.callbacks or ()),
+            name=type(self).__name__, loop_max_bytes=_base.LOOP_MAX_PARAMETER_BYTES)
 
     def _is_classifier(self):
         return False
 
-    def _learning_rate(self):
-        """scikit-learn's ``AdamOptimizer`` or ``SGDOptimizer`` as an
-        onnxtrain update rule (same formulas, see :mod:`onnxtrain.optim`)."""
-        if self.solver == "adam":
-            return LearningRateAdam(eta0=self.learning_rate_init, beta_1=self.beta_1,
-                                    beta_2=self.beta_2, epsilon=self.epsilon)
-        if self.momentum == 0:
-            return LearningRateSGD(eta0=self.learning_rate_init,
-                                   power_t=self.power_t,
-                                   learning_rate=self.learning_rate)
-        return LearningRateSGDNesterov(
-            eta0=self.learning_rate_init, power_t=self.power_t,
-            learning_rate=self.learning_rate, momentum=self.momentum,
-            nesterov=self.nesterovs_momentum)
-
-    def _penalty(self):
-        """``alpha`` as scikit-learn applies it: ``alpha / 2 * sum(coef**2)``
-        divided by the batch's sample-weight sum, intercepts excluded."""
-        if self.alpha == 0:
-            return NoLearningPenalty()
-        return ElasticLearningPenalty(l1=0.0, l2=self.alpha / 2)
-
-    def _warn_batch_size(self, n_samples):
-        if self.batch_size == "auto":
-            return
-        if self.early_stopping:
-            n_samples -= int(np.ceil(self.validation_fraction * n_samples))
-        if self.batch_size > n_samples:
-            warnings.warn("Got `batch_size` less than 1 or larger than sample "
-                          "size. It is going to be clipped")
-
-    def _collect(self, seen, incremental):
-        """Copy the loop's results into scikit-learn's attributes."""
-        loop = self._loop
-        self.__dict__.setdefault("loss_curve_", []).extend(loop.train_losses_[seen:])
-        self.loss_ = self.loss_curve_[-1] if self.loss_curve_ else None
-        self.n_iter_ = min(loop.n_iter_, 1) if incremental else loop.n_iter_
-        self.t_ = loop.t_
-        self.history_ = [dict(record) for record in getattr(loop, "history_", ())]
-        self.best_loss_ = None if self.early_stopping else loop.best_loss_
-        self.validation_scores_ = (None if loop.validation_scores_ is None
-                                   else list(loop.validation_scores_))
-        self.best_validation_score_ = loop.best_validation_score_
-
     # ------------------------------------------------------------ results
+    @with_session_threads
     def _output(self, X):
         """The network's output (after the output activation), as
         scikit-learn's ``_forward_pass_fast``: ndarray of shape
@@ -418,7 +499,7 @@ class _BaseMLP(BaseEstimator):
         X = validate_data(self, X, reset=False, dtype=self._dtype,
                           accept_sparse=_SPARSE)
         self._push_layers()
-        output = self._loop.output(_dense(X))
+        output = self._network().runner.predict(_dense(X))
         return OUTPUT_FUNCTIONS[self.out_activation_](output)
 
     # ------------------------------------------------------------ weights
@@ -430,15 +511,15 @@ class _BaseMLP(BaseEstimator):
     def _layer_lists(self):
         layers = self.__dict__.get("_layers")
         if layers is None:
-            if "_loop" not in self.__dict__:
+            if "_run" not in self.__dict__:
                 raise AttributeError(f"This {type(self).__name__} instance is "
                                      "not fitted yet.")
-            weights = self._loop.get_state()
+            weights = self._network().get_state()
             layers = self._layers = (weights[0::2], weights[1::2])
         return layers
 
     def _assign_layers(self, values, part):
-        if "_loop" in self.__dict__ or self.__dict__.get("_layers") is not None:
+        if "_run" in self.__dict__ or self.__dict__.get("_layers") is not None:
             layers = list(self._layer_lists())
         else:  # before the first fit
             layers = [[], []]
@@ -455,7 +536,7 @@ class _BaseMLP(BaseEstimator):
             Lists or arrays that do not have the network's lengths and shapes.
         """
         layers = self.__dict__.get("_layers")
-        if layers is None or "_loop" not in self.__dict__:
+        if layers is None or "_run" not in self.__dict__:
             return
         coefs, intercepts = layers
         if len(coefs) != self.n_layers_ - 1 or len(intercepts) != self.n_layers_ - 1:
@@ -463,7 +544,7 @@ class _BaseMLP(BaseEstimator):
                              f"arrays each, got {len(coefs)} and {len(intercepts)}.")
         weights = [np.asarray(w, dtype=self._dtype)
                    for pair in zip(coefs, intercepts) for w in pair]
-        self._loop.set_state(weights)
+        self._network().set_state(weights)
 
     @property
     def coefs_(self):
@@ -508,7 +589,7 @@ class _BaseMLP(BaseEstimator):
         """
         check_is_fitted(self)
         self._push_layers()
-        return self._loop.get_state(include_optimizer)
+        return self._network().get_state(include_optimizer)
 
     @_keeps_state_on_error
     def set_state(self, state):
@@ -522,10 +603,10 @@ class _BaseMLP(BaseEstimator):
             Shapes or an optimizer state that do not fit the network.
         """
         check_is_fitted(self)
-        self._loop.set_state(state)
+        run = self._network().set_state(state)
         self._layers = None
         if isinstance(state, dict) and "optimizer" in state:
-            self.t_ = self._loop.t_
+            self.t_ = run.t
         return self
 
     def _forget_layer_lists(self):
@@ -549,7 +630,7 @@ class _BaseMLP(BaseEstimator):
         """
         check_is_fitted(self)
         self._push_layers()
-        return self._loop.get_trained_onnx(self._inference_onnx)
+        return self._network().trained_model(self._inference_onnx)
 
 
 class MLPRegressor(RegressorMixin, _BaseMLP):
@@ -743,11 +824,11 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         return regressor_graph(coefs, intercepts, self.activation,
                                self.out_activation_)
 
-    def _validate_input(self, X, y, incremental, reset):
+    def _validate_input(self, X, y, incremental, reset, dtype):
         """X and y validated as scikit-learn does; y as (n, n_outputs)."""
         check_target_rank(y)
         X, y = validate_data(self, X, y, multi_output=True, y_numeric=True,
-                             dtype=self._data_dtype(reset), reset=reset,
+                             dtype=dtype, reset=reset,
                              accept_sparse=_SPARSE)
         X = _dense(X)
         if y.ndim == 2 and y.shape[1] == 1:
@@ -781,7 +862,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         """
         return self._fit(X, y, sample_weight, incremental=False)
 
-    @available_if(lambda est: est._check_solver())
+    @available_if(_check_solver)
     @_keeps_state_on_error
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch over (X, y) from the current weights (the first call
@@ -976,7 +1057,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         return classifier_graph(coefs, intercepts, self.activation,
                                 self.out_activation_, self.classes_, multilabel)
 
-    def _validate_input(self, X, y, incremental, reset):
+    def _validate_input(self, X, y, incremental, reset, dtype):
         """scikit-learn's ``MLPClassifier._validate_input``: X, and y
         binarized (n, n_outputs); defines or checks ``classes_``.
 
@@ -988,7 +1069,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         """
         check_target_rank(y)
         X, y = validate_data(self, X, y, multi_output=True,
-                             dtype=self._data_dtype(reset), reset=reset,
+                             dtype=dtype, reset=reset,
                              accept_sparse=_SPARSE)
         X = _dense(X)
         if y.ndim == 2 and y.shape[1] == 1:
@@ -1035,7 +1116,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         """
         return self._fit(X, y, sample_weight, incremental=False)
 
-    @available_if(lambda est: est._check_solver())
+    @available_if(_check_solver)
     @_keeps_state_on_error
     def partial_fit(self, X, y, sample_weight=None, classes=None):
         """One epoch over (X, y) from the current weights.

@@ -2,6 +2,8 @@
 from .callbacks import (Callback, Checkpoint, EarlyStopping, EpochScoring,
                         LRScheduler)
 from .loop import EpochLoop
+from .run import FitHooks, FitSettings, TrainingRun
 
 __all__ = ["Callback", "Checkpoint", "EarlyStopping", "EpochLoop",
-           "EpochScoring", "LRScheduler"]
+           "EpochScoring", "FitHooks", "FitSettings", "LRScheduler",
+           "TrainingRun"]

@@ -2,7 +2,7 @@
 
 A callback is a scikit-learn style object (its ``__init__`` stores its
 parameters, so that ``clone`` copies it) whose hooks
-:class:`~onnxtrain.training.loop.EpochLoop` calls with the estimator:
+:class:`~onnxtrain.training.run.TrainingRun` calls with the estimator:
 
 ========================  ============================================
 hook                      called
@@ -76,15 +76,15 @@ def check_callbacks(callbacks):
     return list(callbacks)
 
 
-def _training(estimator):
-    """The estimator holding the trainer (an MLP's training loop)."""
-    loop = getattr(estimator, "_loop", None)
-    return loop if loop is not None else estimator
+def _run(estimator):
+    """The :class:`~onnxtrain.training.run.TrainingRun` of the estimator's
+    fit."""
+    return vars(estimator)["_run"]
 
 
 def _update_rule(estimator):
     """The learning-rate object an estimator trains with."""
-    return _training(estimator).learning_rate_
+    return _run(estimator).update_rule
 
 
 def _check_bool(value, name):
@@ -252,7 +252,7 @@ class LRScheduler(Callback):
         return self.base_ * factor
 
     def on_batch_begin(self, estimator, batch):
-        value = self.rate(_training(estimator)._trainer.step_count + 1)
+        value = self.rate(_run(estimator).runner.step_count + 1)
         _update_rule(estimator).value = value
         self.rates_.append(value)
 

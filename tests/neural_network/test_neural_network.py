@@ -183,9 +183,9 @@ def test_loss_curve_overlays_scikit_learns(data, name, settings):
         assert ours.validation_scores_ is None is theirs.validation_scores_
         assert ours.best_loss_ == pytest.approx(theirs.best_loss_, rel=1e-9)
     if name == "sgd-adaptive":  # the rule divided the rate, as scikit-learn's
-        assert ours._loop.learning_rate_.value == pytest.approx(
+        assert ours._run.update_rule.value == pytest.approx(
             theirs._optimizer.learning_rate, rel=1e-12)
-        assert ours._loop.learning_rate_.value < 0.5
+        assert ours._run.update_rule.value < 0.5
     method = "predict_proba" if hasattr(ours, "predict_proba") else "predict"
     assert_allclose(getattr(ours, method)(X), getattr(theirs, method)(X),
                     rtol=1e-9, atol=1e-12)

@@ -460,7 +460,7 @@ class TestDivergence:
         est = diverging(path, 1, exc=False)
         est.partial_fit(X, y)
         arrays = est._trainer._finite_copy
-        assert arrays is not None and est._finite_weights is None
+        assert arrays is not None and est._run.finite_weights is None
         est.partial_fit(X, y)
         assert est._trainer._finite_copy is arrays
         est.partial_fit(X, y)

@@ -33,7 +33,7 @@ def test_n_threads_sets_every_session(mlp_onnx, regression_data):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         mlp = MLPRegressor(hidden_layer_sizes=(3,), max_iter=1, n_threads=3).fit(X, y)
-    assert _threads(mlp._loop._trainer.engine._forward) == 3
+    assert _threads(mlp._run.runner.engine._forward) == 3
 
 
 def _fused_threads(trainer):
@@ -86,7 +86,7 @@ def test_explicit_n_threads_in_classifiers(regression_data):
         warnings.simplefilter("ignore", ConvergenceWarning)
         mlp = MLPClassifier(hidden_layer_sizes=(3,), max_iter=1, n_threads=3,
                             random_state=0).fit(X, y)
-    runners = _fused_threads(mlp._loop._trainer)
+    runners = _fused_threads(mlp._run.runner)
     assert runners and set(runners.values()) == {3}, runners
 
 

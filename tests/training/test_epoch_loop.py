@@ -51,7 +51,7 @@ def test_estimators_run_their_epochs_in_an_epoch_loop(mlp_onnx, regression_data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         mlp.fit(X, y)
-    assert isinstance(mlp._loop._epoch_loop(), MLPEpochLoop)
+    assert isinstance(mlp._run, MLPEpochLoop)
     assert mlp.t_ == 3 * 105
 
 
