@@ -247,7 +247,7 @@ class _Source:
                             "dask.array or dask.dataframe too.")
         X = _rows_whole(X)
         self._numpy = None
-        x_parts = list(X.to_delayed().ravel())
+        x_parts = _delayed_parts(X)
         known = getattr(X, "chunks", None)
         if known is not None and not any(np.isnan(known[0])):
             lengths = [int(n) for n in known[0]]
@@ -286,6 +286,12 @@ def _rows_whole(X):
     raise TypeError(f"X: a dask.array or dask.dataframe, not {type(X).__name__}.")
 
 
+def _delayed_parts(data):
+    """One Delayed per partition along the rows (whole rows)."""
+    parts = data.to_delayed()
+    return list(parts.ravel()) if hasattr(parts, "ravel") else list(parts)
+
+
 def _aligned_y(y, lengths):
     """y's delayed partitions, with the rows of X's partitions."""
     import dask
@@ -297,7 +303,7 @@ def _aligned_y(y, lengths):
             raise ValueError(f"X has {sum(lengths)} rows, y {y.shape[0]}.")
         y = da.from_array(y, chunks=(tuple(lengths),) + y.shape[1:])
     elif not hasattr(y, "chunks"):  # dask.dataframe
-        parts = list(y.to_delayed())
+        parts = _delayed_parts(y)
         y_lengths = list(dask.compute(*[delayed(len)(p) for p in parts]))
         if y_lengths == lengths:
             return parts
@@ -309,7 +315,7 @@ def _aligned_y(y, lengths):
         raise ValueError(f"X has {sum(lengths)} rows, y {y.shape[0]}.")
     if y.chunks[0] != tuple(lengths) or any(len(c) > 1 for c in y.chunks[1:]):
         y = y.rechunk((tuple(lengths),) + tuple(-1 for _ in y.shape[1:]))
-    return list(y.to_delayed().ravel())
+    return _delayed_parts(y)
 
 
 def _contiguous_groups(lengths, n_groups):
