@@ -153,7 +153,12 @@ def dask_worker_threads():
 
 
 # ---------------------------------------------------------------- tasks
-def _segment_task(worker, carry, parts, batches, classes):
+def _segment_task(worker, carry, parts, batches, classes, schedule=None):
+    """A segment; the first of a round starts from the previous round's
+    average ``carry``, its schedule ``(t, learning_rate)`` set."""
+    if schedule is not None:
+        state = carry[0] if isinstance(carry, tuple) else carry
+        carry = dict(state, t=schedule[0], learning_rate=schedule[1])
     return worker.segment(carry, parts, batches, classes)
 
 
@@ -173,11 +178,6 @@ def _combine(a, b):
                           for xs, zs in zip(sa["optimizer"], sb["optimizer"])]
     state["buffers"] = {k: mean(v, sb["buffers"][k]) for k, v in sa["buffers"].items()}
     return state, la + lb, ra + rb
-
-
-def _finish(root, t, learning_rate):
-    """The averaged state of a round, its schedule advanced."""
-    return dict(root[0], t=t, learning_rate=learning_rate)
 
 
 def _round_loss(root):
@@ -496,9 +496,10 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
     plans = [_shard_plan(parts, source.lengths, size, sync_every)
              for parts in source.shards]
     state = estimator.get_state(include_optimizer=True)
-    t = state["t"]
-    state_on = dict.fromkeys(set(shard_workers),
-                             client.scatter(state, broadcast=True, hash=False))
+    t, schedule = state["t"], None
+    # in a list: a dict would be scattered as one key per item
+    first, = client.scatter([state], broadcast=True, hash=False)
+    state_on = dict.fromkeys(set(shard_workers), first)
     loop = _RoundLoop(client, holders, shard_workers, source, classes)
     history = []
     for _ in range(epochs):
@@ -508,16 +509,16 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
             t += sum(b - a for segs in rounds for _, batches in segs
                      for pieces in batches for _, a, b in pieces)
             estimator.learning_rate_.update_learning_rate(t)
-            root = _tree_reduce(client, loop.submit_round(rounds, state_on))
-            averaged = client.submit(_finish, root, t, estimator.learning_rate_.value,
-                                     pure=False)
+            root = _tree_reduce(client, loop.submit_round(rounds, state_on, schedule))
+            schedule = t, float(estimator.learning_rate_.value)
             losses.append(client.submit(_round_loss, root, pure=False))
-            state_on = _tree_broadcast(client, averaged, sorted(set(shard_workers)))
+            state_on = _tree_broadcast(client, root, sorted(set(shard_workers)))
         sums = client.gather(losses)
         history.append({"epoch": len(history) + 1,
                         "train_loss": sum(s for s, _ in sums) / sum(n for _, n in sums),
                         "learning_rate": float(estimator.learning_rate_.value)})
-    estimator.set_state(dict(averaged.result(), n_iter=epochs))
+    estimator.set_state(dict(root.result()[0], t=schedule[0],
+                             learning_rate=schedule[1], n_iter=epochs))
     estimator.train_losses_ = [h["train_loss"] for h in history]
     estimator.history_ = history
     return estimator
@@ -535,9 +536,9 @@ class _RoundLoop:
         self.live = [{} for _ in holders]  # shard -> {partition: futures}
         self.waves = deque()
 
-    def submit_round(self, rounds, state_on):
+    def submit_round(self, rounds, state_on, schedule):
         """The ``(state, loss_sum, rows)`` futures of the shards that train
-        in this round."""
+        in this round, from ``state_on[worker]`` with ``schedule``."""
         from distributed import wait
         carries = {}
         for k in range(max(len(segs) for segs in rounds)):
@@ -552,7 +553,8 @@ class _RoundLoop:
                 start = state_on[self.workers[i]] if k == 0 else carries[i]
                 carries[i] = self.client.submit(
                     _segment_task, self.holders[i], start, [live[g] for g in parts],
-                    batches, self.classes, workers=[self.workers[i]], pure=False)
+                    batches, self.classes, schedule if k == 0 else None,
+                    workers=[self.workers[i]], pure=False)
                 wave.append(carries[i])
             self.waves.append(wave)
             if len(self.waves) > _WINDOW:
