@@ -8,15 +8,16 @@ The data is a ``dask.array`` whose partitions are drawn on the workers
 (nothing of it exists on the client). The model is an MLP
 (``--features`` -> 256 -> 256 -> 1, float32, plain SGD), each worker's
 batch ``--batch`` rows (weak scaling: a step trains ``n_workers * batch``
-rows), ``sync_every`` 1 (exact SGD) and 8 (local SGD), one epoch, timed after a warm-up fit on the same
-cluster. Every worker has one thread. The tables print:
+rows), ``sync_every`` 1 (exact SGD) and 8 (local SGD), one epoch, timed
+after a warm-up fit on the same cluster. Every worker has one thread.
+The tables print:
 
-1. per number of workers: rows per second, the ratio to one process
-   training the same batches with ``partial_fit`` and no Dask (measured in
-   the same run), the ratio to one Dask worker, the rounds, the bytes sent
-   per round between workers and to the client (the workers'
-   ``transfer_outgoing_log``), the state size S, the step time and the
-   round time;
+1. per number of workers and ``sync_every``: rows per second, the ratio
+   to one process training the same batches with ``partial_fit`` and no
+   Dask (measured in the same run), the ratio to one Dask worker, the
+   rounds, the bytes sent per round between workers and to the client over
+   the whole fit (the workers' ``transfer_outgoing_log``) and the round
+   time; the one-process step time and the state size S above it;
 2. streaming: a dataset of ``--stream-mb`` MB on 2 workers, its shard size
    and each worker's peak resident memory above what it held before.
 """
@@ -68,7 +69,8 @@ def mlp(features, hidden):
     X = rng.randn(32, features).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        skl = MLPRegressor(hidden_layer_sizes=hidden, solver="sgd", max_iter=1).fit(X, rng.randn(32))
+        skl = MLPRegressor(hidden_layer_sizes=hidden, solver="sgd", max_iter=1)
+        skl.fit(X, rng.randn(32))
     return to_onnx(skl, X[:1], target_opset=15)
 
 

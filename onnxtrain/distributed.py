@@ -19,7 +19,7 @@ dataset held by Dask workers, synchronously:
    averaged, weighted by the rows each trained on, by a binary tree of
    tasks on the workers; the average is sent back to the workers as a
    future (through a binary tree of copies beyond two workers). The
-   client only submits tasks: it receives one loss per round and the
+   client only submits tasks: it receives two floats per epoch and the
    final state, never a row.
 
 With ``sync_every=1`` and an update rule linear in the gradient (SGD, with
@@ -96,8 +96,7 @@ class ShardWorker:
         ----------
         carry : dict or tuple
             The state to start from (``get_state(include_optimizer=True)``),
-            or the ``(state, loss_sum, rows)`` of the previous segment of
-            the same round.
+            or a ``(state, loss_sum, loss_rows, rows)`` to go on from.
         parts : list of (X, y)
             Partitions (ndarray or pandas objects).
         batches : list of list of (int, int, int)
@@ -108,18 +107,21 @@ class ShardWorker:
         Returns
         -------
         tuple
-            ``(state, loss_sum, rows)``: the state after the steps, the sum
-            of the batch losses times their rows (with the previous
-            segments') and the rows trained on.
+            ``(state, loss_sum, loss_rows, rows)``: the state after the
+            steps, the sum of the batch losses times their rows and those
+            rows (the carry's added), the rows trained on in the round (the
+            weight of the state in the average).
         """
-        state, loss_sum, rows = carry if isinstance(carry, tuple) else (carry, 0.0, 0)
+        state, loss_sum, loss_rows, rows = carry if isinstance(carry, tuple) \
+            else (carry, 0.0, 0, 0)
         self.estimator.set_state(state)
         for pieces in batches:
             X = _concat([_rows(parts[k][0], a, b) for k, a, b in pieces])
             y = _concat([_rows(parts[k][1], a, b) for k, a, b in pieces])
             loss_sum += self._step(X, y, classes) * len(X)
-            rows += len(X)
-        return self.estimator.get_state(include_optimizer=True), loss_sum, rows
+            loss_rows, rows = loss_rows + len(X), rows + len(X)
+        state = self.estimator.get_state(include_optimizer=True)
+        return state, loss_sum, loss_rows, rows
 
     def _step(self, X, y, classes):
         kwargs = {} if classes is None else {"classes": classes}
@@ -153,19 +155,24 @@ def dask_worker_threads():
 
 
 # ---------------------------------------------------------------- tasks
-def _segment_task(worker, carry, parts, batches, classes, schedule=None):
-    """A segment; the first of a round starts from the previous round's
-    average ``carry``, its schedule ``(t, learning_rate)`` set."""
+def _segment_task(worker, carry, parts, batches, classes, schedule=None,
+                  keep_loss=False):
+    """A segment. The first of a round starts from the previous round's
+    average ``carry``, its schedule ``(t, learning_rate)`` set, and keeps
+    the carry's loss sum and rows with ``keep_loss`` (one shard a round
+    does, so that the last round's average holds the epoch's sums)."""
     if schedule is not None:
         state = carry[0] if isinstance(carry, tuple) else carry
-        carry = dict(state, t=schedule[0], learning_rate=schedule[1])
+        state = dict(state, t=schedule[0], learning_rate=schedule[1])
+        carry = (state, carry[1], carry[2], 0) if keep_loss else state
     return worker.segment(carry, parts, batches, classes)
 
 
 def _combine(a, b):
-    """Row-weighted mean of two ``(state, loss_sum, rows)`` (float64
-    arithmetic, the states' dtypes); counters from ``a``."""
-    (sa, la, ra), (sb, lb, rb) = a, b
+    """Row-weighted mean of two ``(state, loss_sum, loss_rows, rows)``
+    (float64 arithmetic, the states' dtypes; counters from ``a``), the
+    sums of the others."""
+    (sa, la, na, ra), (sb, lb, nb, rb) = a, b
     wa, wb = ra / float(ra + rb), rb / float(ra + rb)
 
     def mean(x, z):
@@ -177,7 +184,7 @@ def _combine(a, b):
     state["optimizer"] = [[mean(x, z) for x, z in zip(xs, zs)]
                           for xs, zs in zip(sa["optimizer"], sb["optimizer"])]
     state["buffers"] = {k: mean(v, sb["buffers"][k]) for k, v in sa["buffers"].items()}
-    return state, la + lb, ra + rb
+    return state, la + lb, na + nb, ra + rb
 
 
 def _round_loss(root):
@@ -406,7 +413,8 @@ def _initial_rows(source, estimator, classes):
     if is_classifier(estimator):
         if classes is None:
             import dask.array as da
-            labels = y.unique() if hasattr(y, "unique") else da.unique(da.asarray(y).ravel())
+            labels = y.unique() if hasattr(y, "unique") else \
+                da.unique(da.asarray(y).ravel())
             classes = np.unique(np.asarray(labels.compute()))
         y0 = np.asarray(classes)[np.arange(m) % len(classes)]
         return X0, y0, classes
@@ -469,7 +477,8 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
 
     Notes
     -----
-    Per round the client submits tasks and receives two floats; a shard's
+    Per round the client submits tasks; per epoch it receives two floats
+    (the sum of the batch losses times their rows, and the rows); a shard's
     state goes up a binary tree of averages (``log2(n_shards)`` levels) and
     back down as a future. See ``docs/dask.md`` for the cost model.
     """
@@ -501,22 +510,22 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
     first, = client.scatter([state], broadcast=True, hash=False)
     state_on = dict.fromkeys(set(shard_workers), first)
     loop = _RoundLoop(client, holders, shard_workers, source, classes)
-    history = []
+    schedule = state["t"], state["learning_rate"]
+    t, sums, rates = state["t"], [], []
     for _ in range(epochs):
-        losses = []
         for r in range(max(len(p) for p in plans)):
             rounds = [p[r] if r < len(p) else [] for p in plans]
             t += sum(b - a for segs in rounds for _, batches in segs
                      for pieces in batches for _, a, b in pieces)
+            root = _tree_reduce(client, loop.submit_round(rounds, state_on, schedule,
+                                                          keep_loss=r > 0))
             estimator.learning_rate_.update_learning_rate(t)
-            root = _tree_reduce(client, loop.submit_round(rounds, state_on, schedule))
             schedule = t, float(estimator.learning_rate_.value)
-            losses.append(client.submit(_round_loss, root, pure=False))
             state_on = _tree_broadcast(client, root, sorted(set(shard_workers)))
-        sums = client.gather(losses)
-        history.append({"epoch": len(history) + 1,
-                        "train_loss": sum(s for s, _ in sums) / sum(n for _, n in sums),
-                        "learning_rate": float(estimator.learning_rate_.value)})
+        sums.append(client.submit(_round_loss, root, pure=False))
+        rates.append(schedule[1])
+    history = [{"epoch": e + 1, "train_loss": loss / rows, "learning_rate": rate}
+               for e, ((loss, rows), rate) in enumerate(zip(client.gather(sums), rates))]
     estimator.set_state(dict(root.result()[0], t=schedule[0],
                              learning_rate=schedule[1], n_iter=epochs))
     estimator.train_losses_ = [h["train_loss"] for h in history]
@@ -536,9 +545,11 @@ class _RoundLoop:
         self.live = [{} for _ in holders]  # shard -> {partition: futures}
         self.waves = deque()
 
-    def submit_round(self, rounds, state_on, schedule):
-        """The ``(state, loss_sum, rows)`` futures of the shards that train
-        in this round, from ``state_on[worker]`` with ``schedule``."""
+    def submit_round(self, rounds, state_on, schedule, keep_loss):
+        """The ``(state, loss_sum, loss_rows, rows)`` futures of the shards
+        that train in this round, from ``state_on[worker]`` with ``schedule``; the
+        first of them keeps the previous sums with ``keep_loss``."""
+        keeper = min(i for i, segs in enumerate(rounds) if segs) if keep_loss else None
         from distributed import wait
         carries = {}
         for k in range(max(len(segs) for segs in rounds)):
@@ -554,7 +565,7 @@ class _RoundLoop:
                 carries[i] = self.client.submit(
                     _segment_task, self.holders[i], start, [live[g] for g in parts],
                     batches, self.classes, schedule if k == 0 else None,
-                    workers=[self.workers[i]], pure=False)
+                    i == keeper, workers=[self.workers[i]], pure=False)
                 wave.append(carries[i])
             self.waves.append(wave)
             if len(self.waves) > _WINDOW:
