@@ -81,13 +81,14 @@ def estimator(model, batch):
 
 
 def bytes_moved(client):
-    """Bytes the workers sent so far: to workers, to anyone else."""
-    workers = set(client.scheduler_info()["workers"])
+    """Bytes the workers sent so far: to workers, and to the client
+    (directly: no ``who``, or through the scheduler)."""
+    client_side = {None, client.scheduler.address}
     logs = client.run(lambda dask_worker: [(e["who"], e["total"])
                                            for e in dask_worker.transfer_outgoing_log])
     entries = [e for log in logs.values() for e in log]
-    return (sum(n for who, n in entries if who in workers),
-            sum(n for who, n in entries if who not in workers))
+    return (sum(n for who, n in entries if who not in client_side),
+            sum(n for who, n in entries if who in client_side))
 
 
 def one_process(model, args):
