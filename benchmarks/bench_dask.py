@@ -16,8 +16,10 @@ The tables print:
    to one process training the same batches with ``partial_fit`` and no
    Dask (measured in the same run), the ratio to one Dask worker, the
    rounds, the bytes sent per round between workers and to the client over
-   the whole fit (the workers' ``transfer_outgoing_log``) and the round
-   time; the one-process step time and the state size S above it;
+   the whole fit (the workers' ``transfer_outgoing_log``), the round time,
+   the step time measured alone in one worker of that cluster and what a
+   round costs beyond its k steps; the one-process step time and the
+   state size S above the table;
 2. streaming: a dataset of ``--stream-mb`` MB on 2 workers, its shard size
    and each worker's peak resident memory above what it held before.
 """
@@ -94,8 +96,8 @@ def bytes_moved(client):
 def one_process(model, args):
     """Rows per second of partial_fit on the same batches, no Dask."""
     est = estimator(model, args.batch)
-    X, y = (a[:args.batch * 64] for a in (lambda d: (d[:, :-1], d[:, -1]))(
-        partition(0, args.batch * 64, args.features)))
+    data = partition(0, args.batch * 64, args.features)
+    X, y = data[:, :-1], data[:, -1]
     est.partial_fit(X[:args.batch], y[:args.batch])
     start = time.perf_counter()
     for _ in range(2):
@@ -116,6 +118,8 @@ def scaling(model, args, base):
         with cluster(n) as c, Client(c) as client:
             fit_data_parallel(estimator(model, args.batch), X[:n * 4 * args.part_rows],
                               y[:n * 4 * args.part_rows], client, max_iter=1)
+            # the step on a worker, alone, under the same contention
+            on_worker = client.submit(one_process, model, args, pure=False).result()
             for sync_every in args.sync_every:
                 before = bytes_moved(client)
                 est = estimator(model, args.batch)
@@ -125,6 +129,7 @@ def scaling(model, args, base):
                 between, to_client = (a - b for a, b in zip(bytes_moved(client), before))
                 n_rounds = -(-args.rows // (n * args.batch * sync_every))
                 rows.append(dict(n=n, k=sync_every, rate=args.rows / seconds,
+                                 step_ms=1e3 * args.batch / on_worker,
                                  rounds=n_rounds, between=between / n_rounds,
                                  to_client=to_client, round_ms=1e3 * seconds / n_rounds))
     state = len(pickle.dumps(est.get_state(include_optimizer=True)))
@@ -134,12 +139,14 @@ def scaling(model, args, base):
     print(f"   one process, no Dask: {base:,.0f} rows/s, step {1e3 * args.batch / base:.2f} "
           f"ms; state S (pickled weights + optimizer) {state:,} B")
     print("| workers | sync_every | rows/s | / one process | / 1 worker | rounds | "
-          "worker->worker B/round | ->client B (whole fit) | round ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "worker->worker B/round | ->client B (whole fit) | round ms | "
+          "step on a worker ms | round - k steps ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['n']} | {r['k']} | {r['rate']:,.0f} | {r['rate'] / base:.2f} | "
               f"{r['rate'] / one[r['k']]:.2f} | {r['rounds']} | {r['between']:,.0f} | "
-              f"{r['to_client']:,.0f} | {r['round_ms']:.2f} |")
+              f"{r['to_client']:,.0f} | {r['round_ms']:.2f} | {r['step_ms']:.2f} | "
+              f"{r['round_ms'] - r['k'] * r['step_ms']:.2f} |")
 
 
 def peak_rss_mb(dask_worker=None):

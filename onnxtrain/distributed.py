@@ -238,7 +238,7 @@ class _Source:
     def _from_numpy(self, X, y, n_shards):
         if X.shape[0] != y.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows, y {y.shape[0]}.")
-        _check_shards(n_shards, X.shape[0], X.shape[0], "rows")
+        _check_shards(n_shards, X.shape[0], "rows")
         self.sample = X, y
         self.n_samples = X.shape[0]
         parts = np.array_split(np.arange(X.shape[0]), n_shards)
@@ -255,12 +255,12 @@ class _Source:
         X = _rows_whole(X)
         self._numpy = None
         x_parts = _delayed_parts(X)
+        _check_shards(n_shards, len(x_parts), "partitions")
         known = getattr(X, "chunks", None)
         if known is not None and not any(np.isnan(known[0])):
             lengths = [int(n) for n in known[0]]
         else:  # partition lengths, computed where the partitions are
             lengths = list(dask.compute(*[delayed(len)(p) for p in x_parts]))
-        _check_shards(n_shards, len(x_parts), sum(lengths), "partitions")
         y_parts = _aligned_y(y, lengths)
         self.n_samples = sum(lengths)
         self.lengths = lengths
@@ -342,10 +342,9 @@ def _contiguous_groups(lengths, n_groups):
     return [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _check_shards(n_shards, n_units, n_samples, unit):
+def _check_shards(n_shards, n_units, unit):
     if n_shards > n_units:
-        raise ValueError(f"n_shards={n_shards} is more than the {n_units} {unit} "
-                         f"(of {n_samples} rows).")
+        raise ValueError(f"n_shards={n_shards} is more than the {n_units} {unit}.")
 
 
 # ----------------------------------------------------------- the plan
@@ -497,60 +496,69 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
     elif classes is None and source._numpy is None:
         classes = getattr(estimator, "classes_", None)
     shard_workers = [workers[i % len(workers)] for i in range(n_shards)]
-    source.scatter(shard_workers)
-    pickled = client.scatter(pickle.dumps(estimator), broadcast=True)
-    holders = [client.submit(ShardWorker, pickled, workers=[w], pure=False)
-               for w in shard_workers]
+    loop = _RoundLoop(client, estimator, shard_workers, source, classes)
     size = int(np.clip(estimator.batch_size, 1, max(source.lengths)))
     plans = [_shard_plan(parts, source.lengths, size, sync_every)
              for parts in source.shards]
-    state = estimator.get_state(include_optimizer=True)
-    t, schedule = state["t"], None
-    # in a list: a dict would be scattered as one key per item
-    first, = client.scatter([state], broadcast=True, hash=False)
-    state_on = dict.fromkeys(set(shard_workers), first)
-    loop = _RoundLoop(client, holders, shard_workers, source, classes)
-    schedule = state["t"], state["learning_rate"]
-    t, sums, rates = state["t"], [], []
-    for _ in range(epochs):
-        for r in range(max(len(p) for p in plans)):
-            rounds = [p[r] if r < len(p) else [] for p in plans]
-            t += sum(b - a for segs in rounds for _, batches in segs
-                     for pieces in batches for _, a, b in pieces)
-            root = _tree_reduce(client, loop.submit_round(rounds, state_on, schedule,
-                                                          keep_loss=r > 0))
-            estimator.learning_rate_.update_learning_rate(t)
-            schedule = t, float(estimator.learning_rate_.value)
-            state_on = _tree_broadcast(client, root, sorted(set(shard_workers)))
-        sums.append(client.submit(_round_loss, root, pure=False))
-        rates.append(schedule[1])
-    history = [{"epoch": e + 1, "train_loss": loss / rows, "learning_rate": rate}
-               for e, ((loss, rows), rate) in enumerate(zip(client.gather(sums), rates))]
-    estimator.set_state(dict(root.result()[0], t=schedule[0],
-                             learning_rate=schedule[1], n_iter=epochs))
+    state, history = loop.train(plans, epochs)
+    estimator.set_state(dict(state, n_iter=epochs))
     estimator.train_losses_ = [h["train_loss"] for h in history]
     estimator.history_ = history
     return estimator
 
 
 class _RoundLoop:
-    """Submits the segment tasks of each round, shard by shard in lockstep
-    (wave ``k`` is every shard's ``k``-th segment), holding the partitions
-    of the waves in flight only: before a wave is submitted, the wave
-    ``_WINDOW`` before it has finished."""
+    """Runs the rounds: submits the segment tasks of each round, shard by
+    shard in lockstep (wave ``k`` is every shard's ``k``-th segment),
+    holding the partitions of the waves in flight only (before a wave is
+    submitted, the wave ``_WINDOW`` before it has finished), then the
+    tree of averages and of copies."""
 
-    def __init__(self, client, holders, workers, source, classes):
-        self.client, self.holders, self.workers = client, holders, workers
+    def __init__(self, client, estimator, workers, source, classes):
+        self.client, self.estimator, self.workers = client, estimator, workers
         self.source, self.classes = source, classes
-        self.live = [{} for _ in holders]  # shard -> {partition: futures}
+        source.scatter(workers)
+        pickled = client.scatter(pickle.dumps(estimator), broadcast=True)
+        self.holders = [client.submit(ShardWorker, pickled, workers=[w], pure=False)
+                        for w in workers]
+        self.live = [{} for _ in workers]  # shard -> {partition: futures}
         self.waves = deque()
+
+    def train(self, plans, epochs):
+        """Every round of ``epochs`` epochs; returns the final state and
+        the history."""
+        client, rate = self.client, self.estimator.learning_rate_
+        state = self.estimator.get_state(include_optimizer=True)
+        # in a list: a dict would be scattered as one key per item
+        first, = client.scatter([state], broadcast=True, hash=False)
+        state_on = dict.fromkeys(set(self.workers), first)
+        t = state["t"]
+        schedule = t, state["learning_rate"]
+        sums, rates = [], []
+        for _ in range(epochs):
+            for r in range(max(len(p) for p in plans)):
+                rounds = [p[r] if r < len(p) else [] for p in plans]
+                t += sum(b - a for segs in rounds for _, batches in segs
+                         for pieces in batches for _, a, b in pieces)
+                root = _tree_reduce(client, self.submit_round(rounds, state_on, schedule,
+                                                              keep_loss=r > 0))
+                rate.update_learning_rate(t)
+                schedule = t, float(rate.value)
+                state_on = _tree_broadcast(client, root, sorted(set(self.workers)))
+            sums.append(client.submit(_round_loss, root, pure=False))
+            rates.append(schedule[1])
+        history = [{"epoch": e + 1, "train_loss": loss / rows, "learning_rate": lr}
+                   for e, ((loss, rows), lr) in enumerate(zip(client.gather(sums), rates))]
+        state = dict(root.result()[0], t=schedule[0], learning_rate=schedule[1])
+        return state, history
 
     def submit_round(self, rounds, state_on, schedule, keep_loss):
         """The ``(state, loss_sum, loss_rows, rows)`` futures of the shards
-        that train in this round, from ``state_on[worker]`` with ``schedule``; the
-        first of them keeps the previous sums with ``keep_loss``."""
-        keeper = min(i for i, segs in enumerate(rounds) if segs) if keep_loss else None
+        that train in this round, from ``state_on[worker]`` with
+        ``schedule``; the first of them keeps the previous sums with
+        ``keep_loss``."""
         from distributed import wait
+        keeper = min(i for i, segs in enumerate(rounds) if segs) if keep_loss else None
         carries = {}
         for k in range(max(len(segs) for segs in rounds)):
             wave = []
