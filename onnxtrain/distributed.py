@@ -248,25 +248,31 @@ class _Source:
 
     def _from_dask(self, X, y, n_shards):
         import dask
-        from dask import delayed
+        from dask.core import flatten
         if not _is_dask(X):
             raise TypeError("y is a dask collection but X is not: give X as a "
                             "dask.array or dask.dataframe too.")
         X = _rows_whole(X)
         self._numpy = None
-        x_parts = _delayed_parts(X)
-        _check_shards(n_shards, len(x_parts), "partitions")
+        n_parts = X.npartitions if hasattr(X, "npartitions") else len(X.chunks[0])
+        _check_shards(n_shards, n_parts, "partitions")
         known = getattr(X, "chunks", None)
         if known is not None and not any(np.isnan(known[0])):
             lengths = [int(n) for n in known[0]]
         else:  # partition lengths, computed where the partitions are
-            lengths = list(dask.compute(*[delayed(len)(p) for p in x_parts]))
-        y_parts = _aligned_y(y, lengths)
+            lengths = _partition_lengths(X)
+        self.sample = X, y
+        # one at a time: dask.optimize(X, y) of two dask-expr collections
+        # may compute X's keys as y's partitions
+        X, = dask.optimize(X)
+        y, = dask.optimize(_aligned_y(y, lengths))
+        # flat graphs, culled for each partition: a submission costs what
+        # its partition needs, not the whole graph
+        self._graphs = dict(X.__dask_graph__()), dict(y.__dask_graph__())
+        self._keys = list(zip(flatten(X.__dask_keys__()), flatten(y.__dask_keys__())))
         self.n_samples = sum(lengths)
         self.lengths = lengths
-        self._parts = list(zip(x_parts, y_parts))
         self.shards = _contiguous_groups(lengths, n_shards)
-        self.sample = X, y
 
     def scatter(self, workers):
         """Numpy partitions: sent once, each to its shard's worker."""
@@ -276,10 +282,15 @@ class _Source:
                        for part, w in zip(self._numpy, workers)]
 
     def future(self, g, worker):
-        """Partition ``g`` as a pair of futures on ``worker``."""
+        """Partition ``g`` as a pair of futures, computed on ``worker``."""
         if self._numpy is not None:
             return self._numpy[g]
-        return tuple(self.client.compute(list(self._parts[g]), workers=[worker]))
+        from dask.optimization import cull
+        keys = list(self._keys[g])
+        graph = {}
+        for whole, key in zip(self._graphs, keys):
+            graph.update(cull(whole, [key])[0])
+        return tuple(self.client.get(graph, keys, workers=[worker], sync=False))
 
 
 def _rows_whole(X):
@@ -293,27 +304,26 @@ def _rows_whole(X):
     raise TypeError(f"X: a dask.array or dask.dataframe, not {type(X).__name__}.")
 
 
-def _delayed_parts(data):
-    """One Delayed per partition along the rows (whole rows)."""
+def _partition_lengths(data):
+    """Rows of each partition, computed on the workers (ints come back)."""
+    import dask
     parts = data.to_delayed()
-    return list(parts.ravel()) if hasattr(parts, "ravel") else list(parts)
+    parts = list(parts.ravel()) if hasattr(parts, "ravel") else list(parts)
+    return list(dask.compute(*[dask.delayed(len)(p) for p in parts]))
 
 
 def _aligned_y(y, lengths):
-    """y's delayed partitions, with the rows of X's partitions."""
-    import dask
+    """y as a dask collection whose partitions have the rows of X's."""
     import dask.array as da
-    from dask import delayed
     if not _is_dask(y):
         y = np.asarray(y)
         if y.shape[0] != sum(lengths):
             raise ValueError(f"X has {sum(lengths)} rows, y {y.shape[0]}.")
-        y = da.from_array(y, chunks=(tuple(lengths),) + y.shape[1:])
-    elif not hasattr(y, "chunks"):  # dask.dataframe
-        parts = _delayed_parts(y)
-        y_lengths = list(dask.compute(*[delayed(len)(p) for p in parts]))
+        return da.from_array(y, chunks=(tuple(lengths),) + y.shape[1:])
+    if not hasattr(y, "chunks"):  # dask.dataframe
+        y_lengths = _partition_lengths(y)
         if y_lengths == lengths:
-            return parts
+            return y
         y = y.to_dask_array(lengths=y_lengths)
     if any(np.isnan(y.chunks[0])):
         raise ValueError("y has unknown chunk sizes: call y.compute_chunk_sizes() "
@@ -322,7 +332,7 @@ def _aligned_y(y, lengths):
         raise ValueError(f"X has {sum(lengths)} rows, y {y.shape[0]}.")
     if y.chunks[0] != tuple(lengths) or any(len(c) > 1 for c in y.chunks[1:]):
         y = y.rechunk((tuple(lengths),) + tuple(-1 for _ in y.shape[1:]))
-    return _delayed_parts(y)
+    return y
 
 
 def _contiguous_groups(lengths, n_groups):
