@@ -238,3 +238,25 @@ def test_dask_bad_arguments_raise_before_any_work(client, mlp_onnx):
     with pytest.raises(TypeError, match="y is a dask collection but X is not"):
         fit_data_parallel(est, Xn, y, client)
     assert not hasattr(est, "weights_to_train_")
+
+
+def test_dask_classifier_labels_found_on_the_workers(client):
+    """A classifier on dask.array labels (no ``classes``): the labels are
+    computed on the workers and training matches the numpy input."""
+    import warnings
+    from sklearn.neural_network import MLPClassifier
+    from onnxtrain import OrtGradientForwardBackwardClassifier, to_onnx
+    rng = np.random.RandomState(0)
+    X = rng.randn(100, 4).astype(np.float32)
+    y = np.where(X[:, 0] + X[:, 1] > 0, 3, 7).astype(np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        skl = MLPClassifier((8,), max_iter=1).fit(X, y)
+    onx = to_onnx(skl, X[:1], target_opset=15, options={id(skl): {"zipmap": False}})
+    fitted = []
+    for Xi, yi in ((X, y), (da.from_array(X, chunks=25), da.from_array(y, chunks=25))):
+        est = OrtGradientForwardBackwardClassifier(onx, batch_size=10, random_state=0,
+                                                   shuffle=False)
+        fitted.append(fit_data_parallel(est, Xi, yi, client, max_iter=2))
+    assert list(fitted[1].classes_) == [3, 7]
+    assert_allclose(fitted[1].train_losses_, fitted[0].train_losses_, rtol=1e-6)
