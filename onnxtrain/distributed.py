@@ -262,10 +262,14 @@ class _Source:
         else:  # partition lengths, computed where the partitions are
             lengths = _partition_lengths(X)
         self.sample = X, y
-        # one at a time: dask.optimize(X, y) of two dask-expr collections
-        # may compute X's keys as y's partitions
-        X, = dask.optimize(X)
-        y, = dask.optimize(_aligned_y(y, lengths))
+        y = _aligned_y(y, lengths)
+        if not (hasattr(X, "chunks") and hasattr(y, "chunks")):
+            # dask-expr collections get their graph once optimized, one at
+            # a time: dask.optimize(X, y) may compute X's keys as y's
+            X, = dask.optimize(X)
+            y, = dask.optimize(y)
+        # arrays as written: optimizing would fuse the tasks X and y share
+        # into each, computing them twice
         # flat graphs, culled for each partition: a submission costs what
         # its partition needs, not the whole graph
         self._graphs = dict(X.__dask_graph__()), dict(y.__dask_graph__())
