@@ -247,8 +247,6 @@ class _Source:
         self._numpy = [(X[p], y[p]) for p in parts]
 
     def _from_dask(self, X, y, n_shards):
-        import dask
-        from dask.core import flatten
         if not _is_dask(X):
             raise TypeError("y is a dask collection but X is not: give X as a "
                             "dask.array or dask.dataframe too.")
@@ -257,23 +255,20 @@ class _Source:
         n_parts = X.npartitions if hasattr(X, "npartitions") else len(X.chunks[0])
         _check_shards(n_shards, n_parts, "partitions")
         known = getattr(X, "chunks", None)
+        y_lengths = None
         if known is not None and not any(np.isnan(known[0])):
             lengths = [int(n) for n in known[0]]
-        else:  # partition lengths, computed where the partitions are
-            lengths = _partition_lengths(X)
+        elif _is_dask(y) and not hasattr(y, "chunks"):  # both counted at once
+            lengths, y_lengths = _partition_lengths(X, y)
+        else:
+            lengths, = _partition_lengths(X)
         self.sample = X, y
-        y = _aligned_y(y, lengths)
-        if not (hasattr(X, "chunks") and hasattr(y, "chunks")):
-            # dask-expr collections get their graph once optimized, one at
-            # a time: dask.optimize(X, y) may compute X's keys as y's
-            X, = dask.optimize(X)
-            y, = dask.optimize(y)
-        # arrays as written: optimizing would fuse the tasks X and y share
-        # into each, computing them twice
+        y = _aligned_y(y, lengths, y_lengths)
+        x_parts, y_parts = _partitions(X), _partitions(y)
         # flat graphs, culled for each partition: a submission costs what
         # its partition needs, not the whole graph
-        self._graphs = dict(X.__dask_graph__()), dict(y.__dask_graph__())
-        self._keys = list(zip(flatten(X.__dask_keys__()), flatten(y.__dask_keys__())))
+        self._graphs = dict(x_parts[0].__dask_graph__()), dict(y_parts[0].__dask_graph__())
+        self._keys = [(a.key, b.key) for a, b in zip(x_parts, y_parts)]
         self.n_samples = sum(lengths)
         self.lengths = lengths
         self.shards = _contiguous_groups(lengths, n_shards)
@@ -308,16 +303,27 @@ def _rows_whole(X):
     raise TypeError(f"X: a dask.array or dask.dataframe, not {type(X).__name__}.")
 
 
-def _partition_lengths(data):
-    """Rows of each partition, computed on the workers (ints come back)."""
+def _partitions(data):
+    """One Delayed per partition along the rows. A dask.dataframe needs its
+    graph optimized (lowered); an array's is kept as written, since
+    optimizing fuses the tasks X and y share into each of them, computing
+    them twice."""
+    parts = data.to_delayed(optimize_graph=not hasattr(data, "chunks"))
+    return list(parts.ravel()) if hasattr(parts, "ravel") else list(parts)
+
+
+def _partition_lengths(*collections):
+    """Rows of each partition of each collection, computed on the workers
+    in one graph (tasks they share run once; ints come back)."""
     import dask
-    parts = data.to_delayed()
-    parts = list(parts.ravel()) if hasattr(parts, "ravel") else list(parts)
-    return list(dask.compute(*[dask.delayed(len)(p) for p in parts]))
+    counts = dask.compute([[dask.delayed(len)(p) for p in _partitions(data)]
+                           for data in collections])[0]
+    return [list(c) for c in counts]
 
 
-def _aligned_y(y, lengths):
-    """y as a dask collection whose partitions have the rows of X's."""
+def _aligned_y(y, lengths, y_lengths=None):
+    """y as a dask collection whose partitions have the rows of X's
+    (``y_lengths``: y's, when known)."""
     import dask.array as da
     if not _is_dask(y):
         y = np.asarray(y)
@@ -325,7 +331,7 @@ def _aligned_y(y, lengths):
             raise ValueError(f"X has {sum(lengths)} rows, y {y.shape[0]}.")
         return da.from_array(y, chunks=(tuple(lengths),) + y.shape[1:])
     if not hasattr(y, "chunks"):  # dask.dataframe
-        y_lengths = _partition_lengths(y)
+        y_lengths = y_lengths or _partition_lengths(y)[0]
         if y_lengths == lengths:
             return y
         y = y.to_dask_array(lengths=y_lengths)

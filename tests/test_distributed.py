@@ -260,3 +260,34 @@ def test_dask_classifier_labels_found_on_the_workers(client):
         fitted.append(fit_data_parallel(est, Xi, yi, client, max_iter=2))
     assert list(fitted[1].classes_) == [3, 7]
     assert_allclose(fitted[1].train_losses_, fitted[0].train_losses_, rtol=1e-6)
+
+
+_LOADS = []
+
+
+def _frame(i):
+    """Partition ``i`` of a dask.dataframe holding features and target."""
+    import pandas as pd
+    _LOADS.append(i)
+    data = _partition(i, 25, on_worker=False)
+    return pd.DataFrame(data, columns=[f"f{j}" for j in range(5)] + ["target"])
+
+
+def test_dask_dataframe_columns_of_one_frame_are_read_once(client, mlp_onnx):
+    """X and y selected from one dask.dataframe of unknown lengths: each
+    partition is read once to count the rows and once an epoch (not once
+    for X and once for y), and training follows the numpy input's curve."""
+    dd = pytest.importorskip("dask.dataframe")
+    frame = dd.from_delayed([delayed(_frame)(i) for i in range(4)], meta=_frame(0))
+    X, y = frame[[f"f{j}" for j in range(5)]], frame["target"]
+    Xn = np.concatenate([_partition(i, 25, on_worker=False) for i in range(4)])
+    rate = LearningRateSGD(0.02, learning_rate="constant")
+    fitted = []
+    _LOADS.clear()
+    for Xi, yi in ((X, y), (Xn[:, :5], Xn[:, 5])):
+        est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), learning_rate=rate,
+                                                  batch_size=10, random_state=0)
+        fitted.append(fit_data_parallel(est, Xi, yi, client, max_iter=2))
+    # once to count the rows, then once an epoch
+    assert sorted(_LOADS) == sorted(list(range(4)) * 3)
+    assert_allclose(fitted[0].train_losses_, fitted[1].train_losses_, rtol=1e-5)
