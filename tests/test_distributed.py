@@ -1,10 +1,16 @@
 """Data-parallel training on Dask: averaged shards == the full batch."""
+import pickle
+import time
+import weakref
+
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
 pytest.importorskip("dask.distributed")
-from dask.distributed import Client, LocalCluster  # noqa: E402
+import dask.array as da  # noqa: E402
+from dask import delayed  # noqa: E402
+from dask.distributed import Client, LocalCluster, get_task_stream  # noqa: E402
 
 from onnxtrain import OrtGradientForwardBackwardOptimizer  # noqa: E402
 from onnxtrain.distributed import ShardWorker, fit_data_parallel  # noqa: E402
@@ -87,14 +93,6 @@ def test_bad_arguments_raise_before_any_work(client, mlp_onnx, regression_data):
 
 
 # ---------------------------------------------------------- dask inputs
-da = pytest.importorskip("dask.array")
-from dask import delayed  # noqa: E402
-from distributed import get_task_stream  # noqa: E402
-
-import pickle  # noqa: E402
-import time  # noqa: E402
-import weakref  # noqa: E402
-
 _LIVE = {"now": 0, "max": 0, "off_worker": 0}
 
 
