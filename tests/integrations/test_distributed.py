@@ -1,10 +1,16 @@
 """Data-parallel training on Dask: averaged shards == the full batch."""
+import pickle
+import time
+import weakref
+
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
 pytest.importorskip("dask.distributed")
-from dask.distributed import Client, LocalCluster  # noqa: E402
+import dask.array as da  # noqa: E402
+from dask import delayed  # noqa: E402
+from dask.distributed import Client, LocalCluster, get_task_stream  # noqa: E402
 
 from onnxtrain import OrtGradientForwardBackwardOptimizer  # noqa: E402
 from onnxtrain.distributed import ShardWorker, fit_data_parallel  # noqa: E402
@@ -84,3 +90,202 @@ def test_bad_arguments_raise_before_any_work(client, mlp_onnx, regression_data):
     with pytest.raises(TypeError, match="not list"):
         fit_data_parallel([], X, y, client)
     assert not hasattr(est, "weights_to_train_")
+
+
+# ---------------------------------------------------------- dask inputs
+_LIVE = {"now": 0, "max": 0, "off_worker": 0}
+
+
+def _partition(i, rows, on_worker=True, features=5):
+    """Partition ``i``: rows drawn from its index, so that they exist only
+    where this runs; counts the partitions alive in the process."""
+    if on_worker:
+        from distributed import get_worker
+        try:
+            get_worker()
+        except ValueError:
+            _LIVE["off_worker"] += 1
+    rng = np.random.RandomState(100 + i)
+    X = rng.randn(rows, features).astype(np.float32)
+    y = (X.sum(axis=1) / features + 0.1 * rng.randn(rows)).astype(np.float32)
+    data = np.concatenate([X, y[:, None]], axis=1)
+    if on_worker:
+        _LIVE["now"] += 1
+        _LIVE["max"] = max(_LIVE["max"], _LIVE["now"])
+        weakref.finalize(data, _release)
+    return data
+
+
+def _release():
+    _LIVE["now"] -= 1
+
+
+def _dask_data(n_parts, rows, frame=False, features=5):
+    """(X, y) as dask collections of ``n_parts`` partitions built on the
+    workers, and the same rows as numpy arrays."""
+    blocks = [delayed(_partition)(i, rows, features=features) for i in range(n_parts)]
+    both = da.concatenate([da.from_delayed(b, (rows, features + 1), np.float32)
+                           for b in blocks])
+    X, y = both[:, :features], both[:, features]
+    full = np.concatenate([_partition(i, rows, False, features) for i in range(n_parts)])
+    if frame:
+        dd = pytest.importorskip("dask.dataframe")
+        X = dd.from_dask_array(X, columns=[f"f{j}" for j in range(5)])
+        y = dd.from_dask_array(y)
+    return X, y, full[:, :features], full[:, features]
+
+
+def _bytes_moved(client):
+    """Bytes the workers sent so far: to other workers, and to the client
+    (directly: no ``who``, or through the scheduler)."""
+    client_side = {None, client.scheduler.address}
+    logs = client.run(lambda dask_worker: [(e["who"], e["total"])
+                                           for e in dask_worker.transfer_outgoing_log])
+    entries = [e for log in logs.values() for e in log]
+    return (sum(n for who, n in entries if who not in client_side),
+            sum(n for who, n in entries if who in client_side))
+
+
+@pytest.mark.parametrize("frame", [False, True])
+def test_dask_partitions_follow_the_full_batch_curve(client, mlp_onnx, frame):
+    """4 partitions of 25 rows, 2 shards, batches of 10: batch 3 of each
+    shard spans two partitions; the curve is the one-process curve."""
+    X, y, Xn, yn = _dask_data(4, 25, frame)
+    rate = LearningRateSGDNesterov(0.01, learning_rate="constant", momentum=0.9)
+    parallel = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=rate, batch_size=10, random_state=0)
+    fit_data_parallel(parallel, X, y, client, max_iter=3)
+    order = _union_order(100, 2, 10)
+    single = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=3,
+        random_state=0).fit(Xn[order], yn[order])
+    assert_allclose(parallel.train_losses_, single.train_losses_, rtol=1e-5)
+    for a, b in zip(parallel.get_state(), single.get_state()):
+        assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert parallel.t_ == 300 and parallel._trainer.step_count == 15
+    if frame:
+        assert list(parallel.feature_names_in_) == [f"f{j}" for j in range(5)]
+
+
+def test_dask_rows_stay_on_the_workers_and_stream(client, mlp_onnx):
+    """64 partitions of 10 rows, 2 shards: the rows are made on the
+    workers, never sent to the client (it receives the final state and two
+    floats a round); a few partitions are alive at once; local SGD
+    (sync_every=3, segments across partitions) gives the same weights as
+    the numpy shards."""
+    X, y, Xn, yn = _dask_data(64, 10, features=40)
+    rate = LearningRateSGD(0.02, learning_rate="constant")
+    _LIVE.update(now=0, max=0, off_worker=0)
+    between0, client0 = _bytes_moved(client)
+    parallel = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(n_features=40), learning_rate=rate, batch_size=4, random_state=0)
+    fit_data_parallel(parallel, X, y, client, max_iter=1, sync_every=3)
+    between, to_client = (a - b for a, b in zip(_bytes_moved(client), (between0, client0)))
+    state_bytes = len(pickle.dumps(parallel.get_state(include_optimizer=True)))
+    rounds = 27  # 80 batches a shard, 3 a round
+    assert _LIVE["off_worker"] == 0
+    assert to_client <= state_bytes + 200 * rounds < Xn.nbytes / 4
+    assert _LIVE["max"] <= 12  # of 64, 32 per shard
+    for _ in range(100):  # the workers forget the last ones asynchronously
+        if _LIVE["now"] == 0:
+            break
+        time.sleep(0.02)
+    assert _LIVE["now"] == 0
+    reference = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(n_features=40), learning_rate=rate, batch_size=4, random_state=0)
+    fit_data_parallel(reference, Xn, yn, client, max_iter=1, sync_every=3)
+    assert_allclose(parallel.train_losses_, reference.train_losses_, rtol=1e-5)
+    for a, b in zip(parallel.get_state(), reference.get_state()):
+        assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_tree_reduction_on_four_workers(mlp_onnx, regression_data):
+    """4 shards on 4 workers: averages by pairs on the workers (3 per
+    round, on more than one worker), copies down a tree; the curve is
+    still the one-process curve."""
+    X, y = regression_data
+    X, y = X[:100], y[:100]
+    rate = LearningRateSGD(0.02, learning_rate="constant")
+    parallel = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=rate, batch_size=5, random_state=0)
+    with LocalCluster(n_workers=4, processes=False, threads_per_worker=1,
+                      dashboard_address=":0") as cluster, Client(cluster) as c, \
+            get_task_stream(c) as stream:
+        fit_data_parallel(parallel, X, y, c, max_iter=2)
+        workers = set(c.scheduler_info()["workers"])
+    order = _union_order(100, 4, 5)
+    single = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=2,
+        random_state=0).fit(X[order], y[order])
+    assert_allclose(parallel.train_losses_, single.train_losses_, rtol=1e-5)
+    combines = [t for t in stream.data if str(t["key"]).startswith("_combine")]
+    rounds = 2 * 5
+    assert len(combines) == 3 * rounds
+    assert len({t["worker"] for t in combines}) > 1
+    assert {t["worker"] for t in stream.data
+            if str(t["key"]).startswith("_same")} == workers
+
+
+def test_dask_bad_arguments_raise_before_any_work(client, mlp_onnx):
+    X, y, Xn, yn = _dask_data(4, 25)
+    est = OrtGradientForwardBackwardOptimizer(mlp_onnx())
+    with pytest.raises(ValueError, match="n_shards=5 is more than the 4 partitions"):
+        fit_data_parallel(est, X, y, client, n_shards=5)
+    with pytest.raises(ValueError, match="X has 100 rows, y 99"):
+        fit_data_parallel(est, X, yn[:99], client)
+    with pytest.raises(TypeError, match="y is a dask collection but X is not"):
+        fit_data_parallel(est, Xn, y, client)
+    assert not hasattr(est, "weights_to_train_")
+
+
+def test_dask_classifier_labels_found_on_the_workers(client):
+    """A classifier on dask.array labels (no ``classes``): the labels are
+    computed on the workers and training matches the numpy input."""
+    import warnings
+    from sklearn.neural_network import MLPClassifier
+    from onnxtrain import OrtGradientForwardBackwardClassifier, to_onnx
+    rng = np.random.RandomState(0)
+    X = rng.randn(100, 4).astype(np.float32)
+    y = np.where(X[:, 0] + X[:, 1] > 0, 3, 7).astype(np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        skl = MLPClassifier((8,), max_iter=1).fit(X, y)
+    onx = to_onnx(skl, X[:1], target_opset=15, options={id(skl): {"zipmap": False}})
+    fitted = []
+    for Xi, yi in ((X, y), (da.from_array(X, chunks=25), da.from_array(y, chunks=25))):
+        est = OrtGradientForwardBackwardClassifier(onx, batch_size=10, random_state=0,
+                                                   shuffle=False)
+        fitted.append(fit_data_parallel(est, Xi, yi, client, max_iter=2))
+    assert list(fitted[1].classes_) == [3, 7]
+    assert_allclose(fitted[1].train_losses_, fitted[0].train_losses_, rtol=1e-6)
+
+
+_LOADS = []
+
+
+def _frame(i):
+    """Partition ``i`` of a dask.dataframe holding features and target."""
+    import pandas as pd
+    _LOADS.append(i)
+    data = _partition(i, 25, on_worker=False)
+    return pd.DataFrame(data, columns=[f"f{j}" for j in range(5)] + ["target"])
+
+
+def test_dask_dataframe_columns_of_one_frame_are_read_once(client, mlp_onnx):
+    """X and y selected from one dask.dataframe of unknown lengths: each
+    partition is read once to count the rows and once an epoch (not once
+    for X and once for y), and training follows the numpy input's curve."""
+    dd = pytest.importorskip("dask.dataframe")
+    frame = dd.from_delayed([delayed(_frame)(i) for i in range(4)], meta=_frame(0))
+    X, y = frame[[f"f{j}" for j in range(5)]], frame["target"]
+    Xn = np.concatenate([_partition(i, 25, on_worker=False) for i in range(4)])
+    rate = LearningRateSGD(0.02, learning_rate="constant")
+    fitted = []
+    _LOADS.clear()
+    for Xi, yi in ((X, y), (Xn[:, :5], Xn[:, 5])):
+        est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), learning_rate=rate,
+                                                  batch_size=10, random_state=0)
+        fitted.append(fit_data_parallel(est, Xi, yi, client, max_iter=2))
+    # once to count the rows, then once an epoch
+    assert sorted(_LOADS) == sorted(list(range(4)) * 3)
+    assert_allclose(fitted[0].train_losses_, fitted[1].train_losses_, rtol=1e-5)
