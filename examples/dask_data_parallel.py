@@ -1,4 +1,5 @@
 """Data-parallel training of an MLP graph on Dask workers.
+=======================================================
 
 The diabetes data is cut into two shards, one per worker of a
 ``dask.distributed`` cluster (a ``LocalCluster`` here; a real cluster's

@@ -1,4 +1,5 @@
 """An MLP on the diabetes data, trained by onnxtrain and by scikit-learn.
+======================================================================
 
 scikit-learn's ``MLPRegressor`` (10-16-1, relu) is converted to ONNX with
 skl2onnx, and :class:`onnxtrain.OrtGradientForwardBackwardOptimizer` trains

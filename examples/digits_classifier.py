@@ -1,4 +1,5 @@
 """Digits classification: an MLPClassifier graph trained by onnxtrain.
+===================================================================
 
 scikit-learn's ``MLPClassifier`` (64-32-10, relu, softmax) is converted to
 ONNX with skl2onnx (``options={'zipmap': False}``: the graph returns the

@@ -1,4 +1,5 @@
 """Draw the seed's linear regression graph and its gradient graphs.
+================================================================
 
 Writes ``regression_graph.png`` (the graph converted from an
 ``MLPRegressor`` without hidden layer, as in the seed) and

@@ -1,4 +1,5 @@
 """A custom loss with onnxblock, training artifacts and a training loop (seed 000).
+================================================================================
 
 onnxruntime-training's documentation ("Vorbereitung für das Training",
 custom loss) builds a loss ``0.4 * mse(output1, target1) + 0.6 *

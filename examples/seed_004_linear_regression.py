@@ -1,4 +1,5 @@
 """Train a linear regression with forward/backward (the seed example).
+===================================================================
 
 The onnxcustom example "Train a linear regression with forward backward",
 run on onnxtrain with only its imports changed (and fixed random seeds so

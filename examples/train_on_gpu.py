@@ -1,4 +1,5 @@
 """Forward/backward training of a neural network on the GPU, when there is one.
+============================================================================
 
 The same code runs on both devices: ``device`` is ``"cuda"`` when the
 installed onnxruntime has the CUDA execution provider (the

@@ -1,8 +1,10 @@
-"""Command line: ``python -m onnxtrain demo`` and ``python -m onnxtrain train``."""
+"""Command line: ``python -m onnxtrain demo``, ``python -m onnxtrain train``
+and ``python -m onnxtrain --version``."""
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib.metadata
 import io
 import os
 import sys
@@ -259,11 +261,22 @@ _TRAIN_EXAMPLES = """examples:
 """
 
 
+def _version():
+    """The installed distribution's version (setup.cfg reads it from
+    ``onnxtrain.__version__``, a layer above this module)."""
+    try:
+        return importlib.metadata.version("onnxtrain")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser():
     """The argparse parser of ``python -m onnxtrain``."""
     parser = argparse.ArgumentParser(
         prog="python -m onnxtrain",
         description="Train ONNX graphs on onnxruntime.")
+    parser.add_argument("--version", action="version",
+                        version=f"onnxtrain {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     # every default is written in its help by hand: the options whose

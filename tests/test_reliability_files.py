@@ -22,7 +22,7 @@ from test_artifacts_models import two_head_model
 
 TRAINABLE = ["weight1", "bias1", "weight2", "bias2"]
 FROZEN = ["weight3", "bias3"]
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+CLI_DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "cli.md")
 
 
 # command line -------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_overwrite_flag_documented_in_help_and_readme(capsys):
         build_parser().parse_args(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--overwrite replace the output file if it exists" in text
-    with open(README, encoding="utf-8") as f:
+    with open(CLI_DOCS, encoding="utf-8") as f:
         assert "--overwrite" in f.read()
 
 

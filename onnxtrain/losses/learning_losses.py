@@ -285,7 +285,7 @@ class AbsoluteLearningLoss(BaseLearningLoss):
                      elem_type, rank, mean_over_outputs=True)
 
     def loss_per_row(self, y, y_pred):
-        """Mean over outputs of |y_pred - y|, one value per row."""
+        """Mean over outputs of ``|y_pred - y|``, one value per row."""
         y, y_pred = _rows_2d(y, y_pred)
         return np.abs(y_pred - y).mean(axis=1)
 
@@ -337,7 +337,7 @@ class ElasticLearningLoss(BaseLearningLoss):
                      mean_over_outputs=True)
 
     def loss_per_row(self, y, y_pred):
-        """Mean over outputs of l1_weight |d| + l2_weight d**2, per row."""
+        """Mean over outputs of ``l1_weight * |d| + l2_weight * d**2``, per row."""
         y, y_pred = _rows_2d(y, y_pred)
         d = y_pred - y
         return (self.l1_weight * np.abs(d) + self.l2_weight * d ** 2).mean(axis=1)

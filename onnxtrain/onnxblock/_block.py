@@ -149,8 +149,10 @@ class TrainingBlock(Block):
     :meth:`requires_grad` (with none marked, the training model computes
     the outputs without gradients).
 
-    Training model layout
-    ---------------------
+    Notes
+    -----
+    The training model's layout:
+
     inputs
         the user inputs (those of the base model and the targets the loss
         blocks created), the parameters (trainable and frozen, in the order

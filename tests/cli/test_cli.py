@@ -257,3 +257,14 @@ def test_train_command_reads_gaps_for_an_imputing_graph(tmp_path, capsys):
     pred = sess.run(None, {sess.get_inputs()[0].name: X_gaps})[0].ravel()
     assert np.isfinite(pred).all()
     np.testing.assert_allclose(pred[1::7], y[1::7], atol=0.05)
+
+
+def test_version_prints_the_package_version():
+    import subprocess
+    import sys
+
+    import onnxtrain
+
+    out = subprocess.run([sys.executable, "-m", "onnxtrain", "--version"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"onnxtrain {onnxtrain.__version__}"
