@@ -11,7 +11,16 @@ from .._utils.casting import cast_within_range
 from ..training.loop import validation_period
 
 __all__ = ["Count", "cast_within_range", "check_batch_dim", "check_target_rank",
-           "check_targets", "validation_period"]
+           "check_targets", "store_init_params", "validation_period"]
+
+
+def store_init_params(estimator, arguments):
+    """Store each argument of an estimator's ``__init__`` (its ``locals()``)
+    as the attribute of the same name, unchanged, as scikit-learn's
+    ``get_params`` and ``clone`` expect; validation waits for fit."""
+    for name, value in arguments.items():
+        if name not in ("self", "__class__"):
+            setattr(estimator, name, value)
 
 
 class Count(Interval):

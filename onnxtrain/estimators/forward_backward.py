@@ -16,7 +16,8 @@ from ..assembly.rewrite import (prediction_graph, probability_graph,
 from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLoss
 from ._base import BaseOrtGradientEstimator, prediction_dtype
 from ._trainer import final_activation
-from ._validation import check_sample_weight, check_targets, check_use_numpy
+from ._validation import (check_sample_weight, check_targets, check_use_numpy,
+                          store_init_params)
 
 __all__ = ["OrtGradientForwardBackwardOptimizer",
            "OrtGradientForwardBackwardClassifier"]
@@ -165,50 +166,7 @@ _COMMON_ATTRIBUTES = """
 """
 
 
-class _ForwardBackwardParams:
-    """The constructor shared by both estimators (seed 004's parameters,
-    then onnxtrain's additions)."""
-
-    def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
-                 max_iter=100, training_optimizer_name="SGDOptimizer",
-                 batch_size=10, learning_rate="SGD", device="cpu",
-                 warm_start=False, verbose=0, validation_every=0.1,
-                 learning_loss=None, enable_logging=False,
-                 weight_name=None, learning_penalty=None, exc=True,
-                 random_state=None, shuffle=False, early_stopping=False,
-                 validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto", callbacks=None, n_threads=None,
-                 init="model"):
-        self.model_onnx = model_onnx
-        self.weights_to_train = weights_to_train
-        self.loss_output_name = loss_output_name
-        self.max_iter = max_iter
-        self.training_optimizer_name = training_optimizer_name
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.device = device
-        self.warm_start = warm_start
-        self.verbose = verbose
-        self.validation_every = validation_every
-        self.learning_loss = learning_loss
-        self.enable_logging = enable_logging
-        self.weight_name = weight_name
-        self.learning_penalty = learning_penalty
-        self.exc = exc
-        self.random_state = random_state
-        self.shuffle = shuffle
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.n_iter_no_change = n_iter_no_change
-        self.tol = tol
-        self.training_path = training_path
-        self.callbacks = callbacks
-        self.n_threads = n_threads
-        self.init = init
-
-
-class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams,
-                                          BaseOrtGradientEstimator):
+class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseOrtGradientEstimator):
     __doc__ = ("""Train the initializers of an ONNX regression graph by
     mini-batch gradient descent on onnxruntime.
 
@@ -239,13 +197,7 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
                  training_path="auto", callbacks=None, n_threads=None,
                  init="model"):
-        super().__init__(
-            model_onnx, weights_to_train, loss_output_name, max_iter,
-            training_optimizer_name, batch_size, learning_rate, device,
-            warm_start, verbose, validation_every, learning_loss,
-            enable_logging, weight_name, learning_penalty, exc, random_state,
-            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
-            training_path, callbacks, n_threads, init)
+        store_init_params(self, locals())
 
     # ------------------------------------------------------------ graph
     def _make_training_model(self, model):
@@ -445,8 +397,7 @@ def _activation_problem(activation, width, loss):
     return None
 
 
-class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardParams,
-                                           BaseOrtGradientEstimator):
+class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstimator):
     __doc__ = ("""Train the initializers of an ONNX classification graph.
 
     The graph (from skl2onnx: MLPClassifier, LogisticRegression... with or
@@ -527,13 +478,7 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
                  training_path="auto", callbacks=None, n_threads=None,
                  init="model"):
-        super().__init__(
-            model_onnx, weights_to_train, loss_output_name, max_iter,
-            training_optimizer_name, batch_size, learning_rate, device,
-            warm_start, verbose, validation_every, learning_loss,
-            enable_logging, weight_name, learning_penalty, exc, random_state,
-            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
-            training_path, callbacks, n_threads, init)
+        store_init_params(self, locals())
 
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model, copy=False)
