@@ -17,7 +17,7 @@ from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLos
 from ._base import BaseOrtGradientEstimator, prediction_dtype
 from ._trainer import final_activation
 from ._validation import (check_sample_weight, check_targets, check_use_numpy,
-                          store_init_params)
+                          init_with_defaults, store_init_params)
 
 __all__ = ["OrtGradientForwardBackwardOptimizer",
            "OrtGradientForwardBackwardClassifier"]
@@ -165,6 +165,15 @@ _COMMON_ATTRIBUTES = """
         The engine (rebuilt lazily after unpickling).
 """
 
+_COMMON_RAISES = """
+    Raises
+    ------
+    ValueError, TypeError
+        Invalid parameters or data{refused}, raised by ``fit`` before any step.
+    ConvergenceError
+        A non-finite loss while ``exc=True``.
+    """
+
 
 class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseOrtGradientEstimator):
     __doc__ = ("""Train the initializers of an ONNX regression graph by
@@ -176,14 +185,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseOrtGradientEstimat
     ``device`` and only the loss value is copied to the host per batch.
     """ + _COMMON_PARAMETERS.format(
         model="Its first output is the prediction; other outputs are ignored.",
-        loss="square_error", stratified="", score="R²") + _COMMON_ATTRIBUTES + """
-    Raises
-    ------
-    ValueError, TypeError
-        Invalid parameters or data, raised by ``fit`` before any step.
-    ConvergenceError
-        A non-finite loss while ``exc=True``.
-    """)
+        loss="square_error", stratified="", score="R²") + _COMMON_ATTRIBUTES + \
+        _COMMON_RAISES.format(refused=""))
 
     _default_loss = "square_error"
 
@@ -456,29 +459,14 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
         score="accuracy") + _COMMON_ATTRIBUTES + """
     classes_ : ndarray of shape (n_classes,)
         Labels, in the order of the probability columns.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Invalid parameters or data, or an output that is not probabilities
-        (see above), raised by ``fit`` before any step.
-    ConvergenceError
-        A non-finite loss while ``exc=True``.
-    """)
+""" + _COMMON_RAISES.format(
+        refused=", or an output that is not probabilities\n        (see above)"))
 
     _default_loss = "cross_entropy"
 
-    def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
-                 max_iter=100, training_optimizer_name="SGDOptimizer",
-                 batch_size=10, learning_rate="SGD", device="cpu",
-                 warm_start=False, verbose=0, validation_every=0.1,
-                 learning_loss="cross_entropy", enable_logging=False,
-                 weight_name=None, learning_penalty=None, exc=True,
-                 random_state=None, shuffle=False, early_stopping=False,
-                 validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto", callbacks=None, n_threads=None,
-                 init="model"):
-        store_init_params(self, locals())
+    # the regressor's parameters, with the classifier's default loss
+    __init__ = init_with_defaults(OrtGradientForwardBackwardOptimizer.__init__,
+                                  learning_loss=_default_loss)
 
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model, copy=False)
