@@ -163,11 +163,8 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
                 default=None
             Fed to the graph's input ``sample_weight_name`` (ones when the
             graph has one and no weights are given).
-        X_val, y_val : array-like, default=None
-            Validation data for ``validation_losses_``.
-        use_numpy : bool, default=None
-            onnxcustom chose between a numpy and an OrtValue data path with
-            it; onnxtrain has one path, the value changes nothing.
+        X_val, y_val, use_numpy
+            As in :meth:`OrtGradientForwardBackwardOptimizer.fit`.
 
         Returns
         -------
@@ -209,11 +206,8 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
 
         Parameters
         ----------
-        X, y
+        X, y, sample_weight
             As :meth:`fit`.
-        sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
-                default=None
-            Fed to the graph's sample-weight input (ones when None).
 
         Returns
         -------

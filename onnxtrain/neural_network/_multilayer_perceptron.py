@@ -347,7 +347,8 @@ class _BaseMLP(BaseEstimator):
 
         Returns
         -------
-        self
+        self : object
+            The trained network.
 
         Raises
         ------
@@ -983,7 +984,8 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
 
         Returns
         -------
-        self
+        self : object
+            The network after this epoch.
 
         Raises
         ------
