@@ -176,6 +176,7 @@ class MLPEpochLoop(TrainingRun):
         batch_slice.start)``)."""
         return float(batch.stop - batch.start)
 
+    # scikit-learn's count compares "not worse", so a NaN resets it
     nan_improves = True
 
     def update_no_improvement(self, loss, X_val, y_val):
