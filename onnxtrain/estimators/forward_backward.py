@@ -16,7 +16,8 @@ from ..assembly.rewrite import (prediction_graph, probability_graph,
 from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLoss
 from ._base import BaseOrtGradientEstimator, prediction_dtype
 from ._trainer import final_activation
-from ._validation import check_sample_weight, check_targets, check_use_numpy
+from ._validation import (check_sample_weight, check_targets, check_use_numpy,
+                          init_with_defaults, store_init_params)
 
 __all__ = ["OrtGradientForwardBackwardOptimizer",
            "OrtGradientForwardBackwardClassifier"]
@@ -164,51 +165,17 @@ _COMMON_ATTRIBUTES = """
         The engine (rebuilt lazily after unpickling).
 """
 
-
-class _ForwardBackwardParams:
-    """The constructor shared by both estimators (seed 004's parameters,
-    then onnxtrain's additions)."""
-
-    def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
-                 max_iter=100, training_optimizer_name="SGDOptimizer",
-                 batch_size=10, learning_rate="SGD", device="cpu",
-                 warm_start=False, verbose=0, validation_every=0.1,
-                 learning_loss=None, enable_logging=False,
-                 weight_name=None, learning_penalty=None, exc=True,
-                 random_state=None, shuffle=False, early_stopping=False,
-                 validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto", callbacks=None, n_threads=None,
-                 init="model"):
-        self.model_onnx = model_onnx
-        self.weights_to_train = weights_to_train
-        self.loss_output_name = loss_output_name
-        self.max_iter = max_iter
-        self.training_optimizer_name = training_optimizer_name
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.device = device
-        self.warm_start = warm_start
-        self.verbose = verbose
-        self.validation_every = validation_every
-        self.learning_loss = learning_loss
-        self.enable_logging = enable_logging
-        self.weight_name = weight_name
-        self.learning_penalty = learning_penalty
-        self.exc = exc
-        self.random_state = random_state
-        self.shuffle = shuffle
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.n_iter_no_change = n_iter_no_change
-        self.tol = tol
-        self.training_path = training_path
-        self.callbacks = callbacks
-        self.n_threads = n_threads
-        self.init = init
+_COMMON_RAISES = """
+    Raises
+    ------
+    ValueError, TypeError
+        Invalid parameters or data{refused}, raised by ``fit`` before any step.
+    ConvergenceError
+        A non-finite loss while ``exc=True``.
+    """
 
 
-class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams,
-                                          BaseOrtGradientEstimator):
+class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseOrtGradientEstimator):
     __doc__ = ("""Train the initializers of an ONNX regression graph by
     mini-batch gradient descent on onnxruntime.
 
@@ -218,14 +185,8 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
     ``device`` and only the loss value is copied to the host per batch.
     """ + _COMMON_PARAMETERS.format(
         model="Its first output is the prediction; other outputs are ignored.",
-        loss="square_error", stratified="", score="R²") + _COMMON_ATTRIBUTES + """
-    Raises
-    ------
-    ValueError, TypeError
-        Invalid parameters or data, raised by ``fit`` before any step.
-    ConvergenceError
-        A non-finite loss while ``exc=True``.
-    """)
+        loss="square_error", stratified="", score="R²") + _COMMON_ATTRIBUTES + \
+        _COMMON_RAISES.format(refused=""))
 
     _default_loss = "square_error"
 
@@ -239,13 +200,7 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, _ForwardBackwardParams
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
                  training_path="auto", callbacks=None, n_threads=None,
                  init="model"):
-        super().__init__(
-            model_onnx, weights_to_train, loss_output_name, max_iter,
-            training_optimizer_name, batch_size, learning_rate, device,
-            warm_start, verbose, validation_every, learning_loss,
-            enable_logging, weight_name, learning_penalty, exc, random_state,
-            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
-            training_path, callbacks, n_threads, init)
+        store_init_params(self, locals())
 
     # ------------------------------------------------------------ graph
     def _make_training_model(self, model):
@@ -445,8 +400,7 @@ def _activation_problem(activation, width, loss):
     return None
 
 
-class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardParams,
-                                           BaseOrtGradientEstimator):
+class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstimator):
     __doc__ = ("""Train the initializers of an ONNX classification graph.
 
     The graph (from skl2onnx: MLPClassifier, LogisticRegression... with or
@@ -505,35 +459,14 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, _ForwardBackwardPara
         score="accuracy") + _COMMON_ATTRIBUTES + """
     classes_ : ndarray of shape (n_classes,)
         Labels, in the order of the probability columns.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Invalid parameters or data, or an output that is not probabilities
-        (see above), raised by ``fit`` before any step.
-    ConvergenceError
-        A non-finite loss while ``exc=True``.
-    """)
+""" + _COMMON_RAISES.format(
+        refused=", or an output that is not probabilities\n        (see above)"))
 
     _default_loss = "cross_entropy"
 
-    def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
-                 max_iter=100, training_optimizer_name="SGDOptimizer",
-                 batch_size=10, learning_rate="SGD", device="cpu",
-                 warm_start=False, verbose=0, validation_every=0.1,
-                 learning_loss="cross_entropy", enable_logging=False,
-                 weight_name=None, learning_penalty=None, exc=True,
-                 random_state=None, shuffle=False, early_stopping=False,
-                 validation_fraction=0.1, n_iter_no_change=10, tol=None,
-                 training_path="auto", callbacks=None, n_threads=None,
-                 init="model"):
-        super().__init__(
-            model_onnx, weights_to_train, loss_output_name, max_iter,
-            training_optimizer_name, batch_size, learning_rate, device,
-            warm_start, verbose, validation_every, learning_loss,
-            enable_logging, weight_name, learning_penalty, exc, random_state,
-            shuffle, early_stopping, validation_fraction, n_iter_no_change, tol,
-            training_path, callbacks, n_threads, init)
+    # the regressor's parameters, with the classifier's default loss
+    __init__ = init_with_defaults(OrtGradientForwardBackwardOptimizer.__init__,
+                                  learning_loss=_default_loss)
 
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model, copy=False)

@@ -6,7 +6,8 @@ import os
 from ..assembly.rewrite import prediction_graph
 from ._base import BaseOrtGradientEstimator
 from ._inputs import check_features
-from ._validation import check_sample_weight, check_targets, check_use_numpy
+from ._validation import (check_sample_weight, check_targets, check_use_numpy,
+                          store_init_params)
 
 __all__ = ["OrtGradientOptimizer"]
 
@@ -82,24 +83,7 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
                  saved_gradient=None, sample_weight_name="weight",
                  random_state=None, shuffle=False, callbacks=None, n_threads=None,
                  init="model"):
-        self.model_onnx = model_onnx
-        self.weights_to_train = weights_to_train
-        self.loss_output_name = loss_output_name
-        self.max_iter = max_iter
-        self.training_optimizer_name = training_optimizer_name
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.device = device
-        self.warm_start = warm_start
-        self.verbose = verbose
-        self.validation_every = validation_every
-        self.saved_gradient = saved_gradient
-        self.sample_weight_name = sample_weight_name
-        self.random_state = random_state
-        self.shuffle = shuffle
-        self.callbacks = callbacks
-        self.n_threads = n_threads
-        self.init = init
+        store_init_params(self, locals())
 
     def _make_training_model(self, model):
         names = [o.name for o in model.graph.output]
@@ -179,11 +163,8 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
                 default=None
             Fed to the graph's input ``sample_weight_name`` (ones when the
             graph has one and no weights are given).
-        X_val, y_val : array-like, default=None
-            Validation data for ``validation_losses_``.
-        use_numpy : bool, default=None
-            onnxcustom chose between a numpy and an OrtValue data path with
-            it; onnxtrain has one path, the value changes nothing.
+        X_val, y_val, use_numpy
+            As in :meth:`OrtGradientForwardBackwardOptimizer.fit`.
 
         Returns
         -------
@@ -225,11 +206,8 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
 
         Parameters
         ----------
-        X, y
+        X, y, sample_weight
             As :meth:`fit`.
-        sample_weight : array-like of shape (n_samples,) or (n_samples, 1), \
-                default=None
-            Fed to the graph's sample-weight input (ones when None).
 
         Returns
         -------

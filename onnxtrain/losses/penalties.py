@@ -27,15 +27,10 @@ class BaseLearningPenalty(BaseEstimator):
 
     @staticmethod
     def select(class_name, **kwargs):
-        """A penalty object from None, a name or an object (onnxcustom's
-        ``select``): an object is returned as is, a name (see
-        :func:`resolve_learning_penalty`) gets ``kwargs`` as parameters.
-
-        Raises
-        ------
-        ValueError, TypeError
-            As :func:`~onnxtrain.graph._small.select_named`.
-        """
+        """A penalty object from None, a name (see
+        :func:`resolve_learning_penalty`) or an object, as
+        :meth:`BaseLearningLoss.select <onnxtrain.losses.BaseLearningLoss.select>`
+        makes a loss (same arguments and errors)."""
         return select_named(class_name, kwargs, BaseLearningPenalty,
                             resolve_learning_penalty, "a penalty object")
 

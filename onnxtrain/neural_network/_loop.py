@@ -176,34 +176,14 @@ class MLPEpochLoop(TrainingRun):
         batch_slice.start)``)."""
         return float(batch.stop - batch.start)
 
+    # scikit-learn's count compares "not worse", so a NaN resets it
+    nan_improves = True
+
     def update_no_improvement(self, loss, X_val, y_val):
-        self.stopped = self.count_no_improvement(loss, X_val, y_val)
+        self.stopped = super().update_no_improvement(loss, X_val, y_val)
         if self.settings.print_progress and self.settings.early_stopping:
             print(f"Validation score: {self.validation_scores[-1]:f}")
         return self.stopped
-
-    def count_no_improvement(self, loss, X_val, y_val):
-        """scikit-learn's ``_update_no_improvement_count`` with its
-        comparisons, so that a NaN score or loss resets the count; True
-        means stop."""
-        tol = self.settings.tol
-        if self.settings.early_stopping:
-            score = self.hooks.score(X_val, y_val)
-            self.validation_scores.append(score)
-            worse = score < self.best_validation_score + tol
-            if score > self.best_validation_score:
-                self.best_validation_score = score
-                self.best_weights = self.runner.engine.get_weights(out=self.best_weights)
-        else:
-            worse = loss > self.best_loss - tol
-            if loss < self.best_loss:
-                self.best_loss = loss
-        self.no_improvement = self.no_improvement + 1 if worse else 0
-        if self.no_improvement > self.settings.n_iter_no_change:
-            if self.update_rule.trigger_stopping():
-                return True
-            self.no_improvement = 0
-        return False
 
     def non_finite(self, loss, epoch):
         """Record the loss that ended training at ``epoch`` (see the

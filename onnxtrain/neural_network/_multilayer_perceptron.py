@@ -32,7 +32,8 @@ from sklearn.utils.validation import (_check_sample_weight, check_is_fitted,
                                       validate_data)
 
 from ..estimators import _base
-from ..estimators._validation import check_sample_weight, check_target_rank
+from ..estimators._validation import (check_sample_weight, check_target_rank,
+                                      store_init_params)
 from ..exceptions import ConvergenceWarning
 from ..graph import infer_value_types
 from ..losses.learning_losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
@@ -93,6 +94,17 @@ def _dense(X):
     """X as a dense ndarray: onnxruntime's MatMul takes dense tensors, so a
     sparse matrix is expanded (n_samples x n_features floats in memory)."""
     return X.toarray() if scipy.sparse.issparse(X) else X
+
+
+def _validated_data(estimator, X, y, reset, dtype, y_numeric=False):
+    """scikit-learn's checks of (X, y) for either estimator: X dense, a
+    one-column y raveled (with scikit-learn's warning)."""
+    check_target_rank(y)
+    X, y = validate_data(estimator, X, y, multi_output=True, y_numeric=y_numeric,
+                         dtype=dtype, reset=reset, accept_sparse=_SPARSE)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = column_or_1d(y, warn=True)
+    return _dense(X), y
 
 
 def _check_solver(estimator):
@@ -318,6 +330,34 @@ class _BaseMLP(BaseEstimator):
                 del self.__dict__[key]
         raise SolverDivergedError(f"{_NON_FINITE} The weights kept predict non-finite values: "
                                   "the estimator is no longer fitted (fit it again).")
+
+    @_keeps_state_on_error
+    def fit(self, X, y, sample_weight=None):
+        """Train the network on (X, y).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Numeric data; a CSR or CSC sparse matrix is densified.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            The regressor's numeric targets; the classifier's class labels
+            (ints, strings...) or multilabel indicator matrix.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the rows in the loss and its gradient.
+
+        Returns
+        -------
+        self : object
+            The trained network.
+
+        Raises
+        ------
+        ValueError
+            Bad parameters or data (NaN, shapes, negative y with the
+            'poisson' loss, continuous y for the classifier). A non-finite
+            loss without early stopping (see the class).
+        """
+        return self._fit(X, y, sample_weight, incremental=False)
 
     def __sklearn_is_fitted__(self):
         return "_run" in self.__dict__
@@ -633,26 +673,14 @@ class _BaseMLP(BaseEstimator):
         return self._network().trained_model(self._inference_onnx)
 
 
-class MLPRegressor(RegressorMixin, _BaseMLP):
-    """Multi-layer perceptron regressor trained on onnxruntime.
-
-    scikit-learn's :class:`sklearn.neural_network.MLPRegressor` (1.9), with
-    the same parameters, attributes and results: with the same settings and
-    ``random_state``, the initial weights, the batches, every update and so
-    ``loss_curve_`` are scikit-learn's (up to float rounding). The network
-    is an ONNX graph (MatMul, Add and the activation per layer) trained by
-    onnxtrain's forward/backward engine on ``device``.
-
-    Parameters
-    ----------
-    loss : {'squared_error', 'poisson'}, default='squared_error'
-        'squared_error': half the mean squared error, identity output.
-        'poisson': half the Poisson deviance, exponential output (y >= 0).
+# The parameters, attributes and errors both estimators document, with
+# what differs between them as format fields (literal braces doubled).
+_SHARED_DOC = """\
     hidden_layer_sizes : array-like of shape (n_layers - 2,) or int, default=(100,)
         Number of units of each hidden layer.
-    activation : {'identity', 'logistic', 'tanh', 'relu'}, default='relu'
+    activation : {{'identity', 'logistic', 'tanh', 'relu'}}, default='relu'
         Activation of the hidden layers.
-    solver : {'adam', 'sgd', 'lbfgs'}, default='adam'
+    solver : {{'adam', 'sgd', 'lbfgs'}}, default='adam'
         'sgd' (with momentum / Nesterov) and 'adam' train by mini-batches
         (the epochs, batches and updates run on onnxruntime); 'lbfgs' is
         scipy's L-BFGS-B on the loss of all the rows, whose value and
@@ -664,7 +692,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         Rows per step; 'auto' is ``min(200, n_samples)``. Clipped to the
         number of rows (with a warning). The last batch of an epoch may be
         smaller.
-    learning_rate : {'constant', 'invscaling', 'adaptive'}, default='constant'
+    learning_rate : {{'constant', 'invscaling', 'adaptive'}}, default='constant'
         Schedule of the 'sgd' solver: 'constant'; 'invscaling':
         ``learning_rate_init / (t + 1) ** power_t`` with t the number of
         samples seen, updated after each epoch; 'adaptive': divided by 5
@@ -689,13 +717,13 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         Print the loss of each epoch.
     warm_start : bool, default=False
         Start fit from the current weights (the optimizer restarts, as in
-        scikit-learn).
+        scikit-learn){warm_start}.
     momentum : float, default=0.9
         Momentum of 'sgd' (0 is plain SGD).
     nesterovs_momentum : bool, default=True
     early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the rows, stop when their R²
-        stops improving, keep the best weights.
+        Hold out ``validation_fraction`` of the rows{stratified}, stop
+        when their {score} stops improving, keep the best weights.
     validation_fraction : float, default=0.1
     beta_1, beta_2 : float, default=0.9, 0.999
         Adam's decay rates.
@@ -721,7 +749,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
 
     Attributes
     ----------
-    loss_ : float
+{classes}    loss_ : float
         Loss of the last epoch (penalty included).
     best_loss_ : float or None
         Smallest epoch loss; None with early stopping.
@@ -732,7 +760,8 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
     loss_curve_ : list of float
         Loss of each epoch (of every fit since the weights were drawn).
     validation_scores_ : list of float or None
-        R² of the validation rows at each epoch (early stopping only).
+        Score ({score}) of the validation rows at each epoch (early
+        stopping only).
     best_validation_score_ : float or None
     t_ : int
         Number of training samples seen since the weights were drawn.
@@ -745,7 +774,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         Epochs of the last fit (1 after partial_fit).
     n_layers_ : int
     n_outputs_ : int
-    out_activation_ : {'identity', 'exp'}
+{n_outputs}    out_activation_ : {out_activation}
 
     Raises
     ------
@@ -757,7 +786,27 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         at that epoch (onnxruntime never commits non-finite weights; the
         last finite ones stay). With early stopping there is no error: the
         epoch's validation score is NaN and the best weights are restored.
+"""
 
+
+class MLPRegressor(RegressorMixin, _BaseMLP):
+    __doc__ = ("""Multi-layer perceptron regressor trained on onnxruntime.
+
+    scikit-learn's :class:`sklearn.neural_network.MLPRegressor` (1.9), with
+    the same parameters, attributes and results: with the same settings and
+    ``random_state``, the initial weights, the batches, every update and so
+    ``loss_curve_`` are scikit-learn's (up to float rounding). The network
+    is an ONNX graph (MatMul, Add and the activation per layer) trained by
+    onnxtrain's forward/backward engine on ``device``.
+
+    Parameters
+    ----------
+    loss : {'squared_error', 'poisson'}, default='squared_error'
+        'squared_error': half the mean squared error, identity output.
+        'poisson': half the Poisson deviance, exponential output (y >= 0).
+""" + _SHARED_DOC.format(
+        warm_start="", stratified="", score="R²", classes="", n_outputs="",
+        out_activation="{'identity', 'exp'}") + """
     Examples
     --------
     >>> from sklearn.datasets import load_diabetes
@@ -766,7 +815,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
     >>> reg = MLPRegressor(hidden_layer_sizes=(20,), max_iter=5, random_state=0)
     >>> reg = reg.fit(X, y)
     >>> onx = reg.to_onnx()  # input 'X' (float64), output 'variable'
-    """
+    """)
 
     _parameter_constraints: dict = {
         **_BaseMLP._parameter_constraints,
@@ -782,34 +831,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
                  early_stopping=False, validation_fraction=0.1, beta_1=0.9,
                  beta_2=0.999, epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
                  device="cpu", dtype=None, callbacks=None, n_threads=None):
-        self.loss = loss
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.activation = activation
-        self.solver = solver
-        self.alpha = alpha
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.learning_rate_init = learning_rate_init
-        self.power_t = power_t
-        self.max_iter = max_iter
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.tol = tol
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
-        self.epsilon = epsilon
-        self.n_iter_no_change = n_iter_no_change
-        self.max_fun = max_fun
-        self.device = device
-        self.dtype = dtype
-        self.callbacks = callbacks
-        self.n_threads = n_threads
+        store_init_params(self, locals())
 
     def _output_activation(self):
         return "exp" if self.loss == "poisson" else "identity"
@@ -826,41 +848,11 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
 
     def _validate_input(self, X, y, incremental, reset, dtype):
         """X and y validated as scikit-learn does; y as (n, n_outputs)."""
-        check_target_rank(y)
-        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True,
-                             dtype=dtype, reset=reset,
-                             accept_sparse=_SPARSE)
-        X = _dense(X)
-        if y.ndim == 2 and y.shape[1] == 1:
-            y = column_or_1d(y, warn=True)
+        X, y = _validated_data(self, X, y, reset, dtype, y_numeric=True)
         if self.loss == "poisson" and (y < 0).any():
             raise ValueError("Some value(s) of y are negative which is not "
                              "allowed for the 'poisson' loss.")
         return X, (y.reshape(-1, 1) if y.ndim == 1 else y)
-
-    @_keeps_state_on_error
-    def fit(self, X, y, sample_weight=None):
-        """Train the network on (X, y).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-            Numeric data; a CSR or CSC sparse matrix is densified.
-        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
-        sample_weight : array-like of shape (n_samples,), default=None
-            Non-negative weights of the rows in the loss and its gradient.
-
-        Returns
-        -------
-        self
-
-        Raises
-        ------
-        ValueError
-            Bad parameters or data (NaN, shapes, negative y with 'poisson').
-            A non-finite loss without early stopping (see the class).
-        """
-        return self._fit(X, y, sample_weight, incremental=False)
 
     @available_if(_check_solver)
     @_keeps_state_on_error
@@ -887,7 +879,7 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
 
 
 class MLPClassifier(ClassifierMixin, _BaseMLP):
-    """Multi-layer perceptron classifier trained on onnxruntime.
+    __doc__ = ("""Multi-layer perceptron classifier trained on onnxruntime.
 
     scikit-learn's :class:`sklearn.neural_network.MLPClassifier` (1.9), with
     the same parameters, attributes and results: binary (one logistic
@@ -901,97 +893,14 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
 
     Parameters
     ----------
-    hidden_layer_sizes : array-like of shape (n_layers - 2,) or int, default=(100,)
-        Number of units of each hidden layer.
-    activation : {'identity', 'logistic', 'tanh', 'relu'}, default='relu'
-        Activation of the hidden layers.
-    solver : {'adam', 'sgd', 'lbfgs'}, default='adam'
-        'sgd' (with momentum / Nesterov) and 'adam' train by mini-batches
-        (the epochs, batches and updates run on onnxruntime); 'lbfgs' is
-        scipy's L-BFGS-B on the loss of all the rows, whose value and
-        gradient onnxruntime computes (no ``loss_curve_``, no partial_fit).
-    alpha : float, default=0.0001
-        L2 penalty: ``alpha / 2 * sum(coef ** 2)`` (intercepts excluded)
-        divided by the batch's sample-weight sum, as scikit-learn adds it.
-    batch_size : int or 'auto', default='auto'
-        Rows per step; 'auto' is ``min(200, n_samples)``.
-    learning_rate : {'constant', 'invscaling', 'adaptive'}, default='constant'
-        Schedule of the 'sgd' solver: 'constant'; 'invscaling':
-        ``learning_rate_init / (t + 1) ** power_t`` with t the number of
-        samples seen, updated after each epoch; 'adaptive': divided by 5
-        whenever the loss (or validation score) stops improving by ``tol``
-        for ``n_iter_no_change`` epochs, training stops below 1e-6.
-    learning_rate_init : float, default=0.001
-    power_t : float, default=0.5
-    max_iter : int, default=200
-        Maximum number of epochs ('lbfgs': of iterations); a
-        ConvergenceWarning when reached.
-    shuffle : bool, default=True
-    random_state : int, RandomState instance or None, default=None
-        Initial weights, shuffling and the early-stopping split.
-    tol : float, default=1e-4
-        Improvement threshold of the stopping rule (see MLPRegressor).
-    verbose : bool or int, default=False
-    warm_start : bool, default=False
-        Start fit from the current weights; y must have the same classes.
-    momentum : float, default=0.9
-    nesterovs_momentum : bool, default=True
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the rows (stratified for
-        binary and multiclass targets), stop when their accuracy stops
-        improving, keep the best weights.
-    validation_fraction : float, default=0.1
-    beta_1, beta_2 : float, default=0.9, 0.999
-    epsilon : float, default=1e-8
-    n_iter_no_change : int or np.inf, default=10
-    max_fun : int, default=15000
-        Maximum number of loss evaluations of 'lbfgs'.
-    device : str, default='cpu'
-        'cpu', 'cuda' or 'cuda:N'.
-    dtype : None, np.float32 or np.float64, default=None
-        Floating type of the graph; None follows X.
-    callbacks : list of Callback, default=None
-        :mod:`onnxtrain.training.callbacks` objects called with this
-        estimator at each epoch and batch of the stochastic solvers
-        (scoring, checkpoints, per-batch learning rate, early stopping on
-        any metric); ignored by 'lbfgs'.
-    n_threads : int, default=None
-        Threads of each onnxruntime session; None: joblib's budget inside a
-        joblib worker process, onnxruntime's default elsewhere
-        (:mod:`onnxtrain.runtime.threads`).
-
-    Attributes
-    ----------
-    classes_ : ndarray of shape (n_classes,)
-        The labels (0 .. n_labels - 1 for multilabel targets).
-    loss_ : float
-    best_loss_ : float or None
-    history_ : list of dict
-        Stochastic solvers: one record per epoch (``epoch``, ``train_loss``,
-        ``learning_rate``, ``dur`` in seconds, ``valid_score`` with early
-        stopping, and what callbacks add), as skorch's History.
-    loss_curve_ : list of float
-    validation_scores_ : list of float or None
-        Accuracy of the validation rows at each epoch (early stopping).
-    best_validation_score_ : float or None
-    t_ : int
-    coefs_ : list of ndarray of shape (fan_in, fan_out)
-    intercepts_ : list of ndarray of shape (fan_out,)
-    n_features_in_ : int
-    feature_names_in_ : ndarray of shape (n_features_in_,)
-    n_iter_ : int
-    n_layers_ : int
-    n_outputs_ : int
-        1 for binary targets, else the number of classes or labels.
-    out_activation_ : {'logistic', 'softmax'}
-
-    Raises
-    ------
-    sklearn.utils._param_validation.InvalidParameterError
-        (a ValueError) Invalid parameter, at fit.
-    ValueError
-        A non-finite loss, as :class:`MLPRegressor`.
-
+""" + _SHARED_DOC.format(
+        warm_start="; y must have the same classes",
+        stratified=" (stratified\n        for binary and multiclass targets)",
+        score="accuracy",
+        classes="    classes_ : ndarray of shape (n_classes,)\n"
+                "        The labels (0 .. n_labels - 1 for multilabel targets).\n",
+        n_outputs="        1 for binary targets, else the number of classes or labels.\n",
+        out_activation="{'logistic', 'softmax'}") + """
     Examples
     --------
     >>> from sklearn.datasets import load_digits
@@ -999,7 +908,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     >>> X, y = load_digits(return_X_y=True)
     >>> clf = MLPClassifier((30,), max_iter=5, random_state=0).fit(X / 16, y)
     >>> onx = clf.to_onnx()  # outputs 'label' (int64), 'probabilities'
-    """
+    """)
 
     def __init__(self, hidden_layer_sizes=(100,), activation="relu", *,
                  solver="adam", alpha=0.0001, batch_size="auto",
@@ -1010,33 +919,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
                  validation_fraction=0.1, beta_1=0.9, beta_2=0.999,
                  epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
                  device="cpu", dtype=None, callbacks=None, n_threads=None):
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.activation = activation
-        self.solver = solver
-        self.alpha = alpha
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.learning_rate_init = learning_rate_init
-        self.power_t = power_t
-        self.max_iter = max_iter
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.tol = tol
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
-        self.epsilon = epsilon
-        self.n_iter_no_change = n_iter_no_change
-        self.max_fun = max_fun
-        self.device = device
-        self.dtype = dtype
-        self.callbacks = callbacks
-        self.n_threads = n_threads
+        store_init_params(self, locals())
 
     def _is_classifier(self):
         return True
@@ -1067,13 +950,7 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
             Classes that differ from the previous fit (warm start) or that
             were not declared (partial_fit).
         """
-        check_target_rank(y)
-        X, y = validate_data(self, X, y, multi_output=True,
-                             dtype=dtype, reset=reset,
-                             accept_sparse=_SPARSE)
-        X = _dense(X)
-        if y.ndim == 2 and y.shape[1] == 1:
-            y = column_or_1d(y, warn=True)
+        X, y = _validated_data(self, X, y, reset, dtype)
         if not hasattr(self, "classes_") or (not self.warm_start
                                              and not incremental):
             self._label_binarizer = LabelBinarizer().fit(y)
@@ -1092,30 +969,6 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
                                  f"has {classes}.")
         return X, self._label_binarizer.transform(y).astype(bool)
 
-    @_keeps_state_on_error
-    def fit(self, X, y, sample_weight=None):
-        """Train the network on (X, y).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-            Numeric data; a CSR or CSC sparse matrix is densified.
-        y : array-like of shape (n_samples,) or (n_samples, n_labels)
-            Class labels (ints, strings...), or a multilabel indicator matrix.
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self
-
-        Raises
-        ------
-        ValueError
-            Bad parameters or data (NaN, shapes, continuous y).
-            A non-finite loss without early stopping (see the class).
-        """
-        return self._fit(X, y, sample_weight, incremental=False)
-
     @available_if(_check_solver)
     @_keeps_state_on_error
     def partial_fit(self, X, y, sample_weight=None, classes=None):
@@ -1131,7 +984,8 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
 
         Returns
         -------
-        self
+        self : object
+            The network after this epoch.
 
         Raises
         ------

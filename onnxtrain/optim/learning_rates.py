@@ -89,16 +89,10 @@ class BaseLearningRate(GraphSaverMixin, BaseEstimator):
 
     @staticmethod
     def select(class_name, **kwargs):
-        """A learning-rate object from a float, a name or an object
-        (onnxcustom's ``select``): an object is returned as is, a float x is
-        ``LearningRateSGD(eta0=x)``, a name (see
-        :func:`resolve_learning_rate`) gets ``kwargs`` as parameters.
-
-        Raises
-        ------
-        ValueError, TypeError
-            As :func:`~onnxtrain.graph._small.select_named`.
-        """
+        """A learning-rate object from a float x (``LearningRateSGD(eta0=x)``),
+        a name (see :func:`resolve_learning_rate`) or an object, as
+        :meth:`BaseLearningLoss.select <onnxtrain.losses.BaseLearningLoss.select>`
+        makes a loss (same arguments and errors)."""
         return select_named(class_name, kwargs, BaseLearningRate,
                             resolve_learning_rate, "a learning-rate object")
 

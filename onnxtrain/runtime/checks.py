@@ -29,10 +29,8 @@ def check_onnx_model(model, what="the model"):
 
     Parameters
     ----------
-    model : onnx.ModelProto
-        Not modified.
-    what : str, default='the model'
-        How the messages call ``model``.
+    model, what
+        As in :func:`onnxtrain.runtime.opsets.check_runtime_opsets`.
 
     Raises
     ------
@@ -66,23 +64,9 @@ def load_checked_model(model, what="model"):
     entry of the models users give to the estimators, the engine, the
     artifacts, onnxblock, the api and the command line.
 
-    Parameters
-    ----------
-    model : onnx.ModelProto, bytes or path
-        A ModelProto is returned as is (not copied, not modified).
-    what : str, default='model'
-        The parameter's name, for the messages.
-
-    Returns
-    -------
-    onnx.ModelProto
-
-    Raises
-    ------
-    TypeError, FileNotFoundError, IsADirectoryError
-        As :func:`read_onnx_model`.
-    onnxtrain.exceptions.InvalidModelError
-        As :func:`read_onnx_model` and :func:`check_onnx_model`.
+    Parameters, return value and errors are those of
+    :func:`read_onnx_model` (a ModelProto is returned as is: not copied, not
+    modified), with :func:`check_onnx_model`'s InvalidModelError too.
     """
     proto = read_onnx_model(model, what)
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else what

@@ -60,7 +60,18 @@ def copy_arrays(values, out=None):
     return [v.copy() for v in values]
 
 
-class ForwardBackwardEngine:
+class OnnxcustomModelNames:
+    """The names onnxcustom's TrainingAgent wrapper reads the models by:
+    ``cls_type_`` (the object itself, which holds them), ``_trained_onnx``
+    (the backward model) and ``_optimized_pre_grad_model`` (the inference
+    model), from the object's ``models``."""
+
+    cls_type_ = property(lambda self: self)
+    _trained_onnx = property(lambda self: self.models.backward_model)
+    _optimized_pre_grad_model = property(lambda self: self.models.inference_model)
+
+
+class ForwardBackwardEngine(OnnxcustomModelNames):
     """Forward and backward passes of an ONNX graph on onnxruntime.
 
     From a prediction graph and the names of the weights to train, builds
@@ -231,19 +242,8 @@ class ForwardBackwardEngine:
                 self.model, self.weights_to_train, inits))
         return self._inference_model
 
-    # compatibility with onnxcustom's TrainingAgent wrapper (seed 004)
-    @property
-    def cls_type_(self):
-        """This engine (onnxcustom exposed the same models through it)."""
-        return self
-
-    @property
-    def _optimized_pre_grad_model(self):
-        return self.inference_model
-
-    @property
-    def _trained_onnx(self):
-        return self.gradient_model
+    # the inference model alone, without the reverse pass ``models`` runs
+    _optimized_pre_grad_model = property(lambda self: self.inference_model)
 
     # weights ----------------------------------------------------------------
     def get_weights(self, out=None):

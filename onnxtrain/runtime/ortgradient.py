@@ -12,7 +12,7 @@ from ..assembly.models import get_train_initializer, select_weights
 from ..autodiff import build_gradient_models
 from .checks import load_checked_model
 from .devices import parse_device
-from .engine import check_weight_names
+from .engine import OnnxcustomModelNames, check_weight_names
 from .sessions import SessionRunner, make_session, to_ortvalue
 
 __all__ = ["OrtGradientForwardBackward", "OrtGradientForwardBackwardFunction"]
@@ -34,7 +34,7 @@ def _device_from_providers(providers, device_index):
                      "(then 'CPUExecutionProvider').")
 
 
-class OrtGradientForwardBackward:
+class OrtGradientForwardBackward(OnnxcustomModelNames):
     """Forward and backward passes of a model, the weights being inputs.
 
     The class onnxcustom's code builds once per model: :meth:`new_instance`
@@ -138,18 +138,6 @@ graph_builder_config, enable_logging, debug
         self._eval = SessionRunner(self.models.inference_model, self.device)
         self._weight_shapes = {i.name: tuple(i.dims) for i in model.graph.initializer
                                if i.name in weights}
-
-    @property
-    def cls_type_(self):
-        return self
-
-    @property
-    def _trained_onnx(self):
-        return self.models.backward_model
-
-    @property
-    def _optimized_pre_grad_model(self):
-        return self.models.inference_model
 
     def new_instance(self):
         """A new :class:`OrtGradientForwardBackwardFunction` (its own saved

@@ -562,13 +562,13 @@ class TrainingRun(FitState):
         if self.settings.early_stopping:
             score = self.hooks.score(X_val, y_val)
             self.validation_scores.append(score)
-            improved = score >= self.best_validation_score + tol
+            improved = self.at_least(score, self.best_validation_score + tol)
             if score > self.best_validation_score:
                 self.best_validation_score = score
                 self.best_weights = self.runner.engine.get_weights(out=self.best_weights)
                 self.best_buffers = self.runner.get_buffers()
         else:
-            improved = tol is None or loss <= self.best_loss - tol
+            improved = tol is None or self.at_least(self.best_loss - tol, loss)
             self.best_loss = min(self.best_loss, loss)
         self.no_improvement = 0 if improved else self.no_improvement + 1
         if self.no_improvement > self.settings.n_iter_no_change:
@@ -576,6 +576,14 @@ class TrainingRun(FitState):
                 return True
             self.no_improvement = 0
         return False
+
+    #: Whether an epoch whose score or loss is NaN counts as an improvement
+    #: (scikit-learn's MLP compares "not worse", which a NaN always is).
+    nan_improves = False
+
+    def at_least(self, value, threshold):
+        """``value >= threshold``, the NaN cases as :attr:`nan_improves`."""
+        return not value < threshold if self.nan_improves else value >= threshold
 
     def report(self, bar, loss):
         """Progress bar and log line of an epoch."""
