@@ -1,9 +1,7 @@
 """Input validation shared by the estimators (scikit-learn's utilities)."""
 from __future__ import annotations
 
-import inspect
 import numbers
-import types
 
 import numpy as np
 from sklearn.utils._param_validation import Interval
@@ -13,36 +11,7 @@ from .._utils.casting import cast_within_range
 from ..training.loop import validation_period
 
 __all__ = ["Count", "cast_within_range", "check_batch_dim", "check_target_rank",
-           "check_targets", "init_with_defaults", "store_init_params",
-           "validation_period"]
-
-
-def store_init_params(estimator, arguments):
-    """Store each argument of an estimator's ``__init__`` (its ``locals()``)
-    as the attribute of the same name, unchanged, as scikit-learn's
-    ``get_params`` and ``clone`` expect; validation waits for fit."""
-    for name, value in arguments.items():
-        if name not in ("self", "__class__"):
-            setattr(estimator, name, value)
-
-
-def init_with_defaults(init, **defaults):
-    """A copy of the ``__init__`` function ``init`` whose parameters named in
-    ``defaults`` default to those values: one signature for estimators that
-    differ only by a default (``inspect.signature`` and ``get_params`` see
-    the new defaults)."""
-    parameters = [p for p in inspect.signature(init).parameters.values()
-                  if p.default is not p.empty]
-    unknown = set(defaults) - {p.name for p in parameters}
-    if unknown:
-        raise TypeError(f"{init.__qualname__} has no parameters {sorted(unknown)} "
-                        "with a default.")
-    copy = types.FunctionType(
-        init.__code__, init.__globals__, init.__name__,
-        tuple(defaults.get(p.name, p.default) for p in parameters), init.__closure__)
-    copy.__kwdefaults__ = init.__kwdefaults__
-    copy.__doc__ = init.__doc__
-    return copy
+           "check_targets", "validation_period"]
 
 
 class Count(Interval):

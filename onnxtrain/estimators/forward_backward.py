@@ -16,8 +16,7 @@ from ..assembly.rewrite import (prediction_graph, probability_graph,
 from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLoss
 from ._base import BaseOrtGradientEstimator, prediction_dtype
 from ._trainer import final_activation
-from ._validation import (check_sample_weight, check_targets, check_use_numpy,
-                          init_with_defaults, store_init_params)
+from ._validation import check_sample_weight, check_targets, check_use_numpy
 
 __all__ = ["OrtGradientForwardBackwardOptimizer",
            "OrtGradientForwardBackwardClassifier"]
@@ -200,7 +199,32 @@ class OrtGradientForwardBackwardOptimizer(RegressorMixin, BaseOrtGradientEstimat
                  validation_fraction=0.1, n_iter_no_change=10, tol=None,
                  training_path="auto", callbacks=None, n_threads=None,
                  init="model"):
-        store_init_params(self, locals())
+        self.model_onnx = model_onnx
+        self.weights_to_train = weights_to_train
+        self.loss_output_name = loss_output_name
+        self.max_iter = max_iter
+        self.training_optimizer_name = training_optimizer_name
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.device = device
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.validation_every = validation_every
+        self.learning_loss = learning_loss
+        self.enable_logging = enable_logging
+        self.weight_name = weight_name
+        self.learning_penalty = learning_penalty
+        self.exc = exc
+        self.random_state = random_state
+        self.shuffle = shuffle
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.training_path = training_path
+        self.callbacks = callbacks
+        self.n_threads = n_threads
+        self.init = init
 
     # ------------------------------------------------------------ graph
     def _make_training_model(self, model):
@@ -464,9 +488,42 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
 
     _default_loss = "cross_entropy"
 
-    # the regressor's parameters, with the classifier's default loss
-    __init__ = init_with_defaults(OrtGradientForwardBackwardOptimizer.__init__,
-                                  learning_loss=_default_loss)
+    def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss",
+                 max_iter=100, training_optimizer_name="SGDOptimizer",
+                 batch_size=10, learning_rate="SGD", device="cpu",
+                 warm_start=False, verbose=0, validation_every=0.1,
+                 learning_loss="cross_entropy", enable_logging=False,
+                 weight_name=None, learning_penalty=None, exc=True,
+                 random_state=None, shuffle=False, early_stopping=False,
+                 validation_fraction=0.1, n_iter_no_change=10, tol=None,
+                 training_path="auto", callbacks=None, n_threads=None,
+                 init="model"):
+        self.model_onnx = model_onnx
+        self.weights_to_train = weights_to_train
+        self.loss_output_name = loss_output_name
+        self.max_iter = max_iter
+        self.training_optimizer_name = training_optimizer_name
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.device = device
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.validation_every = validation_every
+        self.learning_loss = learning_loss
+        self.enable_logging = enable_logging
+        self.weight_name = weight_name
+        self.learning_penalty = learning_penalty
+        self.exc = exc
+        self.random_state = random_state
+        self.shuffle = shuffle
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.training_path = training_path
+        self.callbacks = callbacks
+        self.n_threads = n_threads
+        self.init = init
 
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model, copy=False)

@@ -6,8 +6,7 @@ import os
 from ..assembly.rewrite import prediction_graph
 from ._base import BaseOrtGradientEstimator
 from ._inputs import check_features
-from ._validation import (check_sample_weight, check_targets, check_use_numpy,
-                          store_init_params)
+from ._validation import check_sample_weight, check_targets, check_use_numpy
 
 __all__ = ["OrtGradientOptimizer"]
 
@@ -83,7 +82,24 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
                  saved_gradient=None, sample_weight_name="weight",
                  random_state=None, shuffle=False, callbacks=None, n_threads=None,
                  init="model"):
-        store_init_params(self, locals())
+        self.model_onnx = model_onnx
+        self.weights_to_train = weights_to_train
+        self.loss_output_name = loss_output_name
+        self.max_iter = max_iter
+        self.training_optimizer_name = training_optimizer_name
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.device = device
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.validation_every = validation_every
+        self.saved_gradient = saved_gradient
+        self.sample_weight_name = sample_weight_name
+        self.random_state = random_state
+        self.shuffle = shuffle
+        self.callbacks = callbacks
+        self.n_threads = n_threads
+        self.init = init
 
     def _make_training_model(self, model):
         names = [o.name for o in model.graph.output]

@@ -32,8 +32,7 @@ from sklearn.utils.validation import (_check_sample_weight, check_is_fitted,
                                       validate_data)
 
 from ..estimators import _base
-from ..estimators._validation import (check_sample_weight, check_target_rank,
-                                      store_init_params)
+from ..estimators._validation import check_sample_weight, check_target_rank
 from ..exceptions import ConvergenceWarning
 from ..graph import infer_value_types
 from ..losses.learning_losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
@@ -831,7 +830,34 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
                  early_stopping=False, validation_fraction=0.1, beta_1=0.9,
                  beta_2=0.999, epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
                  device="cpu", dtype=None, callbacks=None, n_threads=None):
-        store_init_params(self, locals())
+        self.loss = loss
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
+        self.device = device
+        self.dtype = dtype
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
     def _output_activation(self):
         return "exp" if self.loss == "poisson" else "identity"
@@ -919,7 +945,33 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
                  validation_fraction=0.1, beta_1=0.9, beta_2=0.999,
                  epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
                  device="cpu", dtype=None, callbacks=None, n_threads=None):
-        store_init_params(self, locals())
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
+        self.device = device
+        self.dtype = dtype
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
     def _is_classifier(self):
         return True
