@@ -30,15 +30,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from .._utils.gc import gc_frozen
-from ..autodiff import build_fused_model, build_gradient_models
+from ..autodiff import build_gradient_models
 from ..autodiff.backward import rename_many_reads
-from ..graph import GraphBuilder, infer_value_types, make_model, opset_of
+from ..graph import GraphBuilder, make_model, opset_of
 from ..graph.aliasing import writes_after_reads
-from ..graph.broadcasts import avoid_slow_broadcasts
-from ..graph.conv_gemm import lower_small_convs
-from ..graph.cse import eliminate_common_subexpressions
 from ..graph.scopes import rename_values, subgraphs, without_unread
-from ..graph.training_mode import updated_name, with_running_statistics_updates
+from ..graph.training_mode import updated_name
+from .pipeline import finish, forward_nodes, prepare, reverse
 
 __all__ = ["TrainingStep", "TrainingGraphs", "LossGraphs", "build_training_step",
            "build_training_loop", "build_epochs_loop", "final_activation",
@@ -132,7 +130,7 @@ def _check_free(names, taken):
 def build_training_step(model, wrt, loss_model, update_model, state_names,
                         scalar_names, weighted=False, target_name="target__",
                         weight_name="sample_weight__", buffers=(), types=None,
-                        loss_weight_name="weight"):
+                        loss_weight_name="weight", statistics=None):
     """One graph: forward, loss and dE/dY, backward, update.
 
     Parameters
@@ -160,6 +158,10 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         (the reverse pass and the step then run no shape inference).
     loss_weight_name : str, default="weight"
         Name of the sample-weight input of ``loss_model``.
+    statistics : dict, default=None
+        Keyword arguments of the running statistics' rewrite
+        (:func:`onnxtrain.assembly.pipeline.prepare`), which then finds
+        ``buffers``; None: ``model`` has them already.
 
     Returns
     -------
@@ -170,20 +172,27 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     ValueError
         Name collisions, or a model without feature input.
     """
+    if statistics is not None:
+        prepared = prepare(model, wrt, types, statistics=statistics)
+        buffers = prepared.buffers
+    else:
+        prepared = prepare(model, wrt, types)
+        prepared.buffers = list(buffers)
+    model, types = prepared.model, prepared.types
     not_features = set(wrt) | set(buffers) | {i.name for i in model.graph.initializer}
     features = [i for i in model.graph.input if i.name not in not_features]
     if not features:
         raise ValueError("The fused training step needs a model with an input.")
     prediction = model.graph.output[0].name
-    types = infer_value_types(model) if types is None else types
-    # small-output Convs of trained weights as one GEMM (graph/conv_gemm.py);
-    # the values this adds are typed by one more inference
-    lowered = lower_small_convs(model, wrt, types)
-    if lowered is not model:
-        model, types = lowered, infer_value_types(lowered)
-    fused, bg = build_fused_model(model, wrt, [prediction], types)
-    taken = {n for node in fused.graph.node for n in list(node.input) + list(node.output)}
-    taken |= {i.name for i in fused.graph.input} | {i.name for i in fused.graph.initializer}
+    bg = reverse(prepared, wrt, [prediction])
+    forward = forward_nodes(prepared, bg)
+    wrt_set = set(wrt)
+    forward_inits = [i for i in model.graph.initializer if i.name not in wrt_set]
+    taken = {n for node in forward + bg.builder.nodes
+             for n in list(node.input) + list(node.output)}
+    taken |= {i.name for i in model.graph.input} | wrt_set
+    taken |= set(bg.grad_output_names)
+    taken |= {i.name for i in forward_inits + bg.builder.initializers}
     scalars = list(scalar_names) + ["penalty_scale"]
     states = [[f"{w}_{s}" for s in state_names] for w in wrt]
     _check_free([target_name, weight_name, "loss"] + scalars
@@ -220,22 +229,17 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     for b in buffers:
         inputs.append(by_name[b])
         outputs.append(helper.make_value_info(updated_name(b), by_name[b].type))
-    n_forward = len(model.graph.node)  # fused nodes: forward, then backward
-    backward_nodes = list(fused.graph.node[n_forward:])
+    backward_nodes = list(bg.builder.nodes)
     if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes,
                                                  elem_type):
         backward_nodes, update_nodes = _fold_learning_rate(
             backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
             "learning_rate", taken | {n for node in loss_nodes + update_nodes
                                       for n in node.output})
-    interface = [v.name for v in inputs + outputs]
-    nodes, constants = eliminate_common_subexpressions(
-        list(fused.graph.node[:n_forward]) + loss_nodes + backward_nodes
-        + update_nodes, keep=interface,
-        initializers=list(fused.graph.initializer) + loss_inits + update_inits)
-    graph = helper.make_graph(nodes, "training_step", inputs, outputs, constants)
-    step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
-    step = avoid_slow_broadcasts(step, forward_types=types)
+    step = finish(forward + loss_nodes + backward_nodes + update_nodes,
+                  forward_inits + list(bg.builder.initializers) + loss_inits
+                  + update_inits, inputs, outputs, "training_step", model,
+                  forward_types=types)
     data = [x.name for x in features] + [target_name] + (
         [weight_name] if weighted else [])
     return TrainingStep(step, data, scalars, list(wrt), states, list(buffers),
@@ -778,13 +782,6 @@ class TrainingGraphs:
             return f"opset {opset} < {FUSED_MIN_OPSET}"
         model, loss = loss_on_logits(self.model, spec["loss"], self.types)
         rewritten = model is not self.model
-        # the batch statistics from the nodes' outputs on the CPU (the
-        # CUDA kernel outputs the unbiased variance)
-        model, buffers, _ = with_running_statistics_updates(
-            model, node_statistics=self.in_place,
-            types=None if rewritten else self.types)
-        if buffers != self.buffer_names:
-            return "the running statistics do not all reach the logits"
         loss_graph = self._loss_graph(loss, rewritten, weighted, opset)
         update = self.update_graph
         if update is None or opset_of(update) != opset:
@@ -792,16 +789,21 @@ class TrainingGraphs:
             update = clone(self.learning_rate).build_onnx(
                 [(w, spec["shapes"][w]) for w in self.weights],
                 spec["elem_type"], opset, spec["penalty"], spec["penalized"])
-        # the types of the model hold for its rewrites without new values
-        types = self.types if not buffers else None
+        # the types of the model hold for its rewrite on the logits, which
+        # adds no value; the batch statistics from the nodes' outputs on the
+        # CPU (the CUDA kernel outputs the unbiased variance)
         try:
-            return build_training_step(
+            step = build_training_step(
                 model, self.weights, loss_graph, update,
                 self.learning_rate.state_names, self.learning_rate.scalar_names,
-                weighted, buffers=buffers, types=types,
-                loss_weight_name=_weight_input_of(loss_graph, weighted))
+                weighted, types=self.types,
+                loss_weight_name=_weight_input_of(loss_graph, weighted),
+                statistics={"node_statistics": self.in_place})
         except ValueError as exc:
             return str(exc)
+        if step.buffers != self.buffer_names:
+            return "the running statistics do not all reach the logits"
+        return step
 
     def _loss_graph(self, loss, rewritten, weighted, opset):
         graphs = self.loss_graphs
