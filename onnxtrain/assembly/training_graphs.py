@@ -11,16 +11,14 @@ training path from one reverse pass each, only for the path chosen.
 - artifacts: the training model of :mod:`onnxtrain.onnxblock`
   (:func:`onnxtrain.onnxblock._training.build_training_models`).
 
-They share the weights-to-inputs surgery
-(:func:`onnxtrain.autodiff.gradient_graphs.weights_as_inputs`) and the loss
-seed: the loss graph's ``Y_grad`` (``loss_grad_onnx_``: X1, X2[, weight] ->
-Y, Y_grad) renamed into the backward's ``<prediction>_grad`` here, ones for
-a loss computed in the graph
-(:func:`onnxtrain.autodiff.gradient_graphs.seed_with_ones`). The backward
-nodes' ``<w>_grad`` feed the update graph (``axpy_onnx_``): nothing leaves a
-fused graph but the new weights, the new optimizer state and the loss.
-:class:`TrainingGraphs` chooses and caches them for a trainer, with the
-shape inference of the model done once and passed down.
+The fused, loop and artifacts variants go through :mod:`.pipeline`
+(prepare, one reverse pass, finish). The fused step writes the loss (its value and dE/dY, the seed of
+the backward's ``<prediction>_grad``) and the update rule with its penalty
+straight into the reverse pass's builder (:func:`loss_emitter`,
+:func:`update_emitter`); nothing leaves a fused graph but the new weights,
+the new optimizer state and the loss. :class:`TrainingGraphs` chooses and
+caches them for a trainer, with the shape inference of the model done once
+and passed down.
 """
 from __future__ import annotations
 
@@ -34,16 +32,18 @@ from ..autodiff import build_gradient_models
 from ..autodiff.backward import rename_many_reads
 from ..graph import GraphBuilder, make_model, opset_of
 from ..graph.aliasing import writes_after_reads
+from ..graph.builder import tensor_value_info
 from ..graph.scopes import rename_values, subgraphs, without_unread
 from ..graph.training_mode import updated_name
 from .pipeline import finish, forward_nodes, prepare, reverse
 
 __all__ = ["TrainingStep", "TrainingGraphs", "LossGraphs", "build_training_step",
+           "loss_emitter", "update_emitter",
            "build_training_loop", "build_epochs_loop", "final_activation",
            "small_graph_opset"]
 
-#: Lowest opset of the fused graphs (the loss and update graphs inlined in
-#: them are built at the model's opset).
+#: Lowest opset of the fused graphs (the loss and the update rule write
+#: their nodes at the model's opset).
 FUSED_MIN_OPSET = 13
 
 
@@ -98,26 +98,76 @@ class TrainingStep:
                 for n in [w, *group]] + list(self.buffers)
 
 
-def _inline(model, prefix, rename):
-    """Nodes and initializers of ``model`` with every name prefixed except
-    those in ``rename`` (mapped to the names of the enclosing graph)."""
+def loss_emitter(loss, elem_type, rank):
+    """``emit(g, expected, predicted, weight, outputs)`` writing ``loss``
+    (a :class:`~onnxtrain.losses.BaseLearningLoss`) into a step's builder."""
+    def emit(g, expected, predicted, weight, outputs):
+        return loss.emit(g, expected, predicted, weight, outputs, elem_type, rank)
+    return emit
+
+
+def update_emitter(learning_rate, weights, elem_type, penalty=None, penalized=()):
+    """``emit(g, names)`` writing the update of ``learning_rate`` (a
+    :class:`~onnxtrain.optim.BaseLearningRate`) into a step's builder;
+    ``names`` maps the names of its ``axpy_onnx_`` to the step's."""
+    def emit(g, names):
+        learning_rate.emit_update(g, list(weights), elem_type, penalty,
+                                  penalized, names)
+    return emit
+
+
+def _inlined_loss(model, weight_name):
+    """The loss emitter of a loss graph given as a ModelProto: its nodes
+    copied with the step's names (``X1``, ``X2``, the weight, ``Y``,
+    ``Y_grad``) and the others prefixed."""
+    def emit(g, expected, predicted, weight, outputs):
+        rename = {"X1": expected, "X2": predicted, "Y": outputs[0],
+                  "Y_grad": outputs[1]}
+        if weight is not None:
+            rename[weight_name] = weight
+        _inline(g, model, "loss__", rename)
+    return emit
+
+
+def _inlined_update(model, scalars, weights, states):
+    """The update emitter of an update graph given as a ModelProto (the
+    interface of :meth:`~onnxtrain.optim.BaseLearningRate.build_onnx`)."""
+    def emit(g, names):
+        rename = {n: n for n in list(scalars) + list(weights)}
+        rename.update({s: s for group in states for s in group})
+        rename.update(names)
+        _inline(g, model, "update__", rename)
+    return emit
+
+
+def _inline(g, model, prefix, rename):
+    """Append to ``g`` the nodes and initializers of ``model`` with every
+    name prefixed except those in ``rename`` (mapped to the step's)."""
     def name(n):
         return "" if not n else rename.get(n, prefix + n)
 
-    nodes = []
     for node in model.graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        nodes.append(helper.make_node(node.op_type, [name(i) for i in node.input],
-                                      [name(o) for o in node.output],
-                                      name=prefix + node.name, domain=node.domain,
-                                      **attrs))
-    inits = []
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        del copy.input[:], copy.output[:]
+        copy.input.extend(name(i) for i in node.input)
+        copy.output.extend(name(o) for o in node.output)
+        copy.name = prefix + node.name
+        g.nodes.append(copy)
     for init in model.graph.initializer:
         copy = TensorProto()
         copy.CopyFrom(init)
         copy.name = name(init.name)
-        inits.append(copy)
-    return nodes, inits
+        g.initializers.append(copy)
+
+
+def _shape_of(value):
+    """The shape of a tensor ValueInfoProto as a list (None: unknown)."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else
+            (d.dim_param or None) for d in tensor.shape.dim]
 
 
 def _check_free(names, taken):
@@ -140,9 +190,15 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         neither weights nor buffers are the features.
     wrt : list of str
         Weights to train.
-    loss_model, update_model : onnx.ModelProto
-        The loss graph (with a ``weight`` input when ``weighted``) and the
-        update graph, built at the model's opset.
+    loss_model : callable or onnx.ModelProto
+        ``emit(g, expected, predicted, weight, outputs)`` writing the loss
+        and dE/dY into the step's builder (:func:`loss_emitter`), or a loss
+        graph built at the model's opset (with a ``loss_weight_name`` input
+        when ``weighted``), whose nodes are copied in.
+    update_model : callable or onnx.ModelProto
+        ``emit(g, names)`` writing the update into the step's builder
+        (:func:`update_emitter`), or an update graph (``axpy_onnx_``) built
+        at the model's opset, whose nodes are copied in.
     state_names, scalar_names : tuple of str
         From the learning-rate object.
     weighted : bool, default=False
@@ -199,47 +255,56 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
                 + [s for group in states for s in group], taken)
 
     elem_type, out_shape = types[prediction]
-    # the loss seed: the loss graph's dE/dY is the backward's grad_output
-    loss_rename = {"X1": target_name, "X2": prediction, "Y": "loss__Y",
-                   "Y_grad": bg.grad_output_names[0],
-                   loss_weight_name: weight_name}
-    loss_nodes, loss_inits = _inline(loss_model, "loss__", loss_rename)
-    update_rename = {n: n for n in scalars}
-    update_rename.update({"loss": "loss__Y", "loss_total": "loss"})
-    for w, grad, group in zip(wrt, bg.grad_names, states):
-        update_rename.update({w: w, f"{w}_grad": grad, f"{w}_new": f"{w}__new"})
-        for s in group:
-            update_rename.update({s: s, f"{s}_new": f"{s}__new"})
-    update_nodes, update_inits = _inline(update_model, "update__", update_rename)
-
-    inputs = features + [helper.make_tensor_value_info(target_name, elem_type,
-                                                       _free_shape(out_shape))]
+    target_shape = _free_shape(out_shape)
+    inputs = features + [tensor_value_info(target_name, elem_type, target_shape)]
     if weighted:
-        inputs.append(helper.make_tensor_value_info(weight_name, elem_type, [None]))
-    inputs += [helper.make_tensor_value_info(s, elem_type, []) for s in scalars]
-    outputs = [helper.make_tensor_value_info("loss", elem_type, [])]
+        inputs.append(tensor_value_info(weight_name, elem_type, [None]))
+    inputs += [tensor_value_info(s, elem_type, []) for s in scalars]
+    outputs = [tensor_value_info("loss", elem_type, [])]
     for w, group in zip(wrt, states):
         shape = types[w][1]
-        inputs.append(helper.make_tensor_value_info(w, elem_type, shape))
-        inputs += [helper.make_tensor_value_info(s, elem_type, shape) for s in group]
-        outputs.append(helper.make_tensor_value_info(f"{w}__new", elem_type, shape))
-        outputs += [helper.make_tensor_value_info(f"{s}__new", elem_type, shape)
-                    for s in group]
+        inputs.append(tensor_value_info(w, elem_type, shape))
+        inputs += [tensor_value_info(s, elem_type, shape) for s in group]
+        outputs.append(tensor_value_info(f"{w}__new", elem_type, shape))
+        outputs += [tensor_value_info(f"{s}__new", elem_type, shape) for s in group]
     by_name = {i.name: i for i in model.graph.input}
     for b in buffers:
         inputs.append(by_name[b])
         outputs.append(helper.make_value_info(updated_name(b), by_name[b].type))
-    backward_nodes = list(bg.builder.nodes)
+
+    # the loss and the update write into the reverse pass's builder, after
+    # the backward nodes; their names are this graph's from the start
+    g = bg.builder
+    n_interface = len(outputs) - len(buffers)
+    for value in inputs[len(features):] + outputs[:n_interface]:
+        if value.name not in wrt_set and value.name not in buffers:
+            g.reserve(value.name)
+            g.set_type(value.name, elem_type, _shape_of(value))
+    n_backward = len(g.nodes)
+    loss_value = g.unique_name("loss__Y")
+    emit_loss = loss_model if callable(loss_model) else _inlined_loss(
+        loss_model, loss_weight_name)
+    emit_loss(g, target_name, prediction, weight_name if weighted else None,
+              [loss_value, bg.grad_output_names[0]])
+    n_loss = len(g.nodes)
+    names = {"loss": loss_value, "loss_total": "loss"}
+    for w, grad, group in zip(wrt, bg.grad_names, states):
+        names.update({f"{w}_grad": grad, f"{w}_new": f"{w}__new"})
+        names.update({f"{s}_new": f"{s}__new" for s in group})
+    emit_update = update_model if callable(update_model) else _inlined_update(
+        update_model, scalars, wrt, states)
+    emit_update(g, names)
+    backward_nodes = g.nodes[:n_backward]
+    loss_nodes = g.nodes[n_backward:n_loss]
+    update_nodes = g.nodes[n_loss:]
     if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes,
                                                  elem_type):
         backward_nodes, update_nodes = _fold_learning_rate(
             backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
-            "learning_rate", taken | {n for node in loss_nodes + update_nodes
-                                      for n in node.output})
+            "learning_rate", set(g.used_names))
     step = finish(forward + loss_nodes + backward_nodes + update_nodes,
-                  forward_inits + list(bg.builder.initializers) + loss_inits
-                  + update_inits, inputs, outputs, "training_step", model,
-                  forward_types=types)
+                  forward_inits + list(g.initializers), inputs, outputs,
+                  "training_step", model, forward_types=types)
     data = [x.name for x in features] + [target_name] + (
         [weight_name] if weighted else [])
     return TrainingStep(step, data, scalars, list(wrt), states, list(buffers),
@@ -703,17 +768,19 @@ class TrainingGraphs:
         Prediction graph, its weights as initializers.
     weights : list of str
     learning_rate : BaseLearningRate
-        Gives the state and scalar names, and the update graph.
+        Gives the state and scalar names, and writes the update into the
+        step's builder.
     spec : dict or None
-        ``loss`` (loss object), ``penalty``, ``penalized``, ``shapes``
-        (weight name -> shape), ``elem_type``, ``rank``; None: the graph
-        computes its own loss and has no fused path.
+        ``loss`` (loss object, written into the step's builder),
+        ``penalty``, ``penalized``, ``shapes`` (weight name -> shape),
+        ``elem_type``, ``rank``; None: the graph computes its own loss and
+        has no fused path.
     loss_graphs : sequence, default=None
-        ``loss_graphs[weighted]`` is the loss graph of ``spec['loss']``
-        (built on first access, see :class:`LossGraphs`), reused when it was
-        built at the model's opset and the loss is not rewritten.
+        The split path's loss graphs (:class:`LossGraphs`), held for its
+        runner; the fused graphs build none.
     update_graph : onnx.ModelProto, default=None
-        The learning rate's ``axpy_onnx_``, reused at the model's opset.
+        The learning rate's ``axpy_onnx_`` (the split path's), held the same
+        way.
     buffer_names : list of str, default=()
         Running statistics the split path updates (the fused graphs must
         update the same).
@@ -781,46 +848,24 @@ class TrainingGraphs:
         if opset is None or opset < FUSED_MIN_OPSET:
             return f"opset {opset} < {FUSED_MIN_OPSET}"
         model, loss = loss_on_logits(self.model, spec["loss"], self.types)
-        rewritten = model is not self.model
-        loss_graph = self._loss_graph(loss, rewritten, weighted, opset)
-        update = self.update_graph
-        if update is None or opset_of(update) != opset:
-            from sklearn.base import clone
-            update = clone(self.learning_rate).build_onnx(
-                [(w, spec["shapes"][w]) for w in self.weights],
-                spec["elem_type"], opset, spec["penalty"], spec["penalized"])
+        # the loss and the update write straight into the step's builder;
         # the types of the model hold for its rewrite on the logits, which
         # adds no value; the batch statistics from the nodes' outputs on the
         # CPU (the CUDA kernel outputs the unbiased variance)
         try:
             step = build_training_step(
-                model, self.weights, loss_graph, update,
+                model, self.weights,
+                loss_emitter(loss, spec["elem_type"], spec["rank"]),
+                update_emitter(self.learning_rate, self.weights, spec["elem_type"],
+                               spec["penalty"], spec["penalized"]),
                 self.learning_rate.state_names, self.learning_rate.scalar_names,
                 weighted, types=self.types,
-                loss_weight_name=_weight_input_of(loss_graph, weighted),
                 statistics={"node_statistics": self.in_place})
         except ValueError as exc:
             return str(exc)
         if step.buffers != self.buffer_names:
             return "the running statistics do not all reach the logits"
         return step
-
-    def _loss_graph(self, loss, rewritten, weighted, opset):
-        graphs = self.loss_graphs
-        if not rewritten:
-            if graphs is not None and graphs.opset == opset:
-                return graphs[weighted]
-            from sklearn.base import clone
-            loss = clone(loss)  # the caller's keeps its loss_grad_onnx_
-        return loss.build_onnx(self.spec["elem_type"], opset,
-                               weight_name="weight" if weighted else None,
-                               rank=self.spec["rank"])
-
-
-def _weight_input_of(loss_graph, weighted):
-    """Name of the sample-weight input of a loss graph (its third)."""
-    inputs = loss_graph.graph.input
-    return inputs[2].name if weighted and len(inputs) > 2 else "weight"
 
 
 class LossGraphs:
@@ -864,7 +909,7 @@ class LossGraphs:
 
 def small_graph_opset(model, default=17):
     """Opset of the loss and update graphs trained with ``model``: the
-    model's (so that the fused graphs inline the very graphs the split path
-    runs, built once) from :data:`FUSED_MIN_OPSET` on, ``default`` below."""
+    model's (the ops the fused graphs write are the split path's) from
+    :data:`FUSED_MIN_OPSET` on, ``default`` below."""
     opset = opset_of(model)
     return opset if opset is not None and opset >= FUSED_MIN_OPSET else default
