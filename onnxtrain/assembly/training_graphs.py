@@ -270,7 +270,7 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     by_name = {i.name: i for i in model.graph.input}
     for b in buffers:
         inputs.append(by_name[b])
-        outputs.append(helper.make_value_info(updated_name(b), by_name[b].type))
+        outputs.append(_renamed_value_info(by_name[b], updated_name(b)))
 
     # the loss and the update write into the reverse pass's builder, after
     # the backward nodes; their names are this graph's from the start
@@ -300,8 +300,8 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes,
                                                  elem_type):
         backward_nodes, update_nodes = _fold_learning_rate(
-            backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
-            "learning_rate", set(g.used_names))
+            g, backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
+            "learning_rate")
     step = finish(forward + loss_nodes + backward_nodes + update_nodes,
                   forward_inits + list(g.initializers), inputs, outputs,
                   "training_step", model, forward_types=types)
@@ -368,7 +368,9 @@ def update_in_place(step):
     taken |= {v.name for v in list(graph.input) + list(graph.output)}
     taken |= {v.name for v in graph.initializer}
     taken |= {node.name for node in nodes if node.name}
-    fresh = GraphBuilder(opset_of(step.model), used_names=taken).unique_name
+    # one builder names every new value and node; its nodes are moved to
+    # the branch they belong to as they are written
+    g = GraphBuilder(opset_of(step.model), used_names=taken)
 
     inside = [_copy_node(nodes[i]) for i in sorted(branch)]
     outside = [_copy_node(node) for i, node in enumerate(nodes) if i not in branch]
@@ -381,18 +383,18 @@ def update_in_place(step):
     # (left outside, they could run after the in-place writes, and kept
     # the activations they read alive longer, raising the peak)
     for source, target in zip(step.parameter_inputs, params):
-        name = fresh(f"{target}__then")
+        name = g.unique_name(f"{target}__then")
         if target in written:
             renamed_inside[target] = name
         else:
-            computed = fresh(f"{target}__computed")
+            computed = g.unique_name(f"{target}__computed")
             renamed_outside[target] = computed
-            identities.append(helper.make_node("Identity", [computed], [name],
-                                               name=fresh(f"{name}_node")))
+            g.op("Identity", computed, outputs=[name])
+            identities.append(g.nodes.pop())
         then_outputs.append(_renamed_value_info(by_name[target], name))
-        kept = fresh(f"{target}__kept")
-        else_nodes.append(helper.make_node("Identity", [source], [kept],
-                                           name=fresh(f"{kept}_node")))
+        kept = g.unique_name(f"{target}__kept")
+        g.op("Identity", source, outputs=[kept])
+        else_nodes.append(g.nodes.pop())
         else_outputs.append(_renamed_value_info(by_name[target], kept))
     # one pass over the nodes for all the renames (one per parameter is
     # quadratic in the graph's size)
@@ -411,20 +413,13 @@ def update_in_place(step):
     branch_reads = {n for node in inside for n in node.input if n}
     outside, _ = without_unread(outside, {loss} | branch_reads)
     elem_type = by_name[loss].type.tensor_type.elem_type
-    zero, difference, finite = fresh("loss__zero"), fresh("loss__difference"), \
-        fresh("loss__finite")
+    g.nodes[:0] = outside
     # loss - loss is 0 for a finite loss and NaN for NaN or +-inf
-    guard = [
-        helper.make_node("Sub", [loss, loss], [difference], name=fresh(f"{difference}_node")),
-        helper.make_node("Equal", [difference, zero], [finite], name=fresh(f"{finite}_node")),
-        helper.make_node("If", [finite], params, name=fresh("update__if"),
-                         then_branch=then_graph,
-                         else_branch=helper.make_graph(else_nodes, "keep", [],
-                                                       else_outputs))]
-    initializers = list(graph.initializer) + [
-        helper.make_tensor(zero, elem_type, [], [0.0])]
-    new_graph = helper.make_graph(outside + guard, graph.name, graph.input,
-                                  graph.output, initializers)
+    finite = g.op("Equal", g.op("Sub", loss, loss), g.const(0.0, elem_type))
+    g.op("If", finite, outputs=params, then_branch=then_graph,
+         else_branch=helper.make_graph(else_nodes, "keep", [], else_outputs))
+    new_graph = g.make_graph(graph.name, list(graph.input), list(graph.output),
+                             graph.initializer)
     model = make_model(new_graph, list(step.model.opset_import),
                        ir_version=step.model.ir_version)
     return replace(step, model=model, in_place=in_place)
@@ -454,15 +449,16 @@ def _can_fold(nodes, elem_type):
     return not any(subgraphs(node) for node in nodes)
 
 
-def _fold_learning_rate(backward, update, seed, grads, rate, taken):
+def _fold_learning_rate(g, backward, update, seed, grads, rate):
     """Scale the backward pass's seed by the learning rate instead of every
     weight gradient, when the update only ever reads ``rate * gradient``.
 
     The backward pass is linear in its seed dE/dY, so ``rate * dW`` equals
     the gradient of ``rate * dE/dY``: one Mul on the (batch, outputs) seed
     replaces one Mul per weight (SGD, momentum, Nesterov; not Adam, nor a
-    penalty added to the gradient first). Returns (backward, update) nodes,
-    unchanged when the pattern does not hold."""
+    penalty added to the gradient first). ``g`` is the step's builder,
+    which names the scaled seed. Returns (backward, update) nodes, unchanged
+    when the pattern does not hold."""
     readers = {}
     for node in backward + update:
         for name in node.input:
@@ -476,11 +472,11 @@ def _fold_learning_rate(backward, update, seed, grads, rate, taken):
         scaling.append(users[0])
     if any(node not in backward for node in readers.get(seed, [])):
         return backward, update
-    scaled = next(f"{seed}__scaled{k or ''}" for k in range(len(taken) + 1)
-                  if f"{seed}__scaled{k or ''}" not in taken)
+    # the builder ``g`` names the new Mul; its node goes to the head of the
+    # backward nodes, not to g's list
+    scaled = g.op("Mul", seed, rate, outputs=[g.unique_name(f"{seed}__scaled")])
+    new_backward = [g.nodes.pop()]
     folded = {node.output[0]: grad for node, grad in zip(scaling, grads)}
-    new_backward = [helper.make_node("Mul", [seed, rate], [scaled],
-                                     name=f"{scaled}_node")]
     for node in backward:
         new_backward.append(_with_inputs(node, {seed: scaled}))
     new_update = [_with_inputs(node, folded) for node in update
@@ -564,10 +560,10 @@ def build_training_loop(step):
          outputs=finals + ["losses"])
     scalars = [s for s in step.scalar_inputs if s != "penalty_scale"]
     inputs = [by_name[n] for n in step.data_inputs + scalars]
-    inputs.append(helper.make_tensor_value_info("batch_size", TensorProto.INT64, []))
+    inputs.append(tensor_value_info("batch_size", TensorProto.INT64, []))
     inputs += [by_name[c] for c in carried]
-    outputs = [helper.make_tensor_value_info("losses", elem_type, [None])]
-    outputs += [helper.make_value_info(f, by_name[c].type)
+    outputs = [tensor_value_info("losses", elem_type, [None])]
+    outputs += [_renamed_value_info(by_name[c], f)
                 for f, c in zip(finals, carried)]
     loop_graph = g.make_graph("training_loop", inputs, outputs)
     loop = make_model(loop_graph, list(model.opset_import), ir_version=model.ir_version)
@@ -605,16 +601,15 @@ def _loop_body(step, opset, carried, per_step, outer_names):
     if "step" in per_step:
         rename["step"] = g.op("Gather", per_step["step"], "iter__")
     rename.update({c: f"{c}__in" for c in carried})  # no outer-name shadowing
-    body_nodes = g.nodes + _renamed_nodes(graph.node, rename)
-    outputs = [helper.make_tensor_value_info("cond__out", TensorProto.BOOL, [])]
-    outputs += [helper.make_value_info(f"{c}__new", by_name[c].type) for c in carried]
-    outputs.append(helper.make_tensor_value_info("loss", elem_type, []))
-    body_nodes.append(helper.make_node("Identity", ["cond__"], ["cond__out"]))
-    inputs = [helper.make_tensor_value_info("iter__", TensorProto.INT64, []),
-              helper.make_tensor_value_info("cond__", TensorProto.BOOL, [])]
-    inputs += [helper.make_value_info(f"{c}__in", by_name[c].type) for c in carried]
-    return helper.make_graph(body_nodes, "training_step_body", inputs, outputs,
-                             list(graph.initializer) + g.initializers)
+    g.nodes.extend(_renamed_nodes(graph.node, rename))
+    g.op("Identity", "cond__", outputs=["cond__out"])
+    outputs = [tensor_value_info("cond__out", TensorProto.BOOL, [])]
+    outputs += [_renamed_value_info(by_name[c], f"{c}__new") for c in carried]
+    outputs.append(tensor_value_info("loss", elem_type, []))
+    inputs = [tensor_value_info("iter__", TensorProto.INT64, []),
+              tensor_value_info("cond__", TensorProto.BOOL, [])]
+    inputs += [_renamed_value_info(by_name[c], f"{c}__in") for c in carried]
+    return g.make_graph("training_step_body", inputs, outputs, graph.initializer)
 
 
 def _renamed_nodes(nodes, rename):
@@ -678,32 +673,31 @@ def build_epochs_loop(loop):
     g.reserve("step")
     g.op("Add", "step__first", offset, outputs=["step"])
     rename = {c: f"{c}__ein" for c in carried}
-    body_nodes = g.nodes + _renamed_nodes(graph.node, rename)
+    g.nodes.extend(_renamed_nodes(graph.node, rename))
+    g.op("Identity", "econd__", outputs=["econd__out"])
     finals = [o.name for o in graph.output[1:]]
-    outputs = [helper.make_tensor_value_info("econd__out", TensorProto.BOOL, [])]
-    outputs += [helper.make_value_info(f, by_name[c].type)
+    outputs = [tensor_value_info("econd__out", TensorProto.BOOL, [])]
+    outputs += [_renamed_value_info(by_name[c], f)
                 for f, c in zip(finals, carried)]
-    outputs.append(helper.make_tensor_value_info("losses", elem_type, [None]))
-    body_nodes.append(helper.make_node("Identity", ["econd__"], ["econd__out"]))
-    inputs = [helper.make_tensor_value_info("epoch__", int64, []),
-              helper.make_tensor_value_info("econd__", TensorProto.BOOL, [])]
-    inputs += [helper.make_value_info(f"{c}__ein", by_name[c].type) for c in carried]
-    body = helper.make_graph(body_nodes, "training_epoch_body", inputs, outputs,
-                             list(graph.initializer) + g.initializers)
+    outputs.append(tensor_value_info("losses", elem_type, [None]))
+    inputs = [tensor_value_info("epoch__", int64, []),
+              tensor_value_info("econd__", TensorProto.BOOL, [])]
+    inputs += [_renamed_value_info(by_name[c], f"{c}__ein") for c in carried]
+    body = g.make_graph("training_epoch_body", inputs, outputs, graph.initializer)
     outer = GraphBuilder(opset, taken | {f"{c}__all" for c in carried}
                          | {"epoch_losses"}, prefix="epochs__")
     outer.op("Loop", "n_epochs", "", *carried, body=body,
              outputs=[f"{c}__all" for c in carried] + ["epoch_losses"])
     inputs = [by_name[n] for n in loop.data_inputs]
-    inputs.append(helper.make_tensor_value_info("n_epochs", int64, []))
-    inputs += [helper.make_tensor_value_info(f"{s}__per_epoch", elem_type, [None])
+    inputs.append(tensor_value_info("n_epochs", int64, []))
+    inputs += [tensor_value_info(f"{s}__per_epoch", elem_type, [None])
                for s in varying]
-    inputs += [helper.make_tensor_value_info("step__first", elem_type, []),
+    inputs += [tensor_value_info("step__first", elem_type, []),
                by_name["batch_size"]]
     inputs += [by_name[c] for c in carried]
-    outputs = [helper.make_tensor_value_info("epoch_losses", elem_type,
+    outputs = [tensor_value_info("epoch_losses", elem_type,
                                              [None, None])]
-    outputs += [helper.make_value_info(f"{c}__all", by_name[c].type) for c in carried]
+    outputs += [_renamed_value_info(by_name[c], f"{c}__all") for c in carried]
     epochs_graph = outer.make_graph("training_epochs", inputs, outputs)
     epochs = make_model(epochs_graph, list(model.opset_import),
                         ir_version=model.ir_version)
