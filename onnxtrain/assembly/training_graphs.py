@@ -228,12 +228,8 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     ValueError
         Name collisions, or a model without feature input.
     """
-    if statistics is not None:
-        prepared = prepare(model, wrt, types, statistics=statistics)
-        buffers = prepared.buffers
-    else:
-        prepared = prepare(model, wrt, types)
-        prepared.buffers = list(buffers)
+    prepared = prepare(model, wrt, types, statistics=statistics)
+    buffers = prepared.buffers if statistics is not None else list(buffers)
     model, types = prepared.model, prepared.types
     not_features = set(wrt) | set(buffers) | {i.name for i in model.graph.initializer}
     features = [i for i in model.graph.input if i.name not in not_features]
