@@ -266,7 +266,7 @@ def build_training_models(state, output_names, trainable, frozen):
                       outputs + acc_outputs + update_outputs,
                       f"{graph.name}_training", model,
                       ir_version=_ir_version(model), keep=[LAZY_RESET_GRAD],
-                      forward_types=types)
+                      forward_types=types, check=True)
     eval_inputs, eval_constants = move_to_inputs(
         base.graph, params, param_types, keep_initializer_inputs=False)
     eval_graph = helper.make_graph(
@@ -288,7 +288,6 @@ def build_training_models(state, output_names, trainable, frozen):
         layout.update(input_gradients=input_grads,
                       input_gradient_buffers=[b.name for b in buffers[n_params:]])
     _set_metadata(training, TRAINING_METADATA, layout)
-    onnx.checker.check_model(training)
     onnx.checker.check_model(evaluation)
     return TrainingResult(training, evaluation,
                           [_copy(inits[p]) for p in trainable],
