@@ -11,16 +11,14 @@ training path from one reverse pass each, only for the path chosen.
 - artifacts: the training model of :mod:`onnxtrain.onnxblock`
   (:func:`onnxtrain.onnxblock._training.build_training_models`).
 
-They share the weights-to-inputs surgery
-(:func:`onnxtrain.autodiff.gradient_graphs.weights_as_inputs`) and the loss
-seed: the loss graph's ``Y_grad`` (``loss_grad_onnx_``: X1, X2[, weight] ->
-Y, Y_grad) renamed into the backward's ``<prediction>_grad`` here, ones for
-a loss computed in the graph
-(:func:`onnxtrain.autodiff.gradient_graphs.seed_with_ones`). The backward
-nodes' ``<w>_grad`` feed the update graph (``axpy_onnx_``): nothing leaves a
-fused graph but the new weights, the new optimizer state and the loss.
-:class:`TrainingGraphs` chooses and caches them for a trainer, with the
-shape inference of the model done once and passed down.
+The fused, loop and artifacts variants go through :mod:`.pipeline`
+(prepare, one reverse pass, finish). The fused step writes the loss (its value and dE/dY, the seed of
+the backward's ``<prediction>_grad``) and the update rule with its penalty
+straight into the reverse pass's builder (:func:`loss_emitter`,
+:func:`update_emitter`); nothing leaves a fused graph but the new weights,
+the new optimizer state and the loss. :class:`TrainingGraphs` chooses and
+caches them for a trainer, with the shape inference of the model done once
+and passed down.
 """
 from __future__ import annotations
 
@@ -30,22 +28,22 @@ import onnx
 from onnx import TensorProto, helper
 
 from .._utils.gc import gc_frozen
-from ..autodiff import build_fused_model, build_gradient_models
+from ..autodiff import build_gradient_models
 from ..autodiff.backward import rename_many_reads
-from ..graph import GraphBuilder, infer_value_types, make_model, opset_of
+from ..graph import GraphBuilder, make_model, opset_of
 from ..graph.aliasing import writes_after_reads
-from ..graph.broadcasts import avoid_slow_broadcasts
-from ..graph.conv_gemm import lower_small_convs
-from ..graph.cse import eliminate_common_subexpressions
+from ..graph.builder import tensor_value_info
 from ..graph.scopes import rename_values, subgraphs, without_unread
-from ..graph.training_mode import updated_name, with_running_statistics_updates
+from ..graph.training_mode import updated_name
+from .pipeline import finish, forward_nodes, prepare, reverse
 
 __all__ = ["TrainingStep", "TrainingGraphs", "LossGraphs", "build_training_step",
+           "loss_emitter", "update_emitter",
            "build_training_loop", "build_epochs_loop", "final_activation",
            "small_graph_opset"]
 
-#: Lowest opset of the fused graphs (the loss and update graphs inlined in
-#: them are built at the model's opset).
+#: Lowest opset of the fused graphs (the loss and the update rule write
+#: their nodes at the model's opset).
 FUSED_MIN_OPSET = 13
 
 
@@ -100,26 +98,76 @@ class TrainingStep:
                 for n in [w, *group]] + list(self.buffers)
 
 
-def _inline(model, prefix, rename):
-    """Nodes and initializers of ``model`` with every name prefixed except
-    those in ``rename`` (mapped to the names of the enclosing graph)."""
+def loss_emitter(loss, elem_type, rank):
+    """``emit(g, expected, predicted, weight, outputs)`` writing ``loss``
+    (a :class:`~onnxtrain.losses.BaseLearningLoss`) into a step's builder."""
+    def emit(g, expected, predicted, weight, outputs):
+        return loss.emit(g, expected, predicted, weight, outputs, elem_type, rank)
+    return emit
+
+
+def update_emitter(learning_rate, weights, elem_type, penalty=None, penalized=()):
+    """``emit(g, names)`` writing the update of ``learning_rate`` (a
+    :class:`~onnxtrain.optim.BaseLearningRate`) into a step's builder;
+    ``names`` maps the names of its ``axpy_onnx_`` to the step's."""
+    def emit(g, names):
+        learning_rate.emit_update(g, list(weights), elem_type, penalty,
+                                  penalized, names)
+    return emit
+
+
+def _inlined_loss(model, weight_name):
+    """The loss emitter of a loss graph given as a ModelProto: its nodes
+    copied with the step's names (``X1``, ``X2``, the weight, ``Y``,
+    ``Y_grad``) and the others prefixed."""
+    def emit(g, expected, predicted, weight, outputs):
+        rename = {"X1": expected, "X2": predicted, "Y": outputs[0],
+                  "Y_grad": outputs[1]}
+        if weight is not None:
+            rename[weight_name] = weight
+        _inline(g, model, "loss__", rename)
+    return emit
+
+
+def _inlined_update(model, scalars, weights, states):
+    """The update emitter of an update graph given as a ModelProto (the
+    interface of :meth:`~onnxtrain.optim.BaseLearningRate.build_onnx`)."""
+    def emit(g, names):
+        rename = {n: n for n in list(scalars) + list(weights)}
+        rename.update({s: s for group in states for s in group})
+        rename.update(names)
+        _inline(g, model, "update__", rename)
+    return emit
+
+
+def _inline(g, model, prefix, rename):
+    """Append to ``g`` the nodes and initializers of ``model`` with every
+    name prefixed except those in ``rename`` (mapped to the step's)."""
     def name(n):
         return "" if not n else rename.get(n, prefix + n)
 
-    nodes = []
     for node in model.graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        nodes.append(helper.make_node(node.op_type, [name(i) for i in node.input],
-                                      [name(o) for o in node.output],
-                                      name=prefix + node.name, domain=node.domain,
-                                      **attrs))
-    inits = []
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        del copy.input[:], copy.output[:]
+        copy.input.extend(name(i) for i in node.input)
+        copy.output.extend(name(o) for o in node.output)
+        copy.name = prefix + node.name
+        g.nodes.append(copy)
     for init in model.graph.initializer:
         copy = TensorProto()
         copy.CopyFrom(init)
         copy.name = name(init.name)
-        inits.append(copy)
-    return nodes, inits
+        g.initializers.append(copy)
+
+
+def _shape_of(value):
+    """The shape of a tensor ValueInfoProto as a list (None: unknown)."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else
+            (d.dim_param or None) for d in tensor.shape.dim]
 
 
 def _check_free(names, taken):
@@ -132,7 +180,7 @@ def _check_free(names, taken):
 def build_training_step(model, wrt, loss_model, update_model, state_names,
                         scalar_names, weighted=False, target_name="target__",
                         weight_name="sample_weight__", buffers=(), types=None,
-                        loss_weight_name="weight"):
+                        loss_weight_name="weight", statistics=None):
     """One graph: forward, loss and dE/dY, backward, update.
 
     Parameters
@@ -142,9 +190,15 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         neither weights nor buffers are the features.
     wrt : list of str
         Weights to train.
-    loss_model, update_model : onnx.ModelProto
-        The loss graph (with a ``weight`` input when ``weighted``) and the
-        update graph, built at the model's opset.
+    loss_model : callable or onnx.ModelProto
+        ``emit(g, expected, predicted, weight, outputs)`` writing the loss
+        and dE/dY into the step's builder (:func:`loss_emitter`), or a loss
+        graph built at the model's opset (with a ``loss_weight_name`` input
+        when ``weighted``), whose nodes are copied in.
+    update_model : callable or onnx.ModelProto
+        ``emit(g, names)`` writing the update into the step's builder
+        (:func:`update_emitter`), or an update graph (``axpy_onnx_``) built
+        at the model's opset, whose nodes are copied in.
     state_names, scalar_names : tuple of str
         From the learning-rate object.
     weighted : bool, default=False
@@ -160,6 +214,10 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         (the reverse pass and the step then run no shape inference).
     loss_weight_name : str, default="weight"
         Name of the sample-weight input of ``loss_model``.
+    statistics : dict, default=None
+        Keyword arguments of the running statistics' rewrite
+        (:func:`onnxtrain.assembly.pipeline.prepare`), which then finds
+        ``buffers``; None: ``model`` has them already.
 
     Returns
     -------
@@ -170,72 +228,79 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     ValueError
         Name collisions, or a model without feature input.
     """
+    prepared = prepare(model, wrt, types, statistics=statistics)
+    buffers = prepared.buffers if statistics is not None else list(buffers)
+    model, types = prepared.model, prepared.types
     not_features = set(wrt) | set(buffers) | {i.name for i in model.graph.initializer}
     features = [i for i in model.graph.input if i.name not in not_features]
     if not features:
         raise ValueError("The fused training step needs a model with an input.")
     prediction = model.graph.output[0].name
-    types = infer_value_types(model) if types is None else types
-    # small-output Convs of trained weights as one GEMM (graph/conv_gemm.py);
-    # the values this adds are typed by one more inference
-    lowered = lower_small_convs(model, wrt, types)
-    if lowered is not model:
-        model, types = lowered, infer_value_types(lowered)
-    fused, bg = build_fused_model(model, wrt, [prediction], types)
-    taken = {n for node in fused.graph.node for n in list(node.input) + list(node.output)}
-    taken |= {i.name for i in fused.graph.input} | {i.name for i in fused.graph.initializer}
+    bg = reverse(prepared, wrt, [prediction])
+    forward = forward_nodes(prepared, bg)
+    wrt_set = set(wrt)
+    forward_inits = [i for i in model.graph.initializer if i.name not in wrt_set]
+    taken = {n for node in forward + bg.builder.nodes
+             for n in list(node.input) + list(node.output)}
+    taken |= {i.name for i in model.graph.input} | wrt_set
+    taken |= set(bg.grad_output_names)
+    taken |= {i.name for i in forward_inits + bg.builder.initializers}
     scalars = list(scalar_names) + ["penalty_scale"]
     states = [[f"{w}_{s}" for s in state_names] for w in wrt]
     _check_free([target_name, weight_name, "loss"] + scalars
                 + [s for group in states for s in group], taken)
 
     elem_type, out_shape = types[prediction]
-    # the loss seed: the loss graph's dE/dY is the backward's grad_output
-    loss_rename = {"X1": target_name, "X2": prediction, "Y": "loss__Y",
-                   "Y_grad": bg.grad_output_names[0],
-                   loss_weight_name: weight_name}
-    loss_nodes, loss_inits = _inline(loss_model, "loss__", loss_rename)
-    update_rename = {n: n for n in scalars}
-    update_rename.update({"loss": "loss__Y", "loss_total": "loss"})
-    for w, grad, group in zip(wrt, bg.grad_names, states):
-        update_rename.update({w: w, f"{w}_grad": grad, f"{w}_new": f"{w}__new"})
-        for s in group:
-            update_rename.update({s: s, f"{s}_new": f"{s}__new"})
-    update_nodes, update_inits = _inline(update_model, "update__", update_rename)
-
-    inputs = features + [helper.make_tensor_value_info(target_name, elem_type,
-                                                       _free_shape(out_shape))]
+    target_shape = _free_shape(out_shape)
+    inputs = features + [tensor_value_info(target_name, elem_type, target_shape)]
     if weighted:
-        inputs.append(helper.make_tensor_value_info(weight_name, elem_type, [None]))
-    inputs += [helper.make_tensor_value_info(s, elem_type, []) for s in scalars]
-    outputs = [helper.make_tensor_value_info("loss", elem_type, [])]
+        inputs.append(tensor_value_info(weight_name, elem_type, [None]))
+    inputs += [tensor_value_info(s, elem_type, []) for s in scalars]
+    outputs = [tensor_value_info("loss", elem_type, [])]
     for w, group in zip(wrt, states):
         shape = types[w][1]
-        inputs.append(helper.make_tensor_value_info(w, elem_type, shape))
-        inputs += [helper.make_tensor_value_info(s, elem_type, shape) for s in group]
-        outputs.append(helper.make_tensor_value_info(f"{w}__new", elem_type, shape))
-        outputs += [helper.make_tensor_value_info(f"{s}__new", elem_type, shape)
-                    for s in group]
+        inputs.append(tensor_value_info(w, elem_type, shape))
+        inputs += [tensor_value_info(s, elem_type, shape) for s in group]
+        outputs.append(tensor_value_info(f"{w}__new", elem_type, shape))
+        outputs += [tensor_value_info(f"{s}__new", elem_type, shape) for s in group]
     by_name = {i.name: i for i in model.graph.input}
     for b in buffers:
         inputs.append(by_name[b])
-        outputs.append(helper.make_value_info(updated_name(b), by_name[b].type))
-    n_forward = len(model.graph.node)  # fused nodes: forward, then backward
-    backward_nodes = list(fused.graph.node[n_forward:])
+        outputs.append(_renamed_value_info(by_name[b], updated_name(b)))
+
+    # the loss and the update write into the reverse pass's builder, after
+    # the backward nodes; their names are this graph's from the start
+    g = bg.builder
+    n_interface = len(outputs) - len(buffers)
+    for value in inputs[len(features):] + outputs[:n_interface]:
+        if value.name not in wrt_set and value.name not in buffers:
+            g.reserve(value.name)
+            g.set_type(value.name, elem_type, _shape_of(value))
+    n_backward = len(g.nodes)
+    loss_value = g.unique_name("loss__Y")
+    emit_loss = loss_model if callable(loss_model) else _inlined_loss(
+        loss_model, loss_weight_name)
+    emit_loss(g, target_name, prediction, weight_name if weighted else None,
+              [loss_value, bg.grad_output_names[0]])
+    n_loss = len(g.nodes)
+    names = {"loss": loss_value, "loss_total": "loss"}
+    for w, grad, group in zip(wrt, bg.grad_names, states):
+        names.update({f"{w}_grad": grad, f"{w}_new": f"{w}__new"})
+        names.update({f"{s}_new": f"{s}__new" for s in group})
+    emit_update = update_model if callable(update_model) else _inlined_update(
+        update_model, scalars, wrt, states)
+    emit_update(g, names)
+    backward_nodes = g.nodes[:n_backward]
+    loss_nodes = g.nodes[n_backward:n_loss]
+    update_nodes = g.nodes[n_loss:]
     if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes,
                                                  elem_type):
         backward_nodes, update_nodes = _fold_learning_rate(
-            backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
-            "learning_rate", taken | {n for node in loss_nodes + update_nodes
-                                      for n in node.output})
-    interface = [v.name for v in inputs + outputs]
-    nodes, constants = eliminate_common_subexpressions(
-        list(fused.graph.node[:n_forward]) + loss_nodes + backward_nodes
-        + update_nodes, keep=interface,
-        initializers=list(fused.graph.initializer) + loss_inits + update_inits)
-    graph = helper.make_graph(nodes, "training_step", inputs, outputs, constants)
-    step = make_model(graph, list(model.opset_import), ir_version=model.ir_version)
-    step = avoid_slow_broadcasts(step, forward_types=types)
+            g, backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
+            "learning_rate")
+    step = finish(forward + loss_nodes + backward_nodes + update_nodes,
+                  forward_inits + list(g.initializers), inputs, outputs,
+                  "training_step", model, forward_types=types)
     data = [x.name for x in features] + [target_name] + (
         [weight_name] if weighted else [])
     return TrainingStep(step, data, scalars, list(wrt), states, list(buffers),
@@ -299,7 +364,9 @@ def update_in_place(step):
     taken |= {v.name for v in list(graph.input) + list(graph.output)}
     taken |= {v.name for v in graph.initializer}
     taken |= {node.name for node in nodes if node.name}
-    fresh = GraphBuilder(opset_of(step.model), used_names=taken).unique_name
+    # one builder names every new value and node; its nodes are moved to
+    # the branch they belong to as they are written
+    g = GraphBuilder(opset_of(step.model), used_names=taken)
 
     inside = [_copy_node(nodes[i]) for i in sorted(branch)]
     outside = [_copy_node(node) for i, node in enumerate(nodes) if i not in branch]
@@ -312,18 +379,18 @@ def update_in_place(step):
     # (left outside, they could run after the in-place writes, and kept
     # the activations they read alive longer, raising the peak)
     for source, target in zip(step.parameter_inputs, params):
-        name = fresh(f"{target}__then")
+        name = g.unique_name(f"{target}__then")
         if target in written:
             renamed_inside[target] = name
         else:
-            computed = fresh(f"{target}__computed")
+            computed = g.unique_name(f"{target}__computed")
             renamed_outside[target] = computed
-            identities.append(helper.make_node("Identity", [computed], [name],
-                                               name=fresh(f"{name}_node")))
+            g.op("Identity", computed, outputs=[name])
+            identities.append(g.nodes.pop())
         then_outputs.append(_renamed_value_info(by_name[target], name))
-        kept = fresh(f"{target}__kept")
-        else_nodes.append(helper.make_node("Identity", [source], [kept],
-                                           name=fresh(f"{kept}_node")))
+        kept = g.unique_name(f"{target}__kept")
+        g.op("Identity", source, outputs=[kept])
+        else_nodes.append(g.nodes.pop())
         else_outputs.append(_renamed_value_info(by_name[target], kept))
     # one pass over the nodes for all the renames (one per parameter is
     # quadratic in the graph's size)
@@ -342,20 +409,13 @@ def update_in_place(step):
     branch_reads = {n for node in inside for n in node.input if n}
     outside, _ = without_unread(outside, {loss} | branch_reads)
     elem_type = by_name[loss].type.tensor_type.elem_type
-    zero, difference, finite = fresh("loss__zero"), fresh("loss__difference"), \
-        fresh("loss__finite")
+    g.nodes[:0] = outside
     # loss - loss is 0 for a finite loss and NaN for NaN or +-inf
-    guard = [
-        helper.make_node("Sub", [loss, loss], [difference], name=fresh(f"{difference}_node")),
-        helper.make_node("Equal", [difference, zero], [finite], name=fresh(f"{finite}_node")),
-        helper.make_node("If", [finite], params, name=fresh("update__if"),
-                         then_branch=then_graph,
-                         else_branch=helper.make_graph(else_nodes, "keep", [],
-                                                       else_outputs))]
-    initializers = list(graph.initializer) + [
-        helper.make_tensor(zero, elem_type, [], [0.0])]
-    new_graph = helper.make_graph(outside + guard, graph.name, graph.input,
-                                  graph.output, initializers)
+    finite = g.op("Equal", g.op("Sub", loss, loss), g.const(0.0, elem_type))
+    g.op("If", finite, outputs=params, then_branch=then_graph,
+         else_branch=helper.make_graph(else_nodes, "keep", [], else_outputs))
+    new_graph = g.make_graph(graph.name, list(graph.input), list(graph.output),
+                             graph.initializer)
     model = make_model(new_graph, list(step.model.opset_import),
                        ir_version=step.model.ir_version)
     return replace(step, model=model, in_place=in_place)
@@ -385,15 +445,16 @@ def _can_fold(nodes, elem_type):
     return not any(subgraphs(node) for node in nodes)
 
 
-def _fold_learning_rate(backward, update, seed, grads, rate, taken):
+def _fold_learning_rate(g, backward, update, seed, grads, rate):
     """Scale the backward pass's seed by the learning rate instead of every
     weight gradient, when the update only ever reads ``rate * gradient``.
 
     The backward pass is linear in its seed dE/dY, so ``rate * dW`` equals
     the gradient of ``rate * dE/dY``: one Mul on the (batch, outputs) seed
     replaces one Mul per weight (SGD, momentum, Nesterov; not Adam, nor a
-    penalty added to the gradient first). Returns (backward, update) nodes,
-    unchanged when the pattern does not hold."""
+    penalty added to the gradient first). ``g`` is the step's builder,
+    which names the scaled seed. Returns (backward, update) nodes, unchanged
+    when the pattern does not hold."""
     readers = {}
     for node in backward + update:
         for name in node.input:
@@ -407,11 +468,11 @@ def _fold_learning_rate(backward, update, seed, grads, rate, taken):
         scaling.append(users[0])
     if any(node not in backward for node in readers.get(seed, [])):
         return backward, update
-    scaled = next(f"{seed}__scaled{k or ''}" for k in range(len(taken) + 1)
-                  if f"{seed}__scaled{k or ''}" not in taken)
+    # the builder ``g`` names the new Mul; its node goes to the head of the
+    # backward nodes, not to g's list
+    scaled = g.op("Mul", seed, rate, outputs=[g.unique_name(f"{seed}__scaled")])
+    new_backward = [g.nodes.pop()]
     folded = {node.output[0]: grad for node, grad in zip(scaling, grads)}
-    new_backward = [helper.make_node("Mul", [seed, rate], [scaled],
-                                     name=f"{scaled}_node")]
     for node in backward:
         new_backward.append(_with_inputs(node, {seed: scaled}))
     new_update = [_with_inputs(node, folded) for node in update
@@ -495,10 +556,10 @@ def build_training_loop(step):
          outputs=finals + ["losses"])
     scalars = [s for s in step.scalar_inputs if s != "penalty_scale"]
     inputs = [by_name[n] for n in step.data_inputs + scalars]
-    inputs.append(helper.make_tensor_value_info("batch_size", TensorProto.INT64, []))
+    inputs.append(tensor_value_info("batch_size", TensorProto.INT64, []))
     inputs += [by_name[c] for c in carried]
-    outputs = [helper.make_tensor_value_info("losses", elem_type, [None])]
-    outputs += [helper.make_value_info(f, by_name[c].type)
+    outputs = [tensor_value_info("losses", elem_type, [None])]
+    outputs += [_renamed_value_info(by_name[c], f)
                 for f, c in zip(finals, carried)]
     loop_graph = g.make_graph("training_loop", inputs, outputs)
     loop = make_model(loop_graph, list(model.opset_import), ir_version=model.ir_version)
@@ -536,16 +597,15 @@ def _loop_body(step, opset, carried, per_step, outer_names):
     if "step" in per_step:
         rename["step"] = g.op("Gather", per_step["step"], "iter__")
     rename.update({c: f"{c}__in" for c in carried})  # no outer-name shadowing
-    body_nodes = g.nodes + _renamed_nodes(graph.node, rename)
-    outputs = [helper.make_tensor_value_info("cond__out", TensorProto.BOOL, [])]
-    outputs += [helper.make_value_info(f"{c}__new", by_name[c].type) for c in carried]
-    outputs.append(helper.make_tensor_value_info("loss", elem_type, []))
-    body_nodes.append(helper.make_node("Identity", ["cond__"], ["cond__out"]))
-    inputs = [helper.make_tensor_value_info("iter__", TensorProto.INT64, []),
-              helper.make_tensor_value_info("cond__", TensorProto.BOOL, [])]
-    inputs += [helper.make_value_info(f"{c}__in", by_name[c].type) for c in carried]
-    return helper.make_graph(body_nodes, "training_step_body", inputs, outputs,
-                             list(graph.initializer) + g.initializers)
+    g.nodes.extend(_renamed_nodes(graph.node, rename))
+    g.op("Identity", "cond__", outputs=["cond__out"])
+    outputs = [tensor_value_info("cond__out", TensorProto.BOOL, [])]
+    outputs += [_renamed_value_info(by_name[c], f"{c}__new") for c in carried]
+    outputs.append(tensor_value_info("loss", elem_type, []))
+    inputs = [tensor_value_info("iter__", TensorProto.INT64, []),
+              tensor_value_info("cond__", TensorProto.BOOL, [])]
+    inputs += [_renamed_value_info(by_name[c], f"{c}__in") for c in carried]
+    return g.make_graph("training_step_body", inputs, outputs, graph.initializer)
 
 
 def _renamed_nodes(nodes, rename):
@@ -609,32 +669,31 @@ def build_epochs_loop(loop):
     g.reserve("step")
     g.op("Add", "step__first", offset, outputs=["step"])
     rename = {c: f"{c}__ein" for c in carried}
-    body_nodes = g.nodes + _renamed_nodes(graph.node, rename)
+    g.nodes.extend(_renamed_nodes(graph.node, rename))
+    g.op("Identity", "econd__", outputs=["econd__out"])
     finals = [o.name for o in graph.output[1:]]
-    outputs = [helper.make_tensor_value_info("econd__out", TensorProto.BOOL, [])]
-    outputs += [helper.make_value_info(f, by_name[c].type)
+    outputs = [tensor_value_info("econd__out", TensorProto.BOOL, [])]
+    outputs += [_renamed_value_info(by_name[c], f)
                 for f, c in zip(finals, carried)]
-    outputs.append(helper.make_tensor_value_info("losses", elem_type, [None]))
-    body_nodes.append(helper.make_node("Identity", ["econd__"], ["econd__out"]))
-    inputs = [helper.make_tensor_value_info("epoch__", int64, []),
-              helper.make_tensor_value_info("econd__", TensorProto.BOOL, [])]
-    inputs += [helper.make_value_info(f"{c}__ein", by_name[c].type) for c in carried]
-    body = helper.make_graph(body_nodes, "training_epoch_body", inputs, outputs,
-                             list(graph.initializer) + g.initializers)
+    outputs.append(tensor_value_info("losses", elem_type, [None]))
+    inputs = [tensor_value_info("epoch__", int64, []),
+              tensor_value_info("econd__", TensorProto.BOOL, [])]
+    inputs += [_renamed_value_info(by_name[c], f"{c}__ein") for c in carried]
+    body = g.make_graph("training_epoch_body", inputs, outputs, graph.initializer)
     outer = GraphBuilder(opset, taken | {f"{c}__all" for c in carried}
                          | {"epoch_losses"}, prefix="epochs__")
     outer.op("Loop", "n_epochs", "", *carried, body=body,
              outputs=[f"{c}__all" for c in carried] + ["epoch_losses"])
     inputs = [by_name[n] for n in loop.data_inputs]
-    inputs.append(helper.make_tensor_value_info("n_epochs", int64, []))
-    inputs += [helper.make_tensor_value_info(f"{s}__per_epoch", elem_type, [None])
+    inputs.append(tensor_value_info("n_epochs", int64, []))
+    inputs += [tensor_value_info(f"{s}__per_epoch", elem_type, [None])
                for s in varying]
-    inputs += [helper.make_tensor_value_info("step__first", elem_type, []),
+    inputs += [tensor_value_info("step__first", elem_type, []),
                by_name["batch_size"]]
     inputs += [by_name[c] for c in carried]
-    outputs = [helper.make_tensor_value_info("epoch_losses", elem_type,
+    outputs = [tensor_value_info("epoch_losses", elem_type,
                                              [None, None])]
-    outputs += [helper.make_value_info(f"{c}__all", by_name[c].type) for c in carried]
+    outputs += [_renamed_value_info(by_name[c], f"{c}__all") for c in carried]
     epochs_graph = outer.make_graph("training_epochs", inputs, outputs)
     epochs = make_model(epochs_graph, list(model.opset_import),
                         ir_version=model.ir_version)
@@ -699,17 +758,19 @@ class TrainingGraphs:
         Prediction graph, its weights as initializers.
     weights : list of str
     learning_rate : BaseLearningRate
-        Gives the state and scalar names, and the update graph.
+        Gives the state and scalar names, and writes the update into the
+        step's builder.
     spec : dict or None
-        ``loss`` (loss object), ``penalty``, ``penalized``, ``shapes``
-        (weight name -> shape), ``elem_type``, ``rank``; None: the graph
-        computes its own loss and has no fused path.
+        ``loss`` (loss object, written into the step's builder),
+        ``penalty``, ``penalized``, ``shapes`` (weight name -> shape),
+        ``elem_type``, ``rank``; None: the graph computes its own loss and
+        has no fused path.
     loss_graphs : sequence, default=None
-        ``loss_graphs[weighted]`` is the loss graph of ``spec['loss']``
-        (built on first access, see :class:`LossGraphs`), reused when it was
-        built at the model's opset and the loss is not rewritten.
+        The split path's loss graphs (:class:`LossGraphs`), held for its
+        runner; the fused graphs build none.
     update_graph : onnx.ModelProto, default=None
-        The learning rate's ``axpy_onnx_``, reused at the model's opset.
+        The learning rate's ``axpy_onnx_`` (the split path's), held the same
+        way.
     buffer_names : list of str, default=()
         Running statistics the split path updates (the fused graphs must
         update the same).
@@ -777,48 +838,24 @@ class TrainingGraphs:
         if opset is None or opset < FUSED_MIN_OPSET:
             return f"opset {opset} < {FUSED_MIN_OPSET}"
         model, loss = loss_on_logits(self.model, spec["loss"], self.types)
-        rewritten = model is not self.model
-        # the batch statistics from the nodes' outputs on the CPU (the
-        # CUDA kernel outputs the unbiased variance)
-        model, buffers, _ = with_running_statistics_updates(
-            model, node_statistics=self.in_place,
-            types=None if rewritten else self.types)
-        if buffers != self.buffer_names:
-            return "the running statistics do not all reach the logits"
-        loss_graph = self._loss_graph(loss, rewritten, weighted, opset)
-        update = self.update_graph
-        if update is None or opset_of(update) != opset:
-            from sklearn.base import clone
-            update = clone(self.learning_rate).build_onnx(
-                [(w, spec["shapes"][w]) for w in self.weights],
-                spec["elem_type"], opset, spec["penalty"], spec["penalized"])
-        # the types of the model hold for its rewrites without new values
-        types = self.types if not buffers else None
+        # the loss and the update write straight into the step's builder;
+        # the types of the model hold for its rewrite on the logits, which
+        # adds no value; the batch statistics from the nodes' outputs on the
+        # CPU (the CUDA kernel outputs the unbiased variance)
         try:
-            return build_training_step(
-                model, self.weights, loss_graph, update,
+            step = build_training_step(
+                model, self.weights,
+                loss_emitter(loss, spec["elem_type"], spec["rank"]),
+                update_emitter(self.learning_rate, self.weights, spec["elem_type"],
+                               spec["penalty"], spec["penalized"]),
                 self.learning_rate.state_names, self.learning_rate.scalar_names,
-                weighted, buffers=buffers, types=types,
-                loss_weight_name=_weight_input_of(loss_graph, weighted))
+                weighted, types=self.types,
+                statistics={"node_statistics": self.in_place})
         except ValueError as exc:
             return str(exc)
-
-    def _loss_graph(self, loss, rewritten, weighted, opset):
-        graphs = self.loss_graphs
-        if not rewritten:
-            if graphs is not None and graphs.opset == opset:
-                return graphs[weighted]
-            from sklearn.base import clone
-            loss = clone(loss)  # the caller's keeps its loss_grad_onnx_
-        return loss.build_onnx(self.spec["elem_type"], opset,
-                               weight_name="weight" if weighted else None,
-                               rank=self.spec["rank"])
-
-
-def _weight_input_of(loss_graph, weighted):
-    """Name of the sample-weight input of a loss graph (its third)."""
-    inputs = loss_graph.graph.input
-    return inputs[2].name if weighted and len(inputs) > 2 else "weight"
+        if step.buffers != self.buffer_names:
+            return "the running statistics do not all reach the logits"
+        return step
 
 
 class LossGraphs:
@@ -862,7 +899,7 @@ class LossGraphs:
 
 def small_graph_opset(model, default=17):
     """Opset of the loss and update graphs trained with ``model``: the
-    model's (so that the fused graphs inline the very graphs the split path
-    runs, built once) from :data:`FUSED_MIN_OPSET` on, ``default`` below."""
+    model's (the ops the fused graphs write are the split path's) from
+    :data:`FUSED_MIN_OPSET` on, ``default`` below."""
     opset = opset_of(model)
     return opset if opset is not None and opset >= FUSED_MIN_OPSET else default

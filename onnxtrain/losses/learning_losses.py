@@ -73,14 +73,7 @@ class BaseLearningLoss(GraphSaverMixin, BaseEstimator):
         -------
         onnx.ModelProto
         """
-        check_float_type(elem_type)
-        if rank not in (1, 2):
-            raise ValueError(f"rank must be 1 or 2, got {rank!r}.")
-        if rank not in self._ranks:
-            raise ValueError(
-                f"{type(self).__name__} needs predictions of rank "
-                f"{' or '.join(map(str, self._ranks))}, got rank {rank!r}.")
-        self._check_params()
+        self._check_build(elem_type, rank)
         g = new_builder(opset)
         shape = ["N", "K"][:rank]
         inputs = [tensor_input("X1", elem_type, shape),
@@ -90,11 +83,47 @@ class BaseLearningLoss(GraphSaverMixin, BaseEstimator):
         g.reserve("Y"), g.reserve("Y_grad")
         for vi in inputs:
             g.reserve(vi.name)
-        self._build(g, "X1", "X2", weight_name, elem_type, rank)
+        self._build(g, "X1", "X2", weight_name, elem_type, rank, ["Y", "Y_grad"])
         outputs = [tensor_input("Y", elem_type, []),
                    tensor_input("Y_grad", elem_type, shape)]
         self.loss_grad_onnx_ = finish(g, type(self).__name__, inputs, outputs)
         return self.loss_grad_onnx_
+
+    def emit(self, g, expected, predicted, weight, outputs, elem_type, rank=2):
+        """Write the loss and its gradient into the builder ``g``.
+
+        Parameters
+        ----------
+        g : GraphBuilder
+            The graph the nodes join (a training step's).
+        expected, predicted : str
+            Values of the targets and of the prediction.
+        weight : str or None
+            Value of the sample weights (shape (n_samples,)); None: none.
+        outputs : list of str
+            Names, reserved in ``g``, of the rank-0 loss and of its
+            gradient (the prediction's shape).
+        elem_type : int
+        rank : {1, 2}, default=2
+
+        Returns
+        -------
+        list of str
+            ``outputs``.
+        """
+        self._check_build(elem_type, rank)
+        self._build(g, expected, predicted, weight, elem_type, rank, list(outputs))
+        return list(outputs)
+
+    def _check_build(self, elem_type, rank):
+        check_float_type(elem_type)
+        if rank not in (1, 2):
+            raise ValueError(f"rank must be 1 or 2, got {rank!r}.")
+        if rank not in self._ranks:
+            raise ValueError(
+                f"{type(self).__name__} needs predictions of rank "
+                f"{' or '.join(map(str, self._ranks))}, got rank {rank!r}.")
+        self._check_params()
 
     def _check_params(self):
         """Raise ValueError on invalid hyperparameters (checked at build time,
@@ -124,7 +153,7 @@ class BaseLearningLoss(GraphSaverMixin, BaseEstimator):
         return select_named(class_name, kwargs, BaseLearningLoss,
                             resolve_learning_loss, "a loss object")
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         raise NotImplementedError
 
     def loss_per_row(self, y, y_pred):
@@ -146,9 +175,10 @@ def _dim(g, x, axis, elem_type):
 
 
 def _reduce_rows(g, per_element, derivative, predicted, weight, elem_type, rank,
-                 mean_over_outputs):
-    """Emit ``Y`` and ``Y_grad`` from the loss of every element and its
-    derivative, both of the prediction's shape.
+                 outputs, mean_over_outputs):
+    """Emit ``outputs`` (the loss ``Y`` and its gradient ``Y_grad``) from
+    the loss of every element and its derivative, both of the prediction's
+    shape.
 
     ``Y = sum_i w_i sum_j l_ij / D`` and ``Y_grad = w_i dl_ij / D`` with
     ``D = W k`` when ``mean_over_outputs`` else ``D = W`` (``W`` = sum of the
@@ -161,16 +191,16 @@ def _reduce_rows(g, per_element, derivative, predicted, weight, elem_type, rank,
         else:
             denominator = _dim(g, predicted, 0, elem_type)
         g.op("Div", g.reduce_sum(per_element, None, keepdims=0), denominator,
-             outputs=["Y"])
-        g.op("Div", derivative, denominator, outputs=["Y_grad"])
+             outputs=outputs[:1])
+        g.op("Div", derivative, denominator, outputs=outputs[1:])
         return
     w = _row_weights(g, weight, rank)
     denominator = g.reduce_sum(weight, None, keepdims=0)
     if mean_over_outputs and rank == 2:
         denominator = g.op("Mul", denominator, _dim(g, predicted, 1, elem_type))
     weighted = g.reduce_sum(g.op("Mul", per_element, w), None, keepdims=0)
-    g.op("Div", weighted, denominator, outputs=["Y"])
-    g.op("Mul", derivative, g.op("Div", w, denominator), outputs=["Y_grad"])
+    g.op("Div", weighted, denominator, outputs=outputs[:1])
+    g.op("Mul", derivative, g.op("Div", w, denominator), outputs=outputs[1:])
 
 
 def _clip_bounds(eps, dtype):
@@ -237,15 +267,15 @@ class SquareLearningLoss(BaseLearningLoss):
     scikit-learn back-propagates; for k = 1 it is exactly dY/dy_hat).
     """
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         d, square = squared_error(g, predicted, expected)
         half = g.const(0.5, elem_type)
         if weight is None:
             rows = g.cast(g.op("Gather", g.shape_of(predicted),
                                g.const(0, TensorProto.INT64)), elem_type)
             g.op("Mul", g.reduce("ReduceMean", square, None, keepdims=0), half,
-                 outputs=["Y"])
-            g.op("Div", d, rows, outputs=["Y_grad"])
+                 outputs=outputs[:1])
+            g.op("Div", d, rows, outputs=outputs[1:])
             return
         w = _row_weights(g, weight, rank)
         total_w = g.reduce_sum(weight, None, keepdims=0)
@@ -254,8 +284,8 @@ class SquareLearningLoss(BaseLearningLoss):
         columns = g.op("Div", g.cast(g.op("Size", predicted), elem_type), rows)
         weighted = g.reduce_sum(g.op("Mul", square, w), None, keepdims=0)
         denominator = g.op("Mul", total_w, columns)
-        g.op("Mul", g.op("Div", weighted, denominator), half, outputs=["Y"])
-        g.op("Div", g.op("Mul", d, w), total_w, outputs=["Y_grad"])
+        g.op("Mul", g.op("Div", weighted, denominator), half, outputs=outputs[:1])
+        g.op("Div", g.op("Mul", d, w), total_w, outputs=outputs[1:])
 
     def loss_per_row(self, y, y_pred):
         """0.5 * mean over outputs of (y_pred - y)**2, one value per row."""
@@ -279,10 +309,10 @@ class AbsoluteLearningLoss(BaseLearningLoss):
     sign, so gradient descent climbed.
     """
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         d, absolute = absolute_error(g, predicted, expected)
         _reduce_rows(g, absolute, g.op("Sign", d), predicted, weight,
-                     elem_type, rank, mean_over_outputs=True)
+                     elem_type, rank, outputs, mean_over_outputs=True)
 
     def loss_per_row(self, y, y_pred):
         """Mean over outputs of ``|y_pred - y|``, one value per row."""
@@ -326,7 +356,7 @@ class ElasticLearningLoss(BaseLearningLoss):
                 raise ValueError(f"{name} must be a finite float >= 0, got "
                                  f"{value!r}.")
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         d, absolute = absolute_error(g, predicted, expected)
         l1 = g.const(self.l1_weight, elem_type)
         loss = g.op("Add", g.op("Mul", absolute, l1),
@@ -334,7 +364,7 @@ class ElasticLearningLoss(BaseLearningLoss):
         grad = g.op("Add", g.op("Mul", g.op("Sign", d), l1),
                     g.op("Mul", d, g.const(2.0 * self.l2_weight, elem_type)))
         _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
-                     mean_over_outputs=True)
+                     outputs, mean_over_outputs=True)
 
     def loss_per_row(self, y, y_pred):
         """Mean over outputs of ``l1_weight * |d| + l2_weight * d**2``, per row."""
@@ -401,7 +431,7 @@ class NegLogLearningLoss(BaseLearningLoss):
                 f"got {self.probability_function!r}.")
         _check_eps("eps", self.eps, 0.5)
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         if self._sigmoid():
             s = predicted
             loss = logistic_loss_on_logits(g, s, expected, elem_type)
@@ -414,7 +444,7 @@ class NegLogLearningLoss(BaseLearningLoss):
                                                 g.op("Sub", one, p)),
                                     g.op("Div", expected, p)), inside)
         _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
-                     mean_over_outputs=False)
+                     outputs, mean_over_outputs=False)
 
     def loss_per_row(self, y, y_pred):
         """Sum over outputs of the log loss, one value per row."""
@@ -479,7 +509,7 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
             raise ValueError(f"from_logits must be a bool, got {self.from_logits!r}.")
         _check_eps("eps", self.eps, 0.5)
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         if self.from_logits:
             log_p = log_softmax(g, predicted)
             # exp(log_softmax) is softmax to an ulp; onnxruntime's Exp costs
@@ -493,7 +523,7 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
             grad = g.op("Mul", g.op("Neg", g.op("Div", expected, p)), inside)
         loss = g.op("Neg", g.op("Mul", expected, log_p))
         _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
-                     mean_over_outputs=False)
+                     outputs, mean_over_outputs=False)
 
     def loss_per_row(self, y, y_pred):
         """``-sum_j y_ij log p_ij`` per row.
@@ -532,13 +562,13 @@ class _LogLossOfSigmoid(NegLogLearningLoss):
     clipped log loss and the Sigmoid, without the Sigmoid's VJP.
     """
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         probabilities = g.op("Sigmoid", predicted)
         p, inside = _clipped(g, probabilities, self.eps, elem_type)
         loss = _binary_log_loss(g, expected, p, elem_type)
         grad = g.op("Mul", g.op("Sub", probabilities, expected), inside)
         _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
-                     mean_over_outputs=False)
+                     outputs, mean_over_outputs=False)
 
     def loss_per_row(self, y, y_pred):
         """The log loss of ``sigmoid(y_pred)``, one value per row."""
@@ -562,7 +592,7 @@ class _CrossEntropyOfSoftmax(CrossEntropyLearningLoss):
     is clipped; no Softmax VJP runs.
     """
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         probabilities = g.op("Softmax", predicted, axis=1)
         p, inside = _clipped(g, probabilities, self.eps, elem_type)
         loss = g.op("Neg", g.op("Mul", expected, g.op("Log", p)))
@@ -570,7 +600,7 @@ class _CrossEntropyOfSoftmax(CrossEntropyLearningLoss):
         mass = g.reduce_sum(kept, [1], keepdims=1)
         grad = g.op("Sub", g.op("Mul", probabilities, mass), kept)
         _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
-                     mean_over_outputs=False)
+                     outputs, mean_over_outputs=False)
 
     def loss_per_row(self, y, y_pred):
         """The cross entropy of ``softmax(y_pred)``, one value per row."""
@@ -610,7 +640,7 @@ class PoissonLearningLoss(BaseLearningLoss):
     def _check_params(self):
         _check_eps("eps", self.eps, 1.0)
 
-    def _build(self, g, expected, predicted, weight, elem_type, rank):
+    def _build(self, g, expected, predicted, weight, elem_type, rank, outputs):
         lo, _ = _clip_bounds(self.eps, elem_type_to_numpy(elem_type))
         one = g.const(1.0, elem_type)
         mu = g.op("Max", predicted, g.const(lo, elem_type))
@@ -621,7 +651,7 @@ class PoissonLearningLoss(BaseLearningLoss):
         loss = g.op("Add", g.op("Sub", xlogy, expected), mu)
         grad = g.op("Mul", g.op("Sub", one, ratio), inside)
         _reduce_rows(g, loss, grad, predicted, weight, elem_type, rank,
-                     mean_over_outputs=False)
+                     outputs, mean_over_outputs=False)
 
     def loss_per_row(self, y, y_pred):
         """Sum over outputs of ``y log(y / mu) - y + mu``, one value per row."""

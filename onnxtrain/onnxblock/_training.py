@@ -1,8 +1,8 @@
 """Assemble the training and eval models from a base model and a loss.
 
-The artifacts' path of the assembly (:mod:`onnxtrain.assembly.training_graphs`):
-one reverse pass (:func:`onnxtrain.autodiff.backward`, given the types
-inferred here once), the loss gradient seeded with ones inside the graph
+The artifacts' builder over the assembly pipeline
+(:mod:`onnxtrain.assembly.pipeline`: prepare, one reverse pass, finish), as
+the fused step's: the loss gradient seeded with ones inside the graph
 (:func:`onnxtrain.autodiff.gradient_graphs.seed_with_ones`: the training
 model has no ``<loss>_grad`` input), gradient accumulation, and the
 parameters as graph inputs.
@@ -16,17 +16,11 @@ import onnx
 from onnx import helper
 
 from ..assembly.models import check_weights_reach_outputs
-from ..autodiff import backward
+from ..assembly.pipeline import finish, forward_nodes, prepare, reverse
 from ..autodiff.gradient_graphs import move_to_inputs, seed_with_ones
-from ..graph import (FLOAT_TYPES, default_ir_version,
-                     infer_value_types, opset_of)
-from ..graph.broadcasts import avoid_slow_broadcasts
+from ..graph import FLOAT_TYPES, default_ir_version, infer_value_types
 from ..graph.builder import tensor_value_info
-from ..graph.conv_gemm import lower_small_convs
-from ..graph.cse import eliminate_common_subexpressions
-from ..graph.identities import remove_identity_dropouts
-from ..graph.training_mode import (batchnorm_buffers, running_statistics,
-                                   with_running_statistics_updates)
+from ..graph.training_mode import batchnorm_buffers, running_statistics
 
 __all__ = ["TrainingResult", "build_training_models", "set_graph_outputs",
            "LAZY_RESET_GRAD", "buffer_name", "accumulated_name",
@@ -133,10 +127,16 @@ def _check_parameters(graph, trainable, frozen):
     return inits
 
 
+def _ir_version(model):
+    """IR version of the models built from ``model``: at least the one of
+    its opsets."""
+    return max(model.ir_version, default_ir_version(model.opset_import))
+
+
 def _model_like(model, graph):
     new = helper.make_model(graph, opset_imports=list(model.opset_import),
                             producer_name="onnxtrain")
-    new.ir_version = max(model.ir_version, default_ir_version(model.opset_import))
+    new.ir_version = _ir_version(model)
     new.functions.extend(model.functions)
     return new
 
@@ -177,27 +177,25 @@ def _accumulate(g, trainable, grad_names, types):
     return buffers, lazy_vi, outputs
 
 
-def _gradient_nodes(model, wrt, loss, types, buffer_types):
+def _gradient_nodes(prepared, wrt, loss, buffer_types):
     """Gradient and accumulation nodes of ``loss`` w.r.t. ``wrt`` (may be
     empty: then only the ``lazy_reset_grad`` input, unused, is made).
 
     Returns (forward nodes, gradient nodes, initializers, buffer inputs,
-    lazy_reset_grad input, accumulated outputs). The forward nodes are
-    ``model``'s (the caller's own copy), on which the reverse pass names the
-    optional outputs the rules read (Dropout's mask, LayerNormalization's
-    statistics)."""
+    lazy_reset_grad input, accumulated outputs). The forward nodes are the
+    prepared model's, on which the reverse pass names the optional outputs
+    the rules read (Dropout's mask, LayerNormalization's statistics)."""
     if not wrt:
         lazy_vi = helper.make_tensor_value_info(LAZY_RESET_GRAD,
                                                 onnx.TensorProto.BOOL, [])
-        return list(model.graph.node), [], [], [], lazy_vi, []
-    # the model is build_training_models' own copy
-    bg = backward(model, wrt, outputs=[loss], types=types, in_place=True)
+        return list(prepared.model.graph.node), [], [], [], lazy_vi, []
+    bg = reverse(prepared, wrt, [loss])
     g = bg.builder
-    seed_with_ones(g, loss, bg.grad_output_names[0], types[loss][0])
+    seed_with_ones(g, loss, bg.grad_output_names[0], prepared.types[loss][0])
     buffers, lazy_vi, acc_outputs = _accumulate(g, wrt, bg.grad_names,
                                                 buffer_types)
-    forward = list((bg.model or model).graph.node)
-    return forward, g.nodes, g.initializers, buffers, lazy_vi, acc_outputs
+    return (forward_nodes(prepared, bg), g.nodes, g.initializers, buffers,
+            lazy_vi, acc_outputs)
 
 
 def build_training_models(state, output_names, trainable, frozen):
@@ -232,19 +230,11 @@ def build_training_models(state, output_names, trainable, frozen):
     base = state.model
     trainable, frozen = classify_running_statistics(base, trainable, frozen)
     inits = _check_parameters(base.graph, trainable, frozen)
-    model, updated, _ = with_running_statistics_updates(base, as_inputs=False,
-                                                        types=types)
-    if updated:  # values the base model lacks
-        types = infer_value_types(model)
-    # the training graph only: the eval model keeps the Conv nodes
-    lowered = lower_small_convs(model, trainable, types)
-    if lowered is not model:  # values of its own
-        model = lowered
-        types = infer_value_types(model)
-    # Dropouts of probability 0 copy their input: no node, no gradient rule
-    # (the types stay those of every value left); the model is this
-    # function's copy
-    model = remove_identity_dropouts(model, opset_of(model) or 1, in_place=True)
+    # the Conv lowering is the training graph's only: the eval model keeps
+    # the Conv nodes
+    prepared = prepare(base, trainable, types, statistics={"as_inputs": False},
+                       drop_identity_dropouts=True)
+    model, types, updated = prepared.model, prepared.types, prepared.buffers
     graph = model.graph
     params = [i.name for i in graph.initializer if i.name in set(trainable + frozen)]
     input_grads = [i.name for i in graph.input
@@ -260,7 +250,7 @@ def build_training_models(state, output_names, trainable, frozen):
     buffer_types = {p: (inits[p].data_type, list(inits[p].dims)) for p in trainable}
     buffer_types.update({n: (types[n][0], _clean(types[n][1])) for n in input_grads})
     forward, nodes, grad_inits, buffers, lazy_vi, acc_outputs = _gradient_nodes(
-        model, trainable + input_grads, loss, types, buffer_types)
+        prepared, trainable + input_grads, loss, buffer_types)
 
     param_types = {p: (inits[p].data_type, tuple(inits[p].dims)) for p in params}
     inputs, constants = move_to_inputs(graph, params, param_types,
@@ -269,20 +259,14 @@ def build_training_models(state, output_names, trainable, frozen):
     outputs = list(graph.output)[:len(base.graph.output)]
     update_outputs = list(graph.output)[len(base.graph.output):]
 
-    # one node per value (the reverse pass repeats shape arithmetic)
-    interface = [v.name for v in inputs + buffers + [lazy_vi] + outputs
-                 + acc_outputs + update_outputs]
-    train_nodes, train_constants = eliminate_common_subexpressions(
-        forward + nodes, keep=interface, initializers=constants + grad_inits)
-    train_graph = helper.make_graph(
-        train_nodes, f"{graph.name}_training",
-        inputs + buffers + [lazy_vi],
-        outputs + acc_outputs + update_outputs, train_constants)
-    training = _model_like(model, train_graph)
     # the accumulation's Where nodes read lazy_reset_grad itself
     # (api/_plain_step.py drops them by that)
-    training = avoid_slow_broadcasts(training, keep=[LAZY_RESET_GRAD],
-                                     forward_types=types)
+    training = finish(forward + nodes, constants + grad_inits,
+                      inputs + buffers + [lazy_vi],
+                      outputs + acc_outputs + update_outputs,
+                      f"{graph.name}_training", model,
+                      ir_version=_ir_version(model), keep=[LAZY_RESET_GRAD],
+                      forward_types=types, check=True)
     eval_inputs, eval_constants = move_to_inputs(
         base.graph, params, param_types, keep_initializer_inputs=False)
     eval_graph = helper.make_graph(
@@ -304,7 +288,6 @@ def build_training_models(state, output_names, trainable, frozen):
         layout.update(input_gradients=input_grads,
                       input_gradient_buffers=[b.name for b in buffers[n_params:]])
     _set_metadata(training, TRAINING_METADATA, layout)
-    onnx.checker.check_model(training)
     onnx.checker.check_model(evaluation)
     return TrainingResult(training, evaluation,
                           [_copy(inits[p]) for p in trainable],

@@ -170,9 +170,7 @@ class BaseLearningRate(GraphSaverMixin, BaseEstimator):
         for name in scalars + ["loss_total"]:
             g.reserve(name)
         inputs = [tensor_input(n, elem_type, []) for n in scalars]
-        outputs, penalties = [], []
-        rule = self.update_rule()
-        rule_scalars = self._rule_scalars()
+        outputs = []
         for name, shape in weights:
             states = [f"{name}_{s}" for s in self.state_names]
             feeds = [name, f"{name}_grad"] + states
@@ -183,20 +181,56 @@ class BaseLearningRate(GraphSaverMixin, BaseEstimator):
                 g.set_type(n, elem_type, shape)
             inputs += [tensor_input(n, elem_type, shape) for n in feeds]
             outputs += [tensor_input(n, elem_type, shape) for n in news]
-            grad = feeds[1]
-            if penalty is not None and name in penalized:
-                grad, value = penalty.penalize(g, name, grad, "penalty_scale")
-                if value is not None:
-                    penalties.append(value)
-            rule.update(g, elem_type, name, grad, states, rule_scalars, news)
-        total = "loss"
-        for value in penalties:
-            total = g.op("Add", total, value)
-        g.op("Identity", total, outputs=["loss_total"])
+        self.emit_update(g, [name for name, _ in weights], elem_type, penalty,
+                         penalized)
         outputs.append(tensor_input("loss_total", elem_type, []))
         self.axpy_onnx_ = finish(g, f"{type(self).__name__}_update", inputs,
                                  outputs)
         return self.axpy_onnx_
+
+    def emit_update(self, g, weights, elem_type, penalty=None, penalized=(),
+                    names=None):
+        """Write the update of every weight into the builder ``g``.
+
+        Parameters
+        ----------
+        g : GraphBuilder
+            The graph the nodes join (``axpy_onnx_``'s, or a training
+            step's); it knows the types of the weights.
+        weights : list of str
+        elem_type : int
+        penalty : BaseLearningPenalty, default=None
+        penalized : collection of str, default=()
+        names : dict, default=None
+            The graph's value for each name of :meth:`build_onnx`'s
+            interface (``learning_rate``, ``loss``, ``penalty_scale``,
+            ``w_grad``, ``w_new``, ``loss_total``...); a name left out keeps
+            its own. The outputs must be reserved in ``g``.
+        """
+        names = names or {}
+
+        def name(n):
+            return names.get(n, n)
+
+        penalties = []
+        rule = self.update_rule()
+        rule_scalars = {k: name(v) for k, v in self._rule_scalars().items()}
+        for weight in weights:
+            states = [f"{weight}_{s}" for s in self.state_names]
+            news = [f"{weight}_new"] + [f"{s}_new" for s in states]
+            grad = name(f"{weight}_grad")
+            if penalty is not None and weight in penalized:
+                grad, value = penalty.penalize(g, name(weight), grad,
+                                               name("penalty_scale"))
+                if value is not None:
+                    penalties.append(value)
+            rule.update(g, elem_type, name(weight), grad,
+                        [name(s) for s in states], rule_scalars,
+                        [name(n) for n in news])
+        total = name("loss")
+        for value in penalties:
+            total = g.op("Add", total, value)
+        g.op("Identity", total, outputs=[name("loss_total")])
 
     def _rule_scalars(self):
         """The rule's scalars: graph inputs of the same names."""

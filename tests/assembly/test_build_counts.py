@@ -22,11 +22,11 @@ EXPECTED = {
     "fused": (1, 1, 1, 1),
     "loop": (1, 1, 1, 1),
     # a classifier's graph trained (its probabilities) comes from a rewrite
-    # of the model (one more shape inference); the fused graphs train the
-    # loss on the logits, a second loss graph (the one on probabilities is
-    # loss_grad_onnx_, which the seed reads)
+    # of the model (one more shape inference); the fused graphs write the
+    # loss on the logits into their own builder (no loss graph of its own;
+    # the one on probabilities is loss_grad_onnx_, which the seed reads)
     "classifier-split": (1, 2, 1, 4),
-    "classifier-loop": (1, 2, 2, 1),
+    "classifier-loop": (1, 2, 1, 1),
     # BatchNormalization in training mode: the model with the running
     # statistics' updates is typed once more (it has new values), its
     # step graph once more (slow broadcasts); the updates' builds and the
