@@ -182,3 +182,17 @@ def test_no_public_class_is_defined_twice():
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 where.setdefault(node.name, []).append(module)
     assert {name: found for name, found in where.items() if len(found) > 1} == {}
+
+
+def test_no_class_has_more_than_25_methods():
+    # issue 33: one responsibility per class; helpers of one op family live
+    # with their users, not on the shared builder
+    large = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                count = sum(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            for item in node.body)
+                if count > 25:
+                    large.append((str(path.relative_to(PACKAGE)), node.name, count))
+    assert large == []

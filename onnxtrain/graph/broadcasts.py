@@ -28,11 +28,12 @@ import math
 import numpy as np
 from onnx import helper, numpy_helper
 
-from .builder import GraphBuilder, opset_of
+from .builder import SMALL_SPATIAL_SIZE, GraphBuilder, opset_of
 from .shapes import infer_value_types
 from .symbolic import broadcast_shapes
 
-__all__ = ["avoid_slow_broadcasts", "may_broadcast_slowly", "ELEMENTWISE_BROADCASTS"]
+__all__ = ["avoid_slow_broadcasts", "may_broadcast_slowly", "per_channel",
+           "ELEMENTWISE_BROADCASTS"]
 
 #: Standard ops broadcasting their inputs element by element.
 ELEMENTWISE_BROADCASTS = frozenset({
@@ -202,3 +203,24 @@ def may_broadcast_slowly(types):
     of size 1 after a larger one: the test of ``forward_types`` in
     :func:`avoid_slow_broadcasts`."""
     return any(_ends_in_ones(shape) for _, shape in types.values())
+
+
+def per_channel(g, v, shape):
+    """``v``, one value per channel (shape ``(1, C, 1, ...)`` or
+    ``(C, 1, ...)``), as the operand of an elementwise op with a tensor
+    of ``shape`` ``(N, C, spatial...)``, written into the builder ``g``:
+    expanded to ``shape[1:]`` when the spatial size is static and 2 to
+    :data:`~onnxtrain.graph.builder.SMALL_SPATIAL_SIZE`, else ``v`` itself.
+
+    onnxruntime's CPU broadcast loops over the ``N C`` runs of
+    ``H W`` contiguous elements, a call per run: at small feature maps
+    (2x2, 4x4) the Expand to ``(C, H, W)`` plus a Mul over runs of
+    ``C H W`` is much faster; at larger maps the Expand no longer pays.
+    The values are the same.
+    """
+    if shape is None or len(shape) < 3 or \
+            not all(isinstance(d, int) and d > 0 for d in shape[1:]):
+        return v
+    if not 2 <= math.prod(shape[2:]) <= SMALL_SPATIAL_SIZE:
+        return v
+    return g.op("Expand", v, g.int64s(list(shape[1:])))

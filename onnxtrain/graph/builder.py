@@ -9,7 +9,6 @@ opset 13 and as an input from opset 13 on).
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import onnx
@@ -31,7 +30,7 @@ Dim = "int | str | None"
 VALUE_FIELDS = ("raw_data", "float_data", "double_data", "int32_data", "int64_data",
                 "uint64_data", "string_data")
 
-#: Largest spatial size (H W) at which :meth:`GraphBuilder.per_channel`
+#: Largest spatial size (H W) at which :func:`onnxtrain.graph.broadcasts.per_channel`
 #: expands a per-channel operand (above it the Expand costs more than the
 #: slow broadcast it avoids).
 SMALL_SPATIAL_SIZE = 16
@@ -372,26 +371,6 @@ class GraphBuilder:
         """ReduceSum over static ``axes`` (None: every axis)."""
         return self.reduce("ReduceSum", x, axes, keepdims)
 
-    def per_channel(self, v, shape):
-        """``v``, one value per channel (shape ``(1, C, 1, ...)`` or
-        ``(C, 1, ...)``), as the operand of an elementwise op with a tensor
-        of ``shape`` ``(N, C, spatial...)``: expanded to ``shape[1:]`` when
-        the spatial size is static and 2 to :data:`SMALL_SPATIAL_SIZE`,
-        else ``v`` itself.
-
-        onnxruntime's CPU broadcast loops over the ``N C`` runs of
-        ``H W`` contiguous elements, a call per run: at small feature maps
-        (2x2, 4x4) the Expand to ``(C, H, W)`` plus a Mul over runs of
-        ``C H W`` is much faster; at larger maps the Expand no longer pays.
-        The values are the same.
-        """
-        if shape is None or len(shape) < 3 or \
-                not all(isinstance(d, int) and d > 0 for d in shape[1:]):
-            return v
-        if not 2 <= math.prod(shape[2:]) <= SMALL_SPATIAL_SIZE:
-            return v
-        return self.op("Expand", v, self.int64s(list(shape[1:])))
-
     def unsqueeze(self, x, axes):
         """Unsqueeze at static ``axes``."""
         return self._axes_op("Unsqueeze", x, axes)
@@ -423,13 +402,6 @@ class GraphBuilder:
     def cast(self, x, elem_type):
         """Cast ``x`` to ``elem_type``."""
         return self.op("Cast", x, to=int(elem_type))
-
-    def transpose_last_two(self, x, rank):
-        """Swap the last two axes of a tensor of static ``rank`` (see
-        :meth:`transpose`)."""
-        perm = list(range(rank))
-        perm[-2], perm[-1] = perm[-1], perm[-2]
-        return self.transpose(x, perm)
 
     def transpose(self, x, perm):
         """Transpose ``x`` by ``perm``, without a node where its producer

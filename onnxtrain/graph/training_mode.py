@@ -17,6 +17,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper, numpy_helper
 
+from .broadcasts import per_channel
 from .builder import GraphBuilder, copy_fields, opset_of
 from .scopes import without_unread
 from .shapes import infer_value_types
@@ -283,7 +284,7 @@ def _momentum_update(g, node, types, elem_type, node_statistics=False):
         # the centering of the BatchNormalization gradient rule
         # (autodiff/rules/normalization.py), shared by common-subexpression
         # elimination
-        centered = g.op("Sub", x, g.per_channel(batch_mean, shape))
+        centered = g.op("Sub", x, per_channel(g, batch_mean, shape))
         batch_var = g.reshape_like(
             g.reduce("ReduceMean", g.op("Mul", centered, centered), axes), var)
         batch_mean = g.reshape_like(batch_mean, mean)

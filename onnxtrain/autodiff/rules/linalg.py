@@ -5,6 +5,14 @@ from onnx import TensorProto, helper
 from ..registry import register_vjp
 
 
+def _transpose_last_two(g, x, rank):
+    """Swap the last two axes of a tensor of static ``rank``
+    (:meth:`~onnxtrain.graph.GraphBuilder.transpose`)."""
+    perm = list(range(rank))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    return g.transpose(x, perm)
+
+
 def _reduce_to_operand(ctx, grad, batch, operand, promoted_shape):
     """Reduce ``grad`` (shape ``batch + promoted_shape[-2:]``) to ``operand``."""
     if ctx.rank(operand) >= 2:
@@ -34,12 +42,12 @@ def _matmul(ctx, gy):
     batch = _broadcast_batch(sa2[:-2], sb2[:-2])
     ga = gb = None
     if ctx.needs_grad[0]:
-        grad = ctx.op("MatMul", g2, ctx.g.transpose_last_two(b2, len(sb2)))
+        grad = ctx.op("MatMul", g2, _transpose_last_two(ctx.g, b2, len(sb2)))
         ga = _reduce_to_operand(ctx, grad, batch, a, sa2)
     if ctx.needs_grad[1]:
         gb = _weight_grad_2d(ctx, a, gy, ra, rb, sb)
         if gb is None:
-            grad = ctx.op("MatMul", ctx.g.transpose_last_two(a2, len(sa2)), g2)
+            grad = ctx.op("MatMul", _transpose_last_two(ctx.g, a2, len(sa2)), g2)
             gb = _reduce_to_operand(ctx, grad, batch, b, sb2)
     return ga, gb
 

@@ -13,6 +13,7 @@ scale / sqrt(var + eps) dy.
 """
 from onnx import TensorProto
 
+from ...graph.broadcasts import per_channel
 from ...graph.training_mode import reads_batch_statistics
 from ..registry import register_vjp
 
@@ -25,13 +26,13 @@ def _per_channel(ctx, v, rank):
 def _spread(ctx, v, x, axes):
     """``v``, one value per group of statistics over ``axes`` of ``x``, as
     an elementwise operand against ``x``: expanded over small feature maps
-    when the groups are channels (:meth:`GraphBuilder.per_channel
-    <onnxtrain.graph.GraphBuilder.per_channel>`, batch normalization), as
-    is."""
+    when the groups are channels
+    (:func:`onnxtrain.graph.broadcasts.per_channel`, batch normalization),
+    as is."""
     shape = ctx.shape(x)
     if shape is None or list(axes) != [0] + list(range(2, len(shape))):
         return v
-    return ctx.g.per_channel(v, shape)
+    return per_channel(ctx.g, v, shape)
 
 
 def _statistics(ctx, x, axes, eps):
