@@ -17,8 +17,8 @@ import warnings
 
 import numpy as np
 import psutil
-from onnx import helper, numpy_helper
 
+from linear_models import linear_model
 from onnxtrain import (LearningRateSGD, OrtGradientForwardBackward,
                        OrtGradientForwardBackwardClassifier,
                        OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer,
@@ -35,22 +35,8 @@ Y = (X @ np.array([1.0, -2.0, 0.5], dtype=np.float32) + 0.3).astype(np.float32)
 LABELS = np.digitize(Y, [-1.0, 1.0]).astype(np.int64)
 
 
-def _linear(softmax=False):
-    n_out = 3 if softmax else 1
-    inits = [numpy_helper.from_array((0.1 * _RNG.randn(3, n_out)).astype(np.float32), "W"),
-             numpy_helper.from_array(np.zeros(n_out, dtype=np.float32), "B")]
-    nodes = [helper.make_node("MatMul", ["X", "W"], ["XW"]),
-             helper.make_node("Add", ["XW", "B"], ["Z" if softmax else "Y"])]
-    if softmax:
-        nodes.append(helper.make_node("Softmax", ["Z"], ["Y"], axis=1))
-    graph = helper.make_graph(
-        nodes, "linear", [helper.make_tensor_value_info("X", 1, [None, 3])],
-        [helper.make_tensor_value_info("Y", 1, [None, n_out])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-REGRESSION = _linear()
-SOFTMAX = _linear(softmax=True)
+REGRESSION = linear_model(3)
+SOFTMAX = linear_model(3, 3, softmax=True)
 WITH_LOSS = add_loss_output(REGRESSION)
 _ARTIFACTS = None
 

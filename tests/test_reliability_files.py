@@ -19,6 +19,7 @@ import onnxtrain.onnxblock as onnxblock
 from onnxtrain import api, artifacts
 from onnxtrain.cli import build_parser, main, read_csv
 from test_artifacts_models import two_head_model
+from linear_models import linear_model
 
 TRAINABLE = ["weight1", "bias1", "weight2", "bias2"]
 FROZEN = ["weight3", "bias3"]
@@ -35,15 +36,7 @@ def csv_and_model(tmp_path):
     data = tmp_path / "data.csv"
     data.write_text("x1,x2,target\n" + "".join(
         f"{a},{b},{t}\n" for (a, b), t in zip(X, y)))
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["xw"]),
-         helper.make_node("Add", ["xw", "B"], ["Y"])], "linear",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
-        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W"),
-         numpy_helper.from_array(np.zeros((1, 1), np.float32), "B")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-    model.ir_version = 8
+    model = linear_model(2, scale=0.0, opset=15, ir_version=8)
     model_path = tmp_path / "model.onnx"
     onnx.save(model, model_path)
     return data, model_path

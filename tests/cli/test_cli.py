@@ -8,6 +8,7 @@ import pytest
 
 from onnxtrain.cli import main, read_csv
 from onnxtrain.demo import run_demo
+from linear_models import linear_model
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +55,7 @@ def csv_and_model(tmp_path):
         f.write("x1,x2,target\n")
         for row, t in zip(X, y):
             f.write(f"{row[0]},{row[1]},{t}\n")
-    from onnx import TensorProto, helper, numpy_helper
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["xw"]),
-         helper.make_node("Add", ["xw", "B"], ["Y"])], "linear",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
-        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W"),
-         numpy_helper.from_array(np.zeros((1, 1), np.float32), "B")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-    model.ir_version = 8
+    model = linear_model(2, scale=0.0, opset=15, ir_version=8)
     model_path = tmp_path / "model.onnx"
     onnx.save(model, model_path)
     return path, model_path, X, y

@@ -6,10 +6,11 @@ Grouped by kind: options, CSV encoding, CSV layout, models."""
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from onnxtrain.cli import main, read_csv
 from onnxtrain.runtime.opsets import highest_opset
+from linear_models import linear_model
 
 ROWS = 60
 
@@ -26,15 +27,7 @@ def table():
 
 @pytest.fixture
 def model_path(tmp_path):
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["xw"]),
-         helper.make_node("Add", ["xw", "B"], ["Y"])], "linear",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
-        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W"),
-         numpy_helper.from_array(np.zeros((1, 1), np.float32), "B")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-    model.ir_version = 8
+    model = linear_model(2, scale=0.0, opset=15, ir_version=8)
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
     return path

@@ -6,10 +6,10 @@ import warnings
 import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
-from onnx import helper, numpy_helper
 from sklearn.datasets import make_regression
 from sklearn.exceptions import NotFittedError
 
+from linear_models import linear_model
 from onnxtrain.estimators import (OrtGradientForwardBackwardClassifier,
                                   OrtGradientForwardBackwardOptimizer)
 from onnxtrain.exceptions import ConvergenceError, DeviceError
@@ -23,17 +23,7 @@ LABELS = np.digitize(Y, [-1.0, 1.0])
 
 
 def _linear(n_out=1, softmax=False):
-    rng = np.random.RandomState(1)
-    inits = [numpy_helper.from_array((0.1 * rng.randn(3, n_out)).astype(np.float32), "W"),
-             numpy_helper.from_array(np.zeros(n_out, dtype=np.float32), "B")]
-    nodes = [helper.make_node("MatMul", ["X", "W"], ["XW"]),
-             helper.make_node("Add", ["XW", "B"], ["Z" if softmax else "Y"])]
-    if softmax:
-        nodes.append(helper.make_node("Softmax", ["Z"], ["Y"], axis=1))
-    graph = helper.make_graph(
-        nodes, "linear", [helper.make_tensor_value_info("X", 1, [None, 3])],
-        [helper.make_tensor_value_info("Y", 1, [None, n_out])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return linear_model(3, n_out, softmax=softmax, seed=1)
 
 
 ESTIMATORS = {

@@ -33,6 +33,13 @@ def _union_order(n_samples, n_shards, batch):
                            for j in range(steps) for p in parts])
 
 
+def _assert_same_training(parallel, single):
+    """The data-parallel fit followed the one-process curve and weights."""
+    assert_allclose(parallel.train_losses_, single.train_losses_, rtol=1e-5)
+    for a, b in zip(parallel.get_state(), single.get_state()):
+        assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("rate", [
     LearningRateSGD(0.02, learning_rate="constant"),
     LearningRateSGDNesterov(0.01, learning_rate="constant", momentum=0.9)])
@@ -47,9 +54,7 @@ def test_averaged_shards_follow_the_full_batch_curve(client, mlp_onnx,
     single = OrtGradientForwardBackwardOptimizer(
         mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=3,
         random_state=0).fit(X[order], y[order])
-    assert_allclose(parallel.train_losses_, single.train_losses_, rtol=1e-5)
-    for a, b in zip(parallel.get_state(), single.get_state()):
-        assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    _assert_same_training(parallel, single)
     assert parallel.n_iter_ == 3 and parallel.t_ == 300
     # a worker's sessions take the worker's threads (threads_per_worker=1)
     worker = client.submit(ShardWorker, parallel, X[:50], y[:50], actor=True).result()
@@ -159,9 +164,7 @@ def test_dask_partitions_follow_the_full_batch_curve(client, mlp_onnx, frame):
     single = OrtGradientForwardBackwardOptimizer(
         mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=3,
         random_state=0).fit(Xn[order], yn[order])
-    assert_allclose(parallel.train_losses_, single.train_losses_, rtol=1e-5)
-    for a, b in zip(parallel.get_state(), single.get_state()):
-        assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    _assert_same_training(parallel, single)
     assert parallel.t_ == 300 and parallel._trainer.step_count == 15
     if frame:
         assert list(parallel.feature_names_in_) == [f"f{j}" for j in range(5)]
