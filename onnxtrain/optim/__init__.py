@@ -1,10 +1,10 @@
 """Optimization: the update rules (:mod:`.update_rules`, optax-shaped
 init/update), the links that change the gradients before a rule
 (:mod:`.links`: clipping, weight decay, penalty) and their chains
-(:mod:`.chain`), the seed's learning-rate objects that adapt them to its
+(:mod:`.chains`), the seed's learning-rate objects that adapt them to its
 graph layout (:mod:`.learning_rates`) and the weight initializers
 (:mod:`.initializers`)."""
-from .chain import LearningRateChain, chain
+from .chains import LearningRateChain, chain
 from .learning_rates import (BaseLearningRate, LearningRateAdam,
                              LearningRateAdamW, LearningRateSGD,
                              LearningRateSGDNesterov, check_learning_rate,

@@ -292,7 +292,7 @@ class AdamRule(UpdateRule):
         ``scalars['decay']``), None without decay."""
         if "decay" in scalars:
             return scalars["decay"]
-        return _AdamDecay(self.weight_decay).decay(g, elem_type, scalars)
+        return _adam_decay(self.weight_decay).decay(g, elem_type, scalars)
 
     def as_chain(self):
         """This rule as :class:`ChainedRule`: the decoupled weight decay
@@ -303,7 +303,7 @@ class AdamRule(UpdateRule):
             return self
         core = type(self)(self.beta_1, self.beta_2, self.epsilon, 0.0,
                           self.bias_correction)
-        return ChainedRule([_AdamDecay(self.weight_decay)], core)
+        return ChainedRule([_adam_decay(self.weight_decay)], core)
 
     def update(self, g, elem_type, param, grad, states, scalars, outputs=None):
         if self.weight_decay:
@@ -331,12 +331,13 @@ class AdamWRule(AdamRule):
         super().__init__(beta_1, beta_2, epsilon, weight_decay, bias_correction)
 
 
-class _AdamDecay(DecoupledWeightDecay):
-    """The decay of ``AdamRule(weight_decay=...)``: ``learning_rate *
+def _adam_decay(weight_decay):
+    """The decay link of ``AdamRule(weight_decay=...)``: ``learning_rate *
     weight_decay`` is ``scalars['decay']``, which learning-rate objects feed
     (computed on the host) and onnxblock's AdamW computes first."""
-
-    scalar_key = "decay"
+    link = DecoupledWeightDecay(weight_decay)
+    link.scalar_key = "decay"
+    return link
 
 
 class ChainedRule(UpdateRule):

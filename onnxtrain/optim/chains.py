@@ -194,15 +194,15 @@ class LearningRateChain(BaseLearningRate):
                              f"non-empty strings without '__' (not 'steps'), "
                              f"got {names}.")
         *links, (name, last) = steps
+        if not isinstance(last, BaseLearningRate):
+            raise ValueError(f"LearningRateChain: the last step {name!r} must be "
+                             f"a learning-rate object, got {last!r}.")
         for link_name, link in links:
             if not isinstance(link, GradientLink):
                 raise ValueError(f"LearningRateChain: step {link_name!r} must be "
                                  f"a GradientLink (onnxtrain.optim.links), got "
                                  f"{link!r}.")
             link.check()
-        if not isinstance(last, BaseLearningRate):
-            raise ValueError(f"LearningRateChain: the last step {name!r} must be "
-                             f"a learning-rate object, got {last!r}.")
         check_learning_rate(last)
 
     # ------------------------------------------------ the last step's schedule
