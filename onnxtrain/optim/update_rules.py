@@ -32,6 +32,8 @@ the step size scaled by ``1 - lr * weight_decay``.
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from .links import DecoupledWeightDecay, GradientLink
@@ -301,8 +303,8 @@ class AdamRule(UpdateRule):
         without decay."""
         if not self.weight_decay:
             return self
-        core = type(self)(self.beta_1, self.beta_2, self.epsilon, 0.0,
-                          self.bias_correction)
+        core = copy.copy(self)
+        core.weight_decay = 0.0
         return ChainedRule([_adam_decay(self.weight_decay)], core)
 
     def update(self, g, elem_type, param, grad, states, scalars, outputs=None):

@@ -533,3 +533,40 @@ def test_optimizer_model_refuses_what_it_cannot_hold():
     # a chain of per-parameter links takes several element types
     model = build_optimizer_model(chain(ClipByValue(1.0), SGDRule()), mixed)
     assert [o.name for o in model.graph.output] == ["a.updated", "b.updated"]
+
+
+@pytest.mark.parametrize("opset", [9, 17])
+def test_clip_by_value_at_every_opset(opset):
+    """Clip takes its bounds as inputs from opset 11; Min and Max before."""
+    from onnxtrain.onnxblock.optim import build_optimizer_model
+    model = build_optimizer_model(chain(ClipByValue(0.5), SGDRule()),
+                                  [("p", TensorProto.FLOAT, [4])], opset)
+    ops = {n.op_type for n in model.graph.node}
+    assert ("Clip" in ops) == (opset >= 11)
+    sess = onnxruntime.InferenceSession(model.SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+    grad = np.array([-2.0, -0.25, 0.3, 7.0], dtype=np.float32)
+    (new,) = sess.run(None, {"learning_rate": np.array(0.1),
+                             "step": np.array(1, dtype=np.int64),
+                             "p": np.zeros(4, np.float32), "p_grad": grad})
+    assert_allclose(new, -0.1 * np.clip(grad, -0.5, 0.5), rtol=1e-6)
+
+
+def test_clip_by_global_norm_sums_float16_squares_in_float32():
+    """Squares summing past float16's 65504 still give the true norm."""
+    g = new_builder(17)
+    for n in ["lr", "p", "g", "p_new"]:
+        g.reserve(n)
+    half = TensorProto.FLOAT16
+    chain(ClipByGlobalNorm(1.0), SGDRule()).update_all(
+        g, half, ["p"], ["g"], [[]], {"learning_rate": "lr"}, [["p_new"]])
+    model = finish(g, "half", [tensor_input("lr", half, []),
+                               tensor_input("p", half, [300]),
+                               tensor_input("g", half, [300])],
+                   [tensor_input("p_new", half, [300])])
+    sess = onnxruntime.InferenceSession(model.SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+    grad = np.full(300, 100.0, np.float16)  # norm sqrt(3e6), squares 1e4 each
+    (new,) = sess.run(None, {"lr": np.array(1.0, np.float16),
+                             "p": np.zeros(300, np.float16), "g": grad})
+    assert np.linalg.norm(new.astype(np.float64)) == pytest.approx(1.0, rel=1e-3)
