@@ -45,9 +45,8 @@ def _finite(value):
         and bool(np.isfinite(value))
 
 
-def _refuse(link, name, what):
-    raise ValueError(f"{type(link).__name__}: {name} must be {what}, got "
-                     f"{getattr(link, name)!r}.")
+_POSITIVE = (lambda v: _finite(v) and v > 0, "a finite float > 0")
+_NON_NEGATIVE = (lambda v: _finite(v) and v >= 0, "a finite float >= 0")
 
 
 def clip_factor(g, total, max_norm):
@@ -89,9 +88,17 @@ class GradientLink(BaseEstimator):
     """
 
     needs_all = False
+    #: parameter -> (test of a valid value, what a valid value is)
+    valid_params = {}
 
     def check(self):
-        """Raise ValueError naming a parameter out of its range; return self."""
+        """Raise ValueError naming a parameter out of its range
+        (:attr:`valid_params`); return self."""
+        for name, (test, what) in self.valid_params.items():
+            value = getattr(self, name)
+            if not test(value):
+                raise ValueError(f"{type(self).__name__}: {name} must be {what}, "
+                                 f"got {value!r}.")
         return self
 
     def prepare(self, g, elem_type, params, grads, scalars):
@@ -178,14 +185,10 @@ class ClipByGlobalNorm(GradientLink):
     """
 
     needs_all = True
+    valid_params = {"max_norm": _POSITIVE}
 
     def __init__(self, max_norm=1.0):
         self.max_norm = max_norm
-
-    def check(self):
-        if not (_finite(self.max_norm) and self.max_norm > 0):
-            _refuse(self, "max_norm", "a finite float > 0")
-        return self
 
     def prepare(self, g, elem_type, params, grads, scalars):
         double = TensorProto.DOUBLE
@@ -220,13 +223,10 @@ class ClipByValue(GradientLink):
         From :meth:`check`: ``clip_value`` not a finite float > 0.
     """
 
+    valid_params = {"clip_value": _POSITIVE}
+
     def __init__(self, clip_value=1.0):
         self.clip_value = clip_value
-
-    def check(self):
-        if not (_finite(self.clip_value) and self.clip_value > 0):
-            _refuse(self, "clip_value", "a finite float > 0")
-        return self
 
     def transform(self, g, elem_type, param, grad, scalars, context=None,
                   key=None):
@@ -261,13 +261,10 @@ class AddDecayedWeights(GradientLink):
     ``alpha`` does.
     """
 
+    valid_params = {"weight_decay": _NON_NEGATIVE}
+
     def __init__(self, weight_decay=0.0001):
         self.weight_decay = weight_decay
-
-    def check(self):
-        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
-            _refuse(self, "weight_decay", "a finite float >= 0")
-        return self
 
     def transform(self, g, elem_type, param, grad, scalars, context=None,
                   key=None):
@@ -305,14 +302,10 @@ class DecoupledWeightDecay(GradientLink):
     #: of this link's own); :class:`~onnxtrain.optim.update_rules.AdamRule`'s
     #: link reads ``'decay'``, which its learning-rate object feeds.
     scalar_key = None
+    valid_params = {"weight_decay": _NON_NEGATIVE}
 
     def __init__(self, weight_decay=0.01):
         self.weight_decay = weight_decay
-
-    def check(self):
-        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
-            _refuse(self, "weight_decay", "a finite float >= 0")
-        return self
 
     def decay(self, g, elem_type, scalars):
         """``learning_rate * weight_decay`` (once per ``scalars``), None
