@@ -49,7 +49,9 @@ _COMMON_PARAMETERS = """
     learning_rate : float, str or learning-rate object, default='SGD'
         A float x means ``LearningRateSGD(eta0=x)`` ('invscaling' schedule,
         t = epochs completed); names: 'SGD', 'SGDNesterov', 'Adam', 'AdamW';
-        or an object from :mod:`onnxtrain.optim`.
+        or an object from :mod:`onnxtrain.optim`, a chain of gradient
+        clipping or weight decay before one included
+        (``chain(ClipByGlobalNorm(1.0), LearningRateAdam())``).
     device : {{'cpu', 'cuda', 'cuda:N'}}, default='cpu'
     warm_start : bool, default=False
         False: every fit starts from the initial weights (``init``). True:

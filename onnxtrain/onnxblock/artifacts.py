@@ -23,6 +23,7 @@ from ..checkpoint.format import (check_checkpoint_entries, checkpoint_to_bytes,
 from ..graph import FLOAT_TYPES, opset_of
 from ..graph.builder import without_initializer_values
 from ..graph.training_mode import running_statistics
+from ..optim.update_rules import UpdateRule
 from ..runtime.ort_format import save_ort_format
 from ._base import owned_base, read_model
 from .optim import build_optimizer_model
@@ -101,8 +102,11 @@ def _resolve_loss(loss):
 
 
 def _resolve_optimizer(optimizer):
+    if isinstance(optimizer, UpdateRule):  # a chain of links included
+        return onnxblock.optim.RuleOptimizer(optimizer)
     return _resolve_block(optimizer, _OPTIMIZERS, onnxblock.optim._OptimizerBlock,
-                          "optimizer must be an OptimType, onnxblock.optim.SGD/AdamW")
+                          "optimizer must be an OptimType, an UpdateRule, "
+                          "onnxblock.optim.SGD/AdamW/RuleOptimizer")
 
 
 def _name_list(names):
@@ -213,8 +217,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     loss : LossType or onnxblock.Block, default=None
         The loss applied to the model outputs (or ``loss_input_names``);
         None: the model's first output is the loss already.
-    optimizer : OptimType or onnxblock.optim block, default=None
-        None: no optimizer model is written.
+    optimizer : OptimType, onnxblock.optim block or UpdateRule, default=None
+        None: no optimizer model is written. An update rule, a chain
+        (``onnxtrain.optim.chain(ClipByGlobalNorm(1.0), AdamRule())``)
+        included, is written by ``onnxblock.optim.RuleOptimizer``.
     artifact_directory : str or pathlib.Path, default=None
         Created if missing; None: the current directory.
     prefix : str, default=""

@@ -1,4 +1,5 @@
-"""Optimizer blocks (SGD, AdamW, ClipGradNorm) and the optimizer model.
+"""Optimizer blocks (SGD, AdamW, ClipGradNorm, RuleOptimizer) and the
+optimizer model.
 
 An optimizer block emits one parameter update with standard ONNX ops: the
 formula is an update rule of :mod:`onnxtrain.optim.update_rules` (the blocks
@@ -25,12 +26,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..graph.builder import default_ir_version, tensor_value_info
-from ..optim.update_rules import AdamRule, SGDRule
+from ..optim.links import AddPenalty, clip_factor
+from ..optim.update_rules import AdamRule, SGDRule, UpdateRule
 from ._base import DEFAULT_OPSET, current_base, empty_base
 from ._block import Block
 
-__all__ = ["SGD", "AdamW", "ClipGradNorm", "build_optimizer_model",
-           "OPTIMIZER_METADATA"]
+__all__ = ["SGD", "AdamW", "ClipGradNorm", "RuleOptimizer",
+           "build_optimizer_model", "OPTIMIZER_METADATA"]
 
 #: metadata_props key describing the optimizer model (JSON).
 OPTIMIZER_METADATA = "onnxtrain.optimizer_model"
@@ -79,10 +81,7 @@ class ClipGradNorm(Block):
             state._flush()
             square = op("Cast", square, to=double)
             total = square if total is None else op("Add", total, square)
-        norm = op("Sqrt", total)
-        coef = op("Div", state.const(self._max_norm, double),
-                  op("Add", norm, state.const(1e-6, double)))
-        factor = op("Min", coef, state.const(1.0, double))
+        factor = clip_factor(state, total, self._max_norm)
         return [op("Mul", g, op("Cast", factor, to=state.elem_type(g)))
                 for g in gradient_names]
 
@@ -124,11 +123,7 @@ def _clip_sequence(state, sequence, max_norm):
     squares = state.op("SequenceMap", sequence, body=squares_body)
     total = state.op("ReduceSum", state.op("ConcatFromSequence", squares, axis=0,
                                            new_axis=1), keepdims=0)
-    norm = state.op("Sqrt", total)
-    coef = state.op("Div", state.const(max_norm, double),
-                    state.op("Add", norm, state.const(1e-6, double)))
-    factor = state.op("Cast", state.op("Min", coef, state.const(1.0, double)),
-                      to=int(elem))
+    factor = state.op("Cast", clip_factor(state, total, max_norm), to=int(elem))
     scale_body = _body("scale", [helper.make_node("Mul", ["g", "c"], ["scaled"])],
                        [("g", elem), ("c", elem)], [("scaled", elem, None)])
     return state.op("SequenceMap", sequence, factor, body=scale_body)
@@ -157,6 +152,11 @@ class _Emitter:
 
     def const(self, value, elem_type):
         return self.state.builder.const(value, elem_type)
+
+    @property
+    def opset(self):
+        """Default-domain opset of the base model."""
+        return self.state.builder.opset
 
     def flush(self):
         """Move the pending nodes and constants into the model."""
@@ -221,7 +221,11 @@ class _OptimizerBlock(Block):
         rule, emitter = self.update_rule(), _Emitter(state)
         # a rule of onnxtrain's names the outputs itself; a custom rule
         # without the keyword gets its outputs renamed afterwards
-        names_outputs = _accepts_outputs(rule.update)
+        names_outputs = _accepts_outputs(getattr(rule, "rule", rule).update)
+        if getattr(rule, "needs_all", False):
+            return self._build_all(rule, emitter, learning_rate, step, parameters,
+                                   gradients, states,
+                                   outputs if names_outputs else None)
         # the scalars (rate, step, bias-corrected step size, decay) once per
         # element type, shared by every parameter's update
         scalars = {}
@@ -236,6 +240,22 @@ class _OptimizerBlock(Block):
                                                param_states, scalars[elem], **named)
             new_params.append(new_param)
             new_states.append(tuple(new_state))
+        emitter.flush()
+        return new_params, new_states
+
+    def _build_all(self, rule, emitter, learning_rate, step, parameters,
+                   gradients, states, outputs):
+        """The update of a rule reading every gradient at once (global-norm
+        clipping): one element type, one ``update_all``."""
+        state = emitter.state
+        elems = sorted({state.elem_type(p) for p in parameters})
+        if len(elems) != 1:
+            raise ValueError(f"{rule!r} reads every gradient at once; the "
+                             f"parameters have several element types {elems}.")
+        scalars = self._scalars(rule, emitter, elems[0], learning_rate, step)
+        new_params, new_states, _ = rule.update_all(
+            emitter, elems[0], list(parameters), list(gradients), list(states),
+            scalars, outputs)
         emitter.flush()
         return new_params, new_states
 
@@ -415,6 +435,62 @@ class AdamW(_OptimizerBlock):
                 "Mul", size, emitter.op("Sub", emitter.const(1.0, elem), decay))
 
 
+class RuleOptimizer(_OptimizerBlock):
+    """The optimizer block of any update rule, a chain of links included.
+
+    ``generate_artifacts(optimizer=rule)`` and :func:`build_optimizer_model`
+    wrap an :class:`~onnxtrain.optim.update_rules.UpdateRule` into this
+    block, e.g. ``chain(ClipByGlobalNorm(1.0), AdamRule(weight_decay=0.01))``
+    (:func:`onnxtrain.optim.chain`): the optimizer model then clips, decays
+    and steps as the chain says, and :class:`onnxtrain.api.Optimizer` runs
+    it as any optimizer model.
+
+    Parameters
+    ----------
+    rule : UpdateRule
+        Its state names (:attr:`UpdateRule.state_names`, e.g. ``m`` and
+        ``v`` for Adam) name the optimizer states (``p.m``, ``p.v``).
+    clip_grad : ClipGradNorm, default=None
+        Applied to the gradients first.
+
+    Raises
+    ------
+    TypeError
+        ``rule`` is not an update rule.
+    ValueError
+        A link's parameter out of its range, or a penalty link
+        (:class:`~onnxtrain.optim.links.AddPenalty`: the optimizer model
+        has no loss to add its value to, nor the batch's size to scale it).
+    """
+
+    def __init__(self, rule, clip_grad=None):
+        super().__init__(clip_grad)
+        if not isinstance(rule, UpdateRule):
+            raise TypeError(f"RuleOptimizer needs an UpdateRule "
+                            f"(onnxtrain.optim.update_rules), not {rule!r}.")
+        for link in getattr(rule, "links", ()):
+            if isinstance(link, AddPenalty):
+                raise ValueError("An optimizer model cannot hold a penalty link "
+                                 "(AddPenalty): it has no loss to add the "
+                                 "penalty to; add the penalty to the loss.")
+            link.check()
+        self._rule = rule
+
+    @property
+    def state_names(self):
+        return tuple(self._rule.state_names)
+
+    @property
+    def sequence_names(self):
+        return self.state_names
+
+    def update_rule(self):
+        return self._rule
+
+    def hyperparameters(self):
+        return {"rule": repr(self._rule)}
+
+
 def _param_spec(param):
     if isinstance(param, onnx.TensorProto):
         return param.name, param.data_type, list(param.dims)
@@ -464,7 +540,9 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
 
     Parameters
     ----------
-    optimizer : SGD or AdamW
+    optimizer : SGD, AdamW, RuleOptimizer or UpdateRule
+        An update rule (a chain included, :func:`onnxtrain.optim.chain`)
+        is wrapped into :class:`RuleOptimizer`.
     parameters : list of onnx.TensorProto or (name, elem_type, shape)
         The trainable parameters.
     opset_version : int, default=None
@@ -482,12 +560,18 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
     Raises
     ------
     TypeError
-        If ``optimizer`` is not an optimizer block.
+        If ``optimizer`` is neither an optimizer block nor an update rule.
     ValueError
-        If a generated input or output name collides with a parameter name.
+        If a generated input or output name collides with a parameter name;
+        a rule that reads every gradient (global-norm clipping) with
+        parameters of several element types; a penalty link or a link's
+        parameter out of its range (:class:`RuleOptimizer`).
     """
+    if isinstance(optimizer, UpdateRule):
+        optimizer = RuleOptimizer(optimizer)
     if not isinstance(optimizer, _OptimizerBlock):
-        raise TypeError(f"optimizer must be onnxblock.optim.SGD or AdamW, not "
+        raise TypeError(f"optimizer must be an onnxblock.optim block (SGD, AdamW, "
+                        f"RuleOptimizer) or an UpdateRule, not "
                         f"{type(optimizer).__name__}.")
     specs = [_param_spec(p) for p in parameters]
     with empty_base(opset_version or DEFAULT_OPSET) as accessor:

@@ -28,7 +28,8 @@ from sklearn.base import BaseEstimator
 from ..graph._saving import GraphSaverMixin
 from ..graph._small import (check_float_type, finish, new_builder, resolve_named,
                             select_named, tensor_input)
-from .update_rules import AdamRule, MomentumRule, SGDRule
+from .links import AddPenalty, _finite
+from .update_rules import AdamRule, ChainedRule, MomentumRule, SGDRule
 
 __all__ = ["BaseLearningRate", "LearningRateSGD", "LearningRateSGDNesterov",
            "LearningRateAdam", "LearningRateAdamW", "check_learning_rate",
@@ -139,6 +140,10 @@ class BaseLearningRate(GraphSaverMixin, BaseEstimator):
         parameters (a new object)."""
         raise NotImplementedError
 
+    def _check_links(self):
+        """Check the links of a chain (:class:`~onnxtrain.optim.LearningRateChain`);
+        a learning-rate object alone has none."""
+
     def build_onnx(self, weights, elem_type=TensorProto.FLOAT, opset=None,
                    penalty=None, penalized=()):
         """Build and return ``axpy_onnx_``, the update of every weight.
@@ -212,23 +217,22 @@ class BaseLearningRate(GraphSaverMixin, BaseEstimator):
         def name(n):
             return names.get(n, n)
 
-        penalties = []
         rule = self.update_rule()
-        rule_scalars = {k: name(v) for k, v in self._rule_scalars().items()}
-        for weight in weights:
-            states = [f"{weight}_{s}" for s in self.state_names]
-            news = [f"{weight}_new"] + [f"{s}_new" for s in states]
-            grad = name(f"{weight}_grad")
-            if penalty is not None and weight in penalized:
-                grad, value = penalty.penalize(g, name(weight), grad,
-                                               name("penalty_scale"))
-                if value is not None:
-                    penalties.append(value)
-            rule.update(g, elem_type, name(weight), grad,
-                        [name(s) for s in states], rule_scalars,
-                        [name(n) for n in news])
+        if penalty is not None:
+            # the penalty is part of the loss the gradient comes from: the
+            # chain's first link
+            rule = ChainedRule([AddPenalty(penalty, frozenset(penalized))], rule)
+        scalars = {k: name(v) for k, v in self._rule_scalars().items()}
+        scalars["penalty_scale"] = name("penalty_scale")
+        states = [[f"{w}_{s}" for s in self.state_names] for w in weights]
+        _, _, terms = rule.update_all(
+            g, elem_type, [name(w) for w in weights],
+            [name(f"{w}_grad") for w in weights],
+            [[name(s) for s in group] for group in states], scalars,
+            [[name(f"{w}_new")] + [name(f"{s}_new") for s in group]
+             for w, group in zip(weights, states)], keys=list(weights))
         total = name("loss")
-        for value in penalties:
+        for value in terms:
             total = g.op("Add", total, value)
         g.op("Identity", total, outputs=[name("loss_total")])
 
@@ -395,11 +399,6 @@ _BY_NAME = {
 }
 
 
-def _finite(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) \
-        and bool(np.isfinite(value))
-
-
 #: parameter -> (test of a valid value, what a valid value is)
 _VALID = {
     "eta0": (lambda v: _finite(v) and v > 0, "a finite float > 0"),
@@ -436,8 +435,12 @@ def check_learning_rate(rate):
         A parameter out of its range (``eta0`` <= 0, NaN or infinite;
         ``momentum`` outside [0, 1]; ``beta_1``/``beta_2`` outside [0, 1);
         ``epsilon`` <= 0; negative ``alpha``, ``power_t`` or
-        ``weight_decay``; an unknown schedule), named in the message.
+        ``weight_decay``; an unknown schedule), named in the message; for a
+        :class:`~onnxtrain.optim.LearningRateChain`, steps that are not
+        named links then a learning-rate object, or a link's parameter out
+        of its range (``max_norm`` <= 0 or NaN...).
     """
+    rate._check_links()
     params = rate.get_params(deep=False)
     for name, value in params.items():
         test, what = _VALID.get(name, (None, None))

@@ -10,7 +10,10 @@ computing arrays:
 - :meth:`UpdateRule.update` emits the nodes computing one parameter's new
   value and new state from its gradient, into any emitter with
   ``op(op_type, *inputs, outputs=None, **attributes)`` and
-  ``const(value, elem_type)`` (:class:`onnxtrain.graph.GraphBuilder`).
+  ``const(value, elem_type)`` (:class:`onnxtrain.graph.GraphBuilder`);
+- :meth:`UpdateRule.update_all` emits the update of every parameter at once,
+  which a :class:`ChainedRule` needs: links (:mod:`onnxtrain.optim.links`:
+  clipping, penalty, weight decay) then a rule, as optax's ``chain``.
 
 The learning rate is a graph value (``scalars['learning_rate']``) fed at each
 step; schedules live on the host. Both optimizer APIs are adapters of these
@@ -29,10 +32,15 @@ the step size scaled by ``1 - lr * weight_decay``.
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
+from .links import DecoupledWeightDecay, GradientLink
+
 __all__ = ["UpdateRule", "SGDRule", "MomentumRule", "AdamRule", "AdamWRule",
-           "register_update_rule", "get_update_rule", "registered_update_rules"]
+           "ChainedRule", "register_update_rule", "get_update_rule",
+           "registered_update_rules"]
 
 _RULES = {}
 
@@ -134,6 +142,43 @@ class UpdateRule:
         """
         raise NotImplementedError
 
+    def update_all(self, g, elem_type, params, grads, states, scalars,
+                   outputs=None, keys=None):
+        """Emit the update of every parameter of one step.
+
+        Parameters
+        ----------
+        g, elem_type, scalars
+            As :meth:`update`; ``scalars`` is shared by every parameter.
+        params, grads : list of str
+            Every parameter and its gradient.
+        states : list of sequence of str
+            The state of each parameter.
+        outputs : list of list of str, default=None
+            Per parameter, the names of its new value then new states (None:
+            the emitter names them).
+        keys : list of str, default=None
+            The parameters' names in the model (None: ``params``); links
+            choose the parameters they change by them.
+
+        Returns
+        -------
+        new_params : list of str
+        new_states : list of tuple of str
+        loss_terms : list of str
+            Rank-0 values to add to the reported loss (a penalty's value),
+            in parameter order; empty for a rule alone.
+        """
+        new_params, new_states = [], []
+        for param, grad, state, names in zip(params, grads, states,
+                                             outputs or [None] * len(params)):
+            named = {"outputs": names} if names else {}
+            new_param, new_state = self.update(g, elem_type, param, grad, state,
+                                               scalars, **named)
+            new_params.append(new_param)
+            new_states.append(tuple(new_state))
+        return new_params, new_states, []
+
     def __repr__(self):
         params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({params})"
@@ -211,7 +256,9 @@ class AdamRule(UpdateRule):
         param <- param - lr weight_decay param - step_size m / (sqrt(v) + epsilon)
 
     scikit-learn's ``AdamOptimizer`` without decay; PyTorch's AdamW
-    ordering (decay of the parameter before the step) with it.
+    ordering (decay of the parameter before the step) with it. With decay,
+    the rule is the chain :meth:`as_chain`: the link
+    :class:`~onnxtrain.optim.links.DecoupledWeightDecay` then Adam.
     """
 
     state_names = ("m", "v")
@@ -243,16 +290,27 @@ class AdamRule(UpdateRule):
         return scalars["step_size"]
 
     def decay(self, g, elem_type, scalars):
-        """``learning_rate * weight_decay`` (once per ``scalars``), None
+        """``learning_rate * weight_decay`` (once per ``scalars``, as
+        ``scalars['decay']``), None without decay."""
+        if "decay" in scalars:
+            return scalars["decay"]
+        return _adam_decay(self.weight_decay).decay(g, elem_type, scalars)
+
+    def as_chain(self):
+        """This rule as :class:`ChainedRule`: the decoupled weight decay
+        link (:class:`~onnxtrain.optim.links.DecoupledWeightDecay`, reading
+        ``scalars['decay']``) then Adam without decay; the rule itself
         without decay."""
-        if "decay" not in scalars:
-            if not self.weight_decay:
-                return None
-            scalars["decay"] = g.op("Mul", scalars["learning_rate"],
-                                    g.const(self.weight_decay, elem_type))
-        return scalars["decay"]
+        if not self.weight_decay:
+            return self
+        core = copy.copy(self)
+        core.weight_decay = 0.0
+        return ChainedRule([_adam_decay(self.weight_decay)], core)
 
     def update(self, g, elem_type, param, grad, states, scalars, outputs=None):
+        if self.weight_decay:
+            return self.as_chain().update(g, elem_type, param, grad, states,
+                                          scalars, outputs)
         b1, b2 = (g.const(b, elem_type) for b in (self.beta_1, self.beta_2))
         one_b1 = g.const(1 - self.beta_1, elem_type)
         one_b2 = g.const(1 - self.beta_2, elem_type)
@@ -263,9 +321,6 @@ class AdamRule(UpdateRule):
         denominator = g.op("Add", g.op("Sqrt", v), g.const(self.epsilon, elem_type))
         step = g.op("Mul", g.op("Div", m, denominator),
                     self.step_size(g, elem_type, scalars))
-        decay = self.decay(g, elem_type, scalars)
-        if decay is not None:
-            param = g.op("Sub", param, g.op("Mul", param, decay))
         return g.op("Sub", param, step, **_out(outputs, 0)), (m, v)
 
 
@@ -276,3 +331,133 @@ class AdamWRule(AdamRule):
     def __init__(self, beta_1=0.9, beta_2=0.999, epsilon=1e-8, weight_decay=0.01,
                  bias_correction=True):
         super().__init__(beta_1, beta_2, epsilon, weight_decay, bias_correction)
+
+
+def _adam_decay(weight_decay):
+    """The decay link of ``AdamRule(weight_decay=...)``: ``learning_rate *
+    weight_decay`` is ``scalars['decay']``, which learning-rate objects feed
+    (computed on the host) and onnxblock's AdamW computes first."""
+    link = DecoupledWeightDecay(weight_decay)
+    link.scalar_key = "decay"
+    return link
+
+
+class ChainedRule(UpdateRule):
+    """Links then a rule: one update rule (optax's ``chain``).
+
+    Parameters
+    ----------
+    links : sequence of GradientLink
+        Applied in order to every parameter's gradient
+        (:mod:`onnxtrain.optim.links`).
+    rule : UpdateRule
+        The last link: its per-parameter :meth:`~UpdateRule.update` takes
+        the gradients the links made. A ``ChainedRule`` given here is
+        flattened (its links follow ``links``).
+
+    Raises
+    ------
+    TypeError
+        A link that is not a :class:`~onnxtrain.optim.links.GradientLink`, or
+        ``rule`` not an :class:`UpdateRule`.
+
+    Notes
+    -----
+    The chain has the state of its rule (:attr:`state_names`, :meth:`init`):
+    links hold none. A link whose ``needs_all`` is True (global-norm
+    clipping) sees every gradient as the links before it left them; the
+    other links and the rule are emitted parameter after parameter, so
+    that each intermediate value is read soon after it is computed.
+    """
+
+    def __init__(self, links, rule):
+        links = list(links)
+        if isinstance(rule, ChainedRule):
+            links, rule = links + list(rule.links), rule.rule
+        for link in links:
+            if not isinstance(link, GradientLink):
+                raise TypeError(f"A chain's links must be GradientLink objects "
+                                f"(onnxtrain.optim.links), not {link!r}.")
+        if not isinstance(rule, UpdateRule):
+            raise TypeError(f"A chain must end with an UpdateRule, not {rule!r}.")
+        self.links = tuple(links)
+        self.rule = rule
+
+    @property
+    def state_names(self):
+        return self.rule.state_names
+
+    @property
+    def reads_step(self):
+        return self.rule.reads_step
+
+    @property
+    def needs_all(self):
+        """Whether a link reads every gradient: :meth:`update` (one
+        parameter) then refuses to run."""
+        return any(link.needs_all for link in self.links)
+
+    def init(self, shape, dtype):
+        return self.rule.init(shape, dtype)
+
+    def update(self, g, elem_type, param, grad, states, scalars, outputs=None):
+        """:meth:`update_all` of one parameter (a chain whose links need
+        every gradient raises ValueError: call :meth:`update_all`)."""
+        if self.needs_all:
+            raise ValueError(
+                f"{self!r} reads every gradient (global-norm clipping); emit it "
+                "with update_all, over every parameter at once.")
+        new_params, new_states, terms = self.update_all(
+            g, elem_type, [param], [grad], [states], scalars,
+            None if outputs is None else [outputs])
+        if terms:
+            raise ValueError(f"{self!r} adds terms to the loss (a penalty); "
+                             "emit it with update_all, which returns them.")
+        return new_params[0], new_states[0]
+
+    def update_all(self, g, elem_type, params, grads, states, scalars,
+                   outputs=None, keys=None):
+        """See :meth:`UpdateRule.update_all`.
+
+        Raises
+        ------
+        ValueError
+            A link's parameter out of its range (``GradientLink.check``),
+            before any node is emitted.
+        """
+        for link in self.links:
+            link.check()
+        n = len(params)
+        keys = list(params) if keys is None else list(keys)
+        current = [[p, gr] for p, gr in zip(params, grads)]
+        terms = [[] for _ in range(n)]
+        stage = []  # (link, context) not applied yet
+
+        def apply(i):
+            for link, context in stage:
+                param, grad, term = link.transform(
+                    g, elem_type, current[i][0], current[i][1], scalars,
+                    context=context, key=keys[i])
+                current[i] = [param, grad]
+                if term is not None:
+                    terms[i].append(term)
+
+        for link in self.links:
+            context = None
+            if link.needs_all:
+                for i in range(n):
+                    apply(i)
+                stage = []
+                context = link.prepare(g, elem_type, [c[0] for c in current],
+                                       [c[1] for c in current], scalars)
+            stage.append((link, context))
+        new_params, new_states = [], []
+        for i in range(n):
+            apply(i)
+            named = {"outputs": outputs[i]} if outputs and outputs[i] else {}
+            new_param, new_state = self.rule.update(
+                g, elem_type, current[i][0], current[i][1], states[i], scalars,
+                **named)
+            new_params.append(new_param)
+            new_states.append(tuple(new_state))
+        return new_params, new_states, [t for group in terms for t in group]

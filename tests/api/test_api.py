@@ -10,7 +10,9 @@ from onnx import TensorProto
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import api, artifacts
+from onnxtrain.optim import ClipByGlobalNorm, chain
 from onnxtrain.runtime import to_ortvalue
+from onnxtrain.update_rules import AdamRule, SGDRule
 from test_artifacts_models import PARAM_SHAPES, batch, two_head_model
 
 TRAINABLE = ["weight1", "bias1", "weight2", "bias2"]
@@ -64,6 +66,24 @@ class AdamWReference:
         return param
 
 
+class AdamRuleReference:
+    """onnxtrain's AdamRule: PyTorch's AdamW ordering (the parameter decays
+    before the step), eps added to sqrt(v) as scikit-learn does."""
+
+    state_names = ("m", "v")
+
+    def __init__(self, betas, eps, weight_decay):
+        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+
+    def update(self, param, grad, state, lr, step):
+        b1, b2 = self.betas
+        param = param - lr * self.weight_decay * param
+        state["m"] = b1 * state["m"] + (1 - b1) * grad
+        state["v"] = b2 * state["v"] + (1 - b2) * grad * grad
+        step_size = lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
+        return param - step_size * state["m"] / (np.sqrt(state["v"]) + self.eps)
+
+
 def clip_reference(grads, max_norm):
     """torch.nn.utils.clip_grad_norm_."""
     norm = np.sqrt(sum((g * g).sum() for g in grads.values()))
@@ -82,6 +102,11 @@ OPTIMIZER_ROWS = [
      AdamWReference(weight_decay=0.01, bias_correction=False), None),
     ("AdamW-clip", onnxblock.optim.AdamW(clip_grad=onnxblock.optim.ClipGradNorm(0.05)),
      AdamWReference(), 0.05),
+    # an update rule chained with links (onnxtrain.optim.chain)
+    ("chain-clip-SGD", chain(ClipByGlobalNorm(0.05), SGDRule()), SGDReference(), 0.05),
+    ("chain-clip-Adam-decay",
+     chain(ClipByGlobalNorm(0.05), AdamRule(0.8, 0.95, 1e-8, weight_decay=0.1)),
+     AdamRuleReference((0.8, 0.95), 1e-8, 0.1), 0.05),
 ]
 
 
@@ -102,6 +127,8 @@ def test_optimizer_steps_match_numpy_reference(tmp_path, row, dtype, rtol, atol)
         module(x, t1)
         grads = {n: state.parameters[n].grad.astype(np.float64) for n in TRAINABLE}
         if max_norm is not None:
+            norm = np.sqrt(sum((g * g).sum() for g in grads.values()))
+            assert norm > max_norm  # the clipping is active
             grads = clip_reference(grads, max_norm)
         optimizer.set_learning_rate(lr)
         optimizer.step()

@@ -13,8 +13,9 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 from onnxtrain import ConvergenceError, to_onnx
 from onnxtrain.estimators import (OrtGradientForwardBackwardClassifier,
                                   OrtGradientForwardBackwardOptimizer)
-from onnxtrain.optim import (LearningRateAdam, LearningRateAdamW,
-                             LearningRateSGD, LearningRateSGDNesterov)
+from onnxtrain.optim import (AddDecayedWeights, ClipByGlobalNorm, ClipByValue,
+                             LearningRateAdam, LearningRateAdamW,
+                             LearningRateSGD, LearningRateSGDNesterov, chain)
 from onnxtrain.penalties import ElasticLearningPenalty
 
 PATHS = ["split", "fused", "loop"]
@@ -40,6 +41,10 @@ SETTINGS = [
     ("adam", dict(learning_rate=LearningRateAdam(0.01))),
     ("adamw-penalty", dict(learning_rate=LearningRateAdamW(0.01),
                            learning_penalty=ElasticLearningPenalty(0.001, 0.01))),
+    ("chain-clip-decay-adamw", dict(
+        learning_rate=chain(ClipByValue(0.5), ClipByGlobalNorm(0.1),
+                            AddDecayedWeights(0.01), LearningRateAdamW(0.01)),
+        learning_penalty=ElasticLearningPenalty(0.001, 0.01))),
     ("shuffle", dict(learning_rate=0.02, shuffle=True)),
     ("validation-tol", dict(learning_rate=0.02, tol=1e-4, n_iter_no_change=3)),
     ("sample-weight", dict(learning_rate=0.02)),
@@ -68,6 +73,32 @@ def test_paths_agree_on_regression(regression, name, settings):
         if reference.validation_losses_:
             assert_allclose(results[path].validation_losses_,
                             reference.validation_losses_, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_clipping_by_global_norm_on_every_path(regression, path):
+    """One SGD step on one batch, clipped: the weights move by exactly
+    lr * max_norm * n / (n + 1e-6) in joint 2-norm, n the gradient's norm,
+    far above max_norm here (PyTorch's clip_grad_norm_); three epochs end
+    where the split path's do."""
+    X, y, onx = regression
+    rate, max_norm = 0.1, 0.01
+
+    def fit(path, max_iter):
+        return OrtGradientForwardBackwardOptimizer(
+            onx, max_iter=max_iter, batch_size=X.shape[0], training_path=path,
+            learning_rate=chain(ClipByGlobalNorm(max_norm),
+                                LearningRateSGD(rate, learning_rate="constant"))
+        ).fit(X, y)
+
+    est = fit(path, 1)
+    assert est.training_path_ == path
+    start = {i.name: onnx.numpy_helper.to_array(i) for i in onx.graph.initializer}
+    moved = np.sqrt(sum(float(((w.astype(np.float64) - start[name]) ** 2).sum())
+                        for name, w in zip(est.weights_to_train_, est.get_state())))
+    assert moved == pytest.approx(rate * max_norm, rel=1e-4)
+    for a, b in zip(fit(path, 3).get_state(), fit("split", 3).get_state()):
+        assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_paths_agree_on_classifier():
