@@ -256,11 +256,14 @@ def _rss_kb(reset_peak=False, field="VmRSS"):
 
 
 def gemm_gflops():
-    """float32 GEMM throughput of this machine (numpy, 1024^3), GFLOP/s."""
+    """float32 GEMM throughput of this machine (numpy, 1024^3, its BLAS
+    limited to ``--threads`` when given), GFLOP/s."""
+    from threadpoolctl import threadpool_limits
     a = np.random.rand(1024, 1024).astype(np.float32)
     b = np.random.rand(1024, 1024).astype(np.float32)
-    a @ b
-    best = min(_time(lambda: a @ b) for _ in range(5))
+    with threadpool_limits(THREADS):
+        a @ b
+        best = min(_time(lambda: a @ b) for _ in range(5))
     return 2 * 1024 ** 3 / best / 1e9
 
 
