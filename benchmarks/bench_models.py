@@ -35,6 +35,10 @@ drawn by numpy, the same batches for every system):
   softmax cross-entropy, SGD lr 0.01 momentum 0.9 (the api rows plain SGD,
   as resnet18's): depthwise convolutions and many small layers (158
   parameters, 52 BatchNorms);
+- resnet18-64b2, resnet18-64b8: the same network on 3x64x64 images at
+  batch 2 and 8, 30 timed steps: small batches, where a step's many small
+  kernels weigh more than its products (not in the default run; name them
+  in ``--models``);
 - encoder: transformers' ``BertModel`` from a ``BertConfig`` (hidden 128,
   2 layers, 2 heads, intermediate 512, vocabulary 1000, no dropout, eager
   attention), the [CLS] row through a linear head to 2 classes; token ids
@@ -42,7 +46,7 @@ drawn by numpy, the same batches for every system):
   1e-3 weight decay 0.01.
 
 Systems, each in its own process, one after the other, alternating over the
-repeats: ``torch`` (eager, all cores), ``estimator``
+repeats: ``torch`` (eager, all cores, or ``--threads``), ``estimator``
 (``OrtGradientForwardBackwardClassifier`` on the TorchScript export
 loaded by ``onnx.load``, which the caller holds, training_path 'auto'),
 ``estimator-file`` (the same, given the file's path: the estimator holds
@@ -64,6 +68,11 @@ MB``; for the api systems, that of the training, the artifacts being
 built by a process of their own, whose peak is ``build MB``: artifacts
 are built once, offline; the estimator builds its graphs inside ``fit``,
 counted in its peak).
+
+``--threads N``: every system on N threads (PyTorch's intra-op threads,
+the estimator's and the api's ``n_threads``) instead of every core: one
+thread compares the work each system does, which a machine shared with
+other processes measures more steadily than its parallel speed.
 
 ``--build``: ``generate_artifacts`` on the 24-layer encoder (onnxtrain and,
 with ``--ortt``, onnxruntime-training, alternating over ``--build-repeat``
@@ -94,6 +103,13 @@ MODELS = {
     "resnet18-112": dict(batch=8, warmup=3, steps=15, classes=10, size=112,
                          features=3 * 112 * 112, optimizer="sgd", lr=0.01,
                          momentum=0.9),
+    # small batches of larger images: the per-kernel costs of a step
+    "resnet18-64b2": dict(batch=2, warmup=3, steps=30, classes=10, size=64,
+                          features=3 * 64 * 64, optimizer="sgd", lr=0.01,
+                          momentum=0.9),
+    "resnet18-64b8": dict(batch=8, warmup=3, steps=30, classes=10, size=64,
+                          features=3 * 64 * 64, optimizer="sgd", lr=0.01,
+                          momentum=0.9),
     "mobilenetv2": dict(batch=32, warmup=3, steps=25, classes=10, size=32,
                         features=3 * 32 * 32, optimizer="sgd", lr=0.01, momentum=0.9),
     "encoder": dict(batch=16, warmup=3, steps=40, classes=2, features=64,
@@ -109,6 +125,11 @@ DEFAULT_MODELS = ("resnet18", "resnet18-112", "mobilenetv2", "encoder")
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the onnxtrain of this checkout, not an installed one
 sys.path.insert(0, os.path.dirname(HERE))
+
+
+#: Threads of every system (``--threads``, passed to the child processes
+#: by this environment variable); None: every core.
+THREADS = int(os.environ.get("ONNXTRAIN_BENCH_THREADS", "0")) or None
 
 
 # ------------------------------------------------------------------ data
@@ -277,7 +298,7 @@ def export(name, path):
 # --------------------------------------------------------------- systems
 def run_torch(name, plain):
     import torch
-    torch.set_num_threads(os.cpu_count())
+    torch.set_num_threads(THREADS or os.cpu_count())
     cfg = MODELS[name]
     model = torch_model(name)
     model.train()
@@ -326,7 +347,7 @@ def run_estimator(name, path, params, from_file=False):
     est = OrtGradientForwardBackwardClassifier(
         onx, weights_to_train=params, learning_rate=rate, max_iter=1,
         batch_size=b, learning_loss=CrossEntropyLearningLoss(from_logits=True),
-        random_state=0, warm_start=True)
+        random_state=0, warm_start=True, n_threads=THREADS)
     est.partial_fit(X[:w * b], y[:w * b], classes=np.arange(cfg["classes"]))
     warm_loss = float(est.train_losses_[-1])
     times, chunk = [], CHUNK * b
@@ -421,7 +442,10 @@ def run_api(name, path, params, ort, memory=None):
     state = api.CheckpointState.load_checkpoint(os.path.join(folder, "checkpoint"))
     # no eval model: onnxruntime-training's eval model of a training-mode
     # BatchNormalization keeps its statistics outputs and does not load
-    module = api.Module(os.path.join(folder, "training_model.onnx"), state)
+    module = (api.Module(os.path.join(folder, "training_model.onnx"), state)
+              if THREADS is None or ort else
+              api.Module(os.path.join(folder, "training_model.onnx"), state,
+                         n_threads=THREADS))
     optimizer = api.Optimizer(os.path.join(folder, "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(cfg["lr"])
     module.train()
@@ -551,6 +575,8 @@ def main(argv=None):
                         help="also time generate_artifacts on the 24-layer encoder")
     parser.add_argument("--build-repeat", type=int, default=9,
                         help="builds per system, alternating (each a second or two)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of every system (default: every core)")
     parser.add_argument("--ortt", default=os.environ.get("ONNXTRAIN_ORTT_PYTHON"),
                         help="python of a venv with onnxruntime-training")
     parser.add_argument("--one", nargs=4, metavar=("MODEL", "SYSTEM", "PATH", "PARAMS"))
@@ -571,6 +597,8 @@ def main(argv=None):
         name, system, path, params = args.one
         one(name, system, path, json.loads(params))
         return
+    if args.threads:
+        os.environ["ONNXTRAIN_BENCH_THREADS"] = str(args.threads)
     systems = [s for s in args.systems if s != "ortt" or args.ortt]
     folder = tempfile.mkdtemp(prefix="bench_models_onnx_")
     header = (f"{'model':12} {'system':14} {'steps/s':>8} {'x torch':>8} "

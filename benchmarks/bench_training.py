@@ -29,7 +29,15 @@ imported before it). The table prints the
 ratio to scikit-learn measured in the same run, and the compute bound:
 measured float32 GEMM GFLOP/s divided by the FLOPs of one step's matrix
 products (3 times the forward FLOPs, less the first layer's input
-gradient, which no system computes).
+gradient, which no system computes). The GEMM rate is measured twice:
+by numpy (its BLAS) and by onnxruntime's MatMul (the kernels onnxtrain's
+steps run, on as many threads as its sessions), so that the second bound
+tells how close a path runs to its own kernels' speed, whatever the BLAS
+numpy ships with.
+
+``--threads N`` runs PyTorch and onnxtrain on N threads (default: every
+core): one thread compares the work each system does, which a machine
+shared with other processes measures more steadily.
 """
 from __future__ import annotations
 
@@ -56,6 +64,9 @@ WORKLOADS = {
 }
 SYSTEMS = ["sklearn", "torch", "onnxtrain-split", "onnxtrain-fused",
            "onnxtrain-loop"]
+#: Threads of PyTorch and onnxtrain (``--threads``, passed to the child
+#: processes by this environment variable); None: every core.
+THREADS = int(os.environ.get("ONNXTRAIN_BENCH_THREADS", "0")) or None
 
 
 def load(name):
@@ -127,7 +138,7 @@ DEVICE = os.environ.get("ONNXTRAIN_BENCH_DEVICE", "cpu")
 
 def run_torch(name, X, y):
     import torch
-    torch.set_num_threads(os.cpu_count())
+    torch.set_num_threads(THREADS or os.cpu_count())
     device = torch.device("cuda" if DEVICE.startswith("cuda") else "cpu")
     w = WORKLOADS[name]
     coefs, intercepts = initial_weights(name, X, y)
@@ -186,7 +197,8 @@ def run_onnxtrain(name, X, y, path, onx):
     cls = (OrtGradientForwardBackwardOptimizer if w["task"] == "regression"
            else OrtGradientForwardBackwardClassifier)
     est = cls(onx, learning_rate=rate, max_iter=w["epochs"], batch_size=w["batch"],
-              random_state=0, training_path=path.split("-")[1], device=DEVICE)
+              random_state=0, training_path=path.split("-")[1], device=DEVICE,
+              n_threads=THREADS)
     start = time.perf_counter()
     est.fit(X, y)
     cold = time.perf_counter() - start
@@ -244,11 +256,35 @@ def _rss_kb(reset_peak=False, field="VmRSS"):
 
 
 def gemm_gflops():
-    """float32 GEMM throughput of this machine (numpy, 1024^3), GFLOP/s."""
+    """float32 GEMM throughput of this machine (numpy, 1024^3, its BLAS
+    limited to ``--threads`` when given), GFLOP/s."""
+    from threadpoolctl import threadpool_limits
     a = np.random.rand(1024, 1024).astype(np.float32)
     b = np.random.rand(1024, 1024).astype(np.float32)
-    a @ b
-    best = min(_time(lambda: a @ b) for _ in range(5))
+    with threadpool_limits(THREADS):
+        a @ b
+        best = min(_time(lambda: a @ b) for _ in range(5))
+    return 2 * 1024 ** 3 / best / 1e9
+
+
+def ort_gemm_gflops():
+    """float32 GEMM throughput of onnxruntime's MatMul (1024^3, the
+    threads of ``--threads`` or every core), GFLOP/s."""
+    import onnxruntime
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("a", TensorProto.FLOAT, [1024, 1024])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 1024])
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "a"], ["y"])],
+                              "gemm", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = onnxruntime.SessionOptions()
+    if THREADS:
+        options.intra_op_num_threads = THREADS
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    a = {"a": np.random.rand(1024, 1024).astype(np.float32)}
+    session.run(None, a)
+    best = min(_time(lambda: session.run(None, a)) for _ in range(5))
     return 2 * 1024 ** 3 / best / 1e9
 
 
@@ -275,13 +311,20 @@ def main(argv=None):
     parser.add_argument("--systems", nargs="+", default=SYSTEMS)
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per cell; the median is shown")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of PyTorch and onnxtrain (default: every core)")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "SYSTEM"))
     args = parser.parse_args(argv)
+    if args.threads:
+        os.environ["ONNXTRAIN_BENCH_THREADS"] = str(args.threads)
+        global THREADS
+        THREADS = args.threads
     if args.one:
         one(*args.one)
         return
-    gflops = gemm_gflops()
-    print(f"float32 GEMM: {gflops:.0f} GFLOP/s (numpy, 1024x1024x1024)\n")
+    gflops, ort_gflops = gemm_gflops(), ort_gemm_gflops()
+    print(f"float32 GEMM: {gflops:.0f} GFLOP/s (numpy, 1024x1024x1024), "
+          f"{ort_gflops:.0f} GFLOP/s (onnxruntime's MatMul)\n")
     header = (f"{'work':4} {'system':16} {'steps/s':>9} {'samples/s':>10} "
               f"{'x sklearn':>9} {'final loss':>11} {'setup s':>7} {'peak MB':>8}")
     print(header)
@@ -310,8 +353,9 @@ def main(argv=None):
                   f"{r['peak_mb']:8.0f}")
         X, y = load(name)
         n_out = 1 if WORKLOADS[name]["task"] == "regression" else len(np.unique(y))
-        bound = gflops * 1e9 / step_flops(name, X.shape[1], n_out)
-        print(f"{name:4} {'compute bound':16} {bound:9.0f}\n")
+        flops = step_flops(name, X.shape[1], n_out)
+        print(f"{name:4} {'compute bound':16} {gflops * 1e9 / flops:9.0f}")
+        print(f"{name:4} {'bound (ort)':16} {ort_gflops * 1e9 / flops:9.0f}\n")
 
 
 if __name__ == "__main__":
