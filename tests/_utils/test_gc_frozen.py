@@ -143,7 +143,7 @@ def test_generate_artifacts_freezes_and_unfreezes(nothing_frozen, tmp_path,
 def test_the_estimators_builds_freeze(nothing_frozen, monkeypatch, mlp_onnx,
                                       regression_data):
     # the trainer's build and the fused graph's
-    import onnxtrain.estimators._trainer as trainer_module
+    import onnxtrain.training.step_runner as trainer_module
     import onnxtrain.training_graphs as graphs_module
     from onnxtrain import OrtGradientForwardBackwardOptimizer
     seen = {}

@@ -18,9 +18,8 @@ from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
 from ..runtime.engine import copy_arrays
 from ..runtime.threads import session_threads
-from ._inputs import feature_arrays
 
-__all__ = ["StepRunner", "final_activation", "step_graphs"]
+__all__ = ["StepRunner", "final_activation", "step_graphs", "feature_arrays"]
 
 #: Opset of the small graphs (update rule, loss) unless the model's is lower.
 _OPSET = 17
@@ -117,6 +116,15 @@ def _scalar(cache, value, dtype, device):
     return cache[key]
 
 
+def feature_arrays(X):
+    """The arrays to feed, in graph input order: ``[X]`` for one array, the
+    values of its ``arrays`` for one array per input (a
+    :class:`~onnxtrain.estimators.GraphInputs`, whose class the estimators
+    own)."""
+    arrays = getattr(X, "arrays", None)
+    return [X] if arrays is None else list(arrays.values())
+
+
 def _data_feeds(graph, X, y, sample_weight):
     """The data inputs of a fused graph: the features, y, the weights."""
     values = feature_arrays(X) + [y]
@@ -129,8 +137,8 @@ class StepRunner:
     """Runs training steps: forward, loss and dE/dY, backward, update, one
     step per batch (or the steps of whole epochs in one fused-loop run), on
     the weights and optimizer state it keeps on the device. It only runs
-    graphs: :mod:`onnxtrain.assembly.training_graphs` builds them, the estimators'
-    epoch loop calls it.
+    graphs: :mod:`onnxtrain.assembly.training_graphs` builds them, the epoch
+    loop of a :class:`~onnxtrain.training.run.TrainingRun` calls it.
 
     Parameters
     ----------
