@@ -357,9 +357,10 @@ def inference_mode(model, drop_outputs=()):
     onnx.ModelProto
         A copy (``model`` itself is returned when nothing changes).
     """
+    masks = _masks(model.graph)
     drop = set(drop_outputs) | {
-        updated_name(n) for node in model.graph.node if _is_batchnorm(node)
-        for n in node.input[3:5]}
+        updated_name(masks.get(n, n)) for node in model.graph.node
+        if _is_batchnorm(node) for n in node.input[3:5]}
     changes = bool(drop & {o.name for o in model.graph.output})
     for node in model.graph.node:
         if _training_batchnorm(node) or (

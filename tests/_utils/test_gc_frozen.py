@@ -147,7 +147,7 @@ def test_the_estimators_builds_freeze(nothing_frozen, monkeypatch, mlp_onnx,
     import onnxtrain.training_graphs as graphs_module
     from onnxtrain import OrtGradientForwardBackwardOptimizer
     seen = {}
-    runner, step = trainer_module.StepRunner.__init__, graphs_module.build_training_step
+    runner, step = trainer_module.StepRunner.__init__, graphs_module._training_step
 
     def runner_spy(self, *args, **kwargs):
         seen["trainer"] = gc.get_freeze_count() > 0
@@ -158,7 +158,7 @@ def test_the_estimators_builds_freeze(nothing_frozen, monkeypatch, mlp_onnx,
         return step(*args, **kwargs)
 
     monkeypatch.setattr(trainer_module.StepRunner, "__init__", runner_spy)
-    monkeypatch.setattr(graphs_module, "build_training_step", step_spy)
+    monkeypatch.setattr(graphs_module, "_training_step", step_spy)
     X, y = regression_data
     est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), max_iter=1,
                                               training_path="fused")
