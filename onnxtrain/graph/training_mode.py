@@ -221,6 +221,7 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
     updates = GraphBuilder(opset, taken, types, prefix=_HELPER)
     masks = GraphBuilder(opset, taken, types, prefix=_MASK)
     nodes = []
+    node_names = {n.name for n in source.node}
     for original in source.node:
         node = original
         if _training_batchnorm(original):
@@ -232,7 +233,9 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
             _momentum_update(updates, node, types, elem_type, node_statistics)
             _read_zeros(masks, node, elem_type, finite=node_statistics)
             if node_statistics:
-                node.name = f"{NODE_STATISTICS}{node.name}"
+                # onnxruntime refuses two nodes of one name: unnamed ones too
+                node.name = _fresh_name(
+                    f"{NODE_STATISTICS}{node.name or 'BatchNormalization'}", node_names)
             nodes += masks.nodes[start:]
         nodes.append(node)
     # the new model gets only what it keeps, each copied once (a copy of the
@@ -260,6 +263,17 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
         graph.input.extend(helper.make_tensor_value_info(
             name, inits[name].data_type, list(inits[name].dims)) for name in buffers)
     return new, buffers, initial
+
+
+def _fresh_name(base, taken):
+    """``base``, or ``base_<k>`` for the first k it is not in ``taken``,
+    added to ``taken``."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
 
 
 def _momentum_update(g, node, types, elem_type, node_statistics=False):

@@ -162,3 +162,54 @@ def test_training_graphs_build_the_split_models_of_their_model_once():
         np.testing.assert_allclose(grads[w], expected[w], rtol=1e-12)
         assert not np.allclose(grads[w], split_gradients(
             models, feeds, {"Y": grad_y})[1][w])
+
+
+def _two_batchnorms():
+    """X (N, 2, 3, 3) -> BatchNormalization -> Conv 1x1 -> BatchNormalization
+    -> (N, 18) -> MatMul -> Y (N, 1); the nodes unnamed (a graph written by
+    hand, or by a converter that leaves names out)."""
+    rng = np.random.default_rng(7)
+    values = {"s1": 1 + rng.random(2), "b1": rng.normal(size=(2,)), "m1": np.zeros(2),
+              "v1": np.ones(2), "W": 0.5 * rng.normal(size=(2, 2, 1, 1)),
+              "s2": 1 + rng.random(2), "b2": rng.normal(size=(2,)), "m2": np.zeros(2),
+              "v2": np.ones(2), "W2": 0.3 * rng.normal(size=(18, 1))}
+    inits = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in values.items()]
+    inits.append(numpy_helper.from_array(np.array([0, 18], np.int64), "shape"))
+    nodes = [helper.make_node("BatchNormalization", ["X", "s1", "b1", "m1", "v1"],
+                              ["n1", "mean1", "var1"], training_mode=1),
+             helper.make_node("Conv", ["n1", "W"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s2", "b2", "m2", "v2"],
+                              ["n2", "mean2", "var2"], training_mode=1),
+             helper.make_node("Reshape", ["n2", "shape"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "W2"], ["Y"])]
+    graph = helper.make_graph(
+        nodes, "bn2",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2, 3, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_unnamed_batchnorms_train_alike_on_every_path():
+    """The nodes reading their batch statistics get names of their own
+    (onnxruntime refuses two nodes named alike), and the paths agree."""
+    from onnxtrain import OrtGradientForwardBackwardOptimizer
+    from onnxtrain.graph.training_mode import NODE_STATISTICS
+    prepared = prepare(_two_batchnorms(), ["W", "W2"],
+                       statistics={"node_statistics": True})
+    names = [n.name for n in prepared.model.graph.node
+             if n.op_type == "BatchNormalization"]
+    assert len(set(names)) == 2 and all(n.startswith(NODE_STATISTICS) for n in names)
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(40, 2, 3, 3)).astype(np.float32)
+    y = X.reshape(40, -1)[:, :4].sum(axis=1).astype(np.float32)
+    fits = [OrtGradientForwardBackwardOptimizer(
+        _two_batchnorms(), max_iter=3, batch_size=10, learning_rate=0.01,
+        training_path=path).fit(X, y) for path in ("split", "fused", "loop")]
+    for fit in fits[1:]:
+        np.testing.assert_allclose(fit.train_losses_, fits[0].train_losses_, rtol=1e-5)
+        for name, value in fits[0]._trainer.get_buffers().items():
+            np.testing.assert_allclose(fit._trainer.get_buffers()[name], value,
+                                       rtol=1e-5, atol=1e-6)
+    assert not np.allclose(fits[0]._trainer.get_buffers()["m2"], 0)
