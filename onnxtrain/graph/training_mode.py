@@ -221,7 +221,8 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
     updates = GraphBuilder(opset, taken, types, prefix=_HELPER)
     masks = GraphBuilder(opset, taken, types, prefix=_MASK)
     nodes = []
-    node_names = {n.name for n in source.node}
+    # onnxruntime refuses two nodes of one name (unnamed ones too)
+    node_names = GraphBuilder(opset, {n.name for n in source.node})
     for original in source.node:
         node = original
         if _training_batchnorm(original):
@@ -233,9 +234,8 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
             _momentum_update(updates, node, types, elem_type, node_statistics)
             _read_zeros(masks, node, elem_type, finite=node_statistics)
             if node_statistics:
-                # onnxruntime refuses two nodes of one name: unnamed ones too
-                node.name = _fresh_name(
-                    f"{NODE_STATISTICS}{node.name or 'BatchNormalization'}", node_names)
+                node.name = node_names.unique_name(
+                    f"{NODE_STATISTICS}{node.name or 'BatchNormalization'}")
             nodes += masks.nodes[start:]
         nodes.append(node)
     # the new model gets only what it keeps, each copied once (a copy of the
@@ -263,17 +263,6 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
         graph.input.extend(helper.make_tensor_value_info(
             name, inits[name].data_type, list(inits[name].dims)) for name in buffers)
     return new, buffers, initial
-
-
-def _fresh_name(base, taken):
-    """``base``, or ``base_<k>`` for the first k it is not in ``taken``,
-    added to ``taken``."""
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
 
 
 def _momentum_update(g, node, types, elem_type, node_statistics=False):
