@@ -663,6 +663,8 @@ def prediction_graph(model, output_name=None, types=None):
     Returns
     -------
     onnx.ModelProto
+        Its one output is ``output_name``, typed (the first float tensor
+        output when None).
 
     Raises
     ------

@@ -474,7 +474,8 @@ def build_training_loop(step):
     Parameters
     ----------
     step : TrainingStep
-        From :func:`build_training_step`.
+        The flat step of :func:`build_training_step` (no ``If``): its nodes
+        are the body of the ``Loop``, reading the batch's slice.
 
     Returns
     -------
