@@ -17,24 +17,29 @@ from onnxtrain.losses import SquareLearningLoss
 from onnxtrain.optim import LearningRateSGD
 
 
+def _model(nodes, x_shape, values, dtype=TensorProto.FLOAT):
+    """The opset-17 model of ``nodes`` from X (``x_shape``) to Y (N, 1),
+    its initializers ``values`` (name -> array, floats cast to ``dtype``)."""
+    np_type = helper.tensor_dtype_to_np_dtype(dtype)
+    inits = [numpy_helper.from_array(v if v.dtype.kind == "i" else v.astype(np_type), n)
+             for n, v in values.items()]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", dtype, x_shape)],
+                              [helper.make_tensor_value_info("Y", dtype, [None, 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def _mlp(dtype=TensorProto.DOUBLE):
     """Y = tanh(X W1 + b1) W2: (N, 3) -> (N, 1)."""
     rng = np.random.default_rng(0)
-    np_type = helper.tensor_dtype_to_np_dtype(dtype)
-    inits = [numpy_helper.from_array(v.astype(np_type), n) for n, v in [
-        ("W1", rng.normal(size=(3, 4))), ("b1", rng.normal(size=(4,))),
-        ("W2", rng.normal(size=(4, 1)))]]
+    values = {"W1": rng.normal(size=(3, 4)), "b1": rng.normal(size=(4,)),
+              "W2": rng.normal(size=(4, 1))}
     nodes = [helper.make_node("MatMul", ["X", "W1"], ["h0"]),
              helper.make_node("Add", ["h0", "b1"], ["h1"]),
              helper.make_node("Tanh", ["h1"], ["h"]),
              helper.make_node("MatMul", ["h", "W2"], ["Y"])]
-    graph = helper.make_graph(nodes, "mlp",
-                              [helper.make_tensor_value_info("X", dtype, [None, 3])],
-                              [helper.make_tensor_value_info("Y", dtype, [None, 1])],
-                              inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model(nodes, [None, 3], values, dtype)
 
 
 def _cnn(batchnorm):
@@ -46,8 +51,7 @@ def _cnn(batchnorm):
               "W2": 0.2 * rng.normal(size=(27, 1)), "scale": 1 + rng.random(3),
               "bias": rng.normal(size=(3,)), "mean": rng.normal(size=(3,)),
               "var": 1 + rng.random(3)}
-    inits = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in values.items()]
-    inits.append(numpy_helper.from_array(np.array([0, 27], np.int64), "shape"))
+    values["shape"] = np.array([0, 27], np.int64)
     nodes = [helper.make_node("Conv", ["X", "W", "B"], ["conv"], pads=[1, 1, 1, 1])]
     if batchnorm:
         nodes.append(helper.make_node(
@@ -56,13 +60,7 @@ def _cnn(batchnorm):
     nodes += [helper.make_node("Relu", ["normed" if batchnorm else "conv"], ["relu"]),
               helper.make_node("Reshape", ["relu", "shape"], ["flat"]),
               helper.make_node("MatMul", ["flat", "W2"], ["Y"])]
-    graph = helper.make_graph(
-        nodes, "cnn",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2, 3, 3])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model(nodes, [None, 2, 3, 3], values)
 
 
 def _feeds(model, X, wrt, buffers=()):
@@ -173,8 +171,7 @@ def _two_batchnorms():
               "v1": np.ones(2), "W": 0.5 * rng.normal(size=(2, 2, 1, 1)),
               "s2": 1 + rng.random(2), "b2": rng.normal(size=(2,)), "m2": np.zeros(2),
               "v2": np.ones(2), "W2": 0.3 * rng.normal(size=(18, 1))}
-    inits = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in values.items()]
-    inits.append(numpy_helper.from_array(np.array([0, 18], np.int64), "shape"))
+    values["shape"] = np.array([0, 18], np.int64)
     nodes = [helper.make_node("BatchNormalization", ["X", "s1", "b1", "m1", "v1"],
                               ["n1", "mean1", "var1"], training_mode=1),
              helper.make_node("Conv", ["n1", "W"], ["c"], kernel_shape=[1, 1]),
@@ -182,13 +179,7 @@ def _two_batchnorms():
                               ["n2", "mean2", "var2"], training_mode=1),
              helper.make_node("Reshape", ["n2", "shape"], ["flat"]),
              helper.make_node("MatMul", ["flat", "W2"], ["Y"])]
-    graph = helper.make_graph(
-        nodes, "bn2",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2, 3, 3])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model(nodes, [None, 2, 3, 3], values)
 
 
 def test_unnamed_batchnorms_train_alike_on_every_path():
