@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 import scipy.optimize
 import scipy.sparse
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, is_classifier
 from sklearn.preprocessing import LabelBinarizer
 from sklearn.utils import check_random_state, column_or_1d
 from sklearn.utils._param_validation import Interval, Options, StrOptions
@@ -412,19 +412,19 @@ class _BaseMLP(BaseEstimator):
                 # scikit-learn stratifies binary targets on its binarized y,
                 # a bool column (its error messages name 'True' / 'False')
                 stratify = y.reshape(-1, 1).astype(bool) \
-                    if self._is_classifier() and single else None
+                    if is_classifier(self) and single else None
                 X, X_val, y, y_val, sample_weight, weight = early_stopping_split(
                     X, y, sample_weight, run.rng, self.validation_fraction, stratify)
             path = run.choose_path(sample_weight, int(np.clip(
                 run.settings.batch_size, 1, len(X))))
             run.runner.prepare(path, sample_weight is not None)
             hooks = FitHooks(self, validation_scorer(
-                run, "classification" if self._is_classifier() else "regression",
+                run, "classification" if is_classifier(self) else "regression",
                 self.out_activation_, weight), self._dtype, self._forget_layer_lists)
             run.fit_loop(X, y, sample_weight, X_val, y_val,
                          1 if incremental else self.max_iter, hooks)
         except ValueError as exc:
-            if "least populated class" in str(exc) and self._is_classifier():
+            if "least populated class" in str(exc) and is_classifier(self):
                 negative, positive = self.classes_[[0, -1]].tolist()
                 raise ValueError(f"{exc} (scikit-learn's split stratifies the "
                                  f"binarized y: 'True' stands for {positive!r}, "
@@ -561,9 +561,6 @@ class _BaseMLP(BaseEstimator):
             n_iter_no_change=self.n_iter_no_change, tol=float(self.tol),
             print_progress=bool(self.verbose), callbacks=list(self.callbacks or ()),
             name=type(self).__name__, loop_max_bytes=_base.LOOP_MAX_PARAMETER_BYTES)
-
-    def _is_classifier(self):
-        return False
 
     # ------------------------------------------------------------ results
     @with_session_threads
@@ -957,9 +954,6 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     >>> clf = MLPClassifier((30,), max_iter=5, random_state=0).fit(X / 16, y)
     >>> onx = clf.to_onnx()  # outputs 'label' (int64), 'probabilities'
     """)
-
-    def _is_classifier(self):
-        return True
 
     def _output_activation(self):
         return "softmax" if self._label_binarizer.y_type_ == "multiclass" \
