@@ -1,7 +1,9 @@
 """Count the graph-building work of one ``fit`` (split, fused and loop
 paths) and of one ``generate_artifacts``: reverse passes
 (:func:`onnxtrain.autodiff.backward`), shape inferences
-(``onnx.shape_inference.infer_shapes``), loss-graph builds
+(``onnx.shape_inference.infer_shapes``), rewrites of the running
+statistics (:func:`onnxtrain.graph.training_mode.with_running_statistics_updates`),
+loss-graph builds
 (``BaseLearningLoss.build_onnx`` and onnxblock loss blocks), onnxruntime
 sessions created and, of them, those that ran.
 
@@ -21,7 +23,8 @@ import numpy as np
 __all__ = ["count_build_work", "counting", "CASES"]
 
 CASES = ("split", "fused", "loop", "classifier-split", "classifier-loop",
-         "batchnorm-fused", "artifacts", "batchnorm-artifacts")
+         "batchnorm-split", "batchnorm-fused", "batchnorm-loop", "artifacts",
+         "batchnorm-artifacts")
 
 
 def _replace_everywhere(original, replacement):
@@ -46,6 +49,7 @@ def counting():
     import onnxruntime
     import importlib
     backward_module = importlib.import_module("onnxtrain.autodiff.backward")
+    training_mode = importlib.import_module("onnxtrain.graph.training_mode")
     from onnxtrain.losses import BaseLearningLoss
     from onnxtrain.onnxblock import loss as block_loss
     from onnxtrain.runtime.opsets import CHECKED_DOMAINS, highest_opset
@@ -55,7 +59,8 @@ def counting():
         highest_opset(domain)
 
     counts = {"reverse passes": 0, "shape inferences": 0,
-              "loss-graph builds": 0, "sessions": 0, "sessions run": 0}
+              "statistics rewrites": 0, "loss-graph builds": 0, "sessions": 0,
+              "sessions run": 0}
 
     def counted(key, func):
         def wrapper(*args, **kwargs):
@@ -88,6 +93,9 @@ def counting():
     real_backward = backward_module.backward
     undo += _replace_everywhere(real_backward, counted("reverse passes",
                                                        real_backward))
+    real_rewrite = training_mode.with_running_statistics_updates
+    undo += _replace_everywhere(real_rewrite, counted("statistics rewrites",
+                                                      real_rewrite))
     real_infer = onnx.shape_inference.infer_shapes
     onnx.shape_inference.infer_shapes = counted("shape inferences", real_infer)
     real_build = BaseLearningLoss.build_onnx
@@ -211,8 +219,8 @@ def count_build_work(case):
 
 
 def main():
-    keys = ["reverse passes", "shape inferences", "loss-graph builds",
-            "sessions", "sessions run"]
+    keys = ["reverse passes", "shape inferences", "statistics rewrites",
+            "loss-graph builds", "sessions", "sessions run"]
     print("| case | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for case in CASES:

@@ -18,6 +18,7 @@ MOVED = {
     "onnxtrain.autodiff.models": "onnxtrain.autodiff.gradient_graphs",
     "onnxtrain.data_loader": "onnxtrain.runtime.data_loader",
     "onnxtrain.distributed": "onnxtrain.integrations.distributed",
+    "onnxtrain.estimators._trainer": "onnxtrain.training.step_runner",
     "onnxtrain.grad_helper": "onnxtrain.assembly.grad_helper",
     "onnxtrain.initializers": "onnxtrain.optim.initializers",
     "onnxtrain.loss_emitters": "onnxtrain.losses.emitters",

@@ -67,23 +67,13 @@ class Parameter:
         of a nominal checkpoint until one is assigned)."""
         return self._value is not None
 
-    @property
-    def name(self):
-        return self._name
-
-    @property
-    def requires_grad(self):
-        return self._requires_grad
-
-    @property
-    def dtype(self):
-        """numpy dtype of the parameter."""
-        return self._dtype
-
-    @property
-    def shape(self):
-        """Shape of the parameter (tuple of int)."""
-        return self._shape
+    # read-only, as onnxruntime-training's
+    name = property(lambda self: self._name, doc="str: name of the parameter.")
+    requires_grad = property(lambda self: self._requires_grad,
+                             doc="bool: whether a Module trains the parameter.")
+    dtype = property(lambda self: self._dtype, doc="numpy dtype of the parameter.")
+    shape = property(lambda self: self._shape,
+                     doc="Shape of the parameter (tuple of int).")
 
     @property
     def data(self):

@@ -273,6 +273,7 @@ def to_onnx(model, X=None, name=None, initial_types=None, target_opset=None,
     Returns
     -------
     onnx.ModelProto
+        skl2onnx's graph of ``model``.
 
     Raises
     ------

@@ -11,10 +11,12 @@ pass, finish.
 - :func:`finish`: one node per value (CSE), the graph and its model at the
   prepared model's opsets, slow broadcasts avoided, and the checker.
 
-The fused step, its loops (:mod:`.training_graphs`) and the artifacts'
-training model (:mod:`onnxtrain.onnxblock._training`) are thin builders
-over these three functions: each chooses the interface (inputs, outputs)
-and writes its own nodes (loss, update, accumulation) between them.
+The split path's models, the fused step, its loops (:mod:`.training_graphs`)
+and the artifacts' training model (:mod:`onnxtrain.onnxblock._training`)
+are thin builders over these three functions: each chooses the interface
+(inputs, outputs) and writes its own nodes (loss, update, accumulation)
+between them. A trainer prepares its model once per fit and builds every
+graph of the fit from that one :class:`Prepared`.
 """
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ from ..graph.builder import constant_node_value, copy_fields
 from ..graph.scopes import subgraphs
 from .models import load_model
 
-__all__ = ["rewrite_ml_linear_ops", "probability_graph", "prediction_graph"]
+__all__ = ["rewrite_ml_linear_ops", "probability_graph", "prediction_graph",
+           "with_first_output"]
 
 ML_DOMAIN = "ai.onnx.ml"
 
@@ -587,18 +588,18 @@ def _is_float_tensor(value_info):
             and value_info.type.tensor_type.elem_type in FLOAT_TYPES)
 
 
-def _keep_output(model, output_name, value_info=None):
-    """A new model, ``model`` whose only output is ``output_name``, without
-    the nodes, initializers, value infos and opset imports it does not need.
+def _keep_outputs(model, outputs):
+    """A new model, ``model`` whose outputs are ``outputs`` (ValueInfoProtos
+    of its values), without the nodes, initializers, value infos and opset
+    imports they do not need.
 
     Only what is kept is copied (not the whole model, then a second copy of
     the kept part: the upb protobuf runtime frees the memory of a message
     only with the whole message, so the dropped copy stayed allocated as
     long as the model). ``model`` is not modified."""
     graph = model.graph
-    if value_info is None:
-        value_info = next(o for o in graph.output if o.name == output_name)
-    needed = {output_name}
+    names = {o.name for o in outputs}
+    needed = set(names)
     kept = []
     for node in reversed(list(graph.node)):
         if any(o in needed for o in node.output if o):
@@ -615,9 +616,9 @@ def _keep_output(model, output_name, value_info=None):
         "sparse_initializer": [s for s in graph.sparse_initializer
                                if s.values.name in needed],
         "input": [i for i in graph.input if i.name not in removed_inits],
-        "value_info": [v for v in graph.value_info if v.name != output_name and (
+        "value_info": [v for v in graph.value_info if v.name not in names and (
             v.name in produced or v.name in needed)],
-        "output": [value_info]}
+        "output": list(outputs)}
     new = onnx.ModelProto()
     copy_fields(new, model, skip=("graph",))
     copy_fields(new.graph, graph, skip=tuple(lists))
@@ -662,6 +663,8 @@ def prediction_graph(model, output_name=None, types=None):
     Returns
     -------
     onnx.ModelProto
+        Its one output is ``output_name``, typed (the first float tensor
+        output when None).
 
     Raises
     ------
@@ -683,8 +686,36 @@ def prediction_graph(model, output_name=None, types=None):
     if output_name not in known:
         raise ValueError(f"{output_name!r} is not a value of the graph "
                          f"(outputs: {_describe_outputs(graph)}).")
-    return _keep_output(source, output_name,
-                        _value_info_of(source, output_name, types))
+    return _keep_outputs(source, [_value_info_of(source, output_name, types)])
+
+
+def with_first_output(model, output_name, types=None):
+    """A copy of ``model`` whose first output is the value ``output_name``,
+    its other outputs kept (a classifier's graph on its logits that still
+    outputs the updated running statistics), without what none of them
+    needs (as :func:`prediction_graph`).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    output_name : str
+        A value of the main graph (typed from ``types`` unless an output).
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known.
+
+    Returns
+    -------
+    onnx.ModelProto
+        Outputs: ``output_name``, then ``model``'s outputs but the first.
+
+    Raises
+    ------
+    ValueError
+        The type of ``output_name`` cannot be inferred.
+    """
+    head = _value_info_of(model, output_name, types)
+    return _keep_outputs(model, [head] + list(model.graph.output[1:]))
 
 
 def probability_graph(model):
@@ -726,7 +757,7 @@ def probability_graph(model):
             if shape is not None and not out.type.tensor_type.HasField("shape"):
                 info = helper.make_tensor_value_info(
                     out.name, out.type.tensor_type.elem_type, clean_shape(shape))
-            return _keep_output(source, out.name, info), out.name
+            return _keep_outputs(source, [info]), out.name
     outputs = {o.name for o in graph.output}
     for node in graph.node:
         if node.domain != ML_DOMAIN or node.op_type != "ZipMap" \
@@ -743,7 +774,7 @@ def probability_graph(model):
             shape = (None, n_classes)
         info = helper.make_tensor_value_info(name, elem or TensorProto.FLOAT,
                                              clean_shape(shape))
-        return _keep_output(source, name, info), name
+        return _keep_outputs(source, [info]), name
     raise ValueError(
         f"The model has no float probability tensor: expected a float tensor "
         f"output of shape (N, n_classes) or a ZipMap node fed by one "

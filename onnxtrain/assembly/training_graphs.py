@@ -1,9 +1,9 @@
 """The assembly of training graphs: one module builds the graphs of every
 training path from one reverse pass each, only for the path chosen.
 
-- split (the seed's four graphs): :func:`onnxtrain.autodiff.build_gradient_models`
-  (forward model saving intermediates, backward model), built lazily by the
-  engine when a step first runs;
+- split (the seed's four graphs): :func:`build_split_models` (forward model
+  saving intermediates, backward model), built lazily by the engine when a
+  step first runs;
 - fused: one ONNX graph per training step (:func:`build_training_step`),
   forward, loss and dE/dY, backward, update;
 - loop: one ONNX ``Loop`` running every step of an epoch
@@ -11,14 +11,14 @@ training path from one reverse pass each, only for the path chosen.
 - artifacts: the training model of :mod:`onnxtrain.onnxblock`
   (:func:`onnxtrain.onnxblock._training.build_training_models`).
 
-The fused, loop and artifacts variants go through :mod:`.pipeline`
-(prepare, one reverse pass, finish). The fused step writes the loss (its value and dE/dY, the seed of
+Every variant goes through :mod:`.pipeline` (prepare, one reverse pass,
+finish). The fused step writes the loss (its value and dE/dY, the seed of
 the backward's ``<prediction>_grad``) and the update rule with its penalty
 straight into the reverse pass's builder (:func:`loss_emitter`,
 :func:`update_emitter`); nothing leaves a fused graph but the new weights,
 the new optimizer state and the loss. :class:`TrainingGraphs` chooses and
-caches them for a trainer, with the shape inference of the model done once
-and passed down.
+caches them for a trainer, from the one model the trainer prepared (its
+types inferred once) and passed down.
 """
 from __future__ import annotations
 
@@ -28,16 +28,17 @@ import onnx
 from onnx import TensorProto, helper
 
 from .._utils.gc import gc_frozen
-from ..autodiff import build_gradient_models
+from ..autodiff.gradient_graphs import gradient_models_from
 from ..autodiff.backward import rename_many_reads
-from ..graph import GraphBuilder, make_model, opset_of
+from ..graph import GraphBuilder, infer_value_types, make_model, opset_of
 from ..graph.aliasing import writes_after_reads
 from ..graph.builder import tensor_value_info
 from ..graph.scopes import rename_values, subgraphs, without_unread
 from ..graph.training_mode import updated_name
-from .pipeline import finish, forward_nodes, prepare, reverse
+from .pipeline import Prepared, finish, forward_nodes, prepare, reverse
 
 __all__ = ["TrainingStep", "TrainingGraphs", "LossGraphs", "build_training_step",
+           "build_split_models",
            "loss_emitter", "update_emitter",
            "build_training_loop", "build_epochs_loop", "final_activation",
            "small_graph_opset"]
@@ -116,51 +117,6 @@ def update_emitter(learning_rate, weights, elem_type, penalty=None, penalized=()
     return emit
 
 
-def _inlined_loss(model, weight_name):
-    """The loss emitter of a loss graph given as a ModelProto: its nodes
-    copied with the step's names (``X1``, ``X2``, the weight, ``Y``,
-    ``Y_grad``) and the others prefixed."""
-    def emit(g, expected, predicted, weight, outputs):
-        rename = {"X1": expected, "X2": predicted, "Y": outputs[0],
-                  "Y_grad": outputs[1]}
-        if weight is not None:
-            rename[weight_name] = weight
-        _inline(g, model, "loss__", rename)
-    return emit
-
-
-def _inlined_update(model, scalars, weights, states):
-    """The update emitter of an update graph given as a ModelProto (the
-    interface of :meth:`~onnxtrain.optim.BaseLearningRate.build_onnx`)."""
-    def emit(g, names):
-        rename = {n: n for n in list(scalars) + list(weights)}
-        rename.update({s: s for group in states for s in group})
-        rename.update(names)
-        _inline(g, model, "update__", rename)
-    return emit
-
-
-def _inline(g, model, prefix, rename):
-    """Append to ``g`` the nodes and initializers of ``model`` with every
-    name prefixed except those in ``rename`` (mapped to the step's)."""
-    def name(n):
-        return "" if not n else rename.get(n, prefix + n)
-
-    for node in model.graph.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        del copy.input[:], copy.output[:]
-        copy.input.extend(name(i) for i in node.input)
-        copy.output.extend(name(o) for o in node.output)
-        copy.name = prefix + node.name
-        g.nodes.append(copy)
-    for init in model.graph.initializer:
-        copy = TensorProto()
-        copy.CopyFrom(init)
-        copy.name = name(init.name)
-        g.initializers.append(copy)
-
-
 def _shape_of(value):
     """The shape of a tensor ValueInfoProto as a list (None: unknown)."""
     tensor = value.type.tensor_type
@@ -180,7 +136,7 @@ def _check_free(names, taken):
 def build_training_step(model, wrt, loss_model, update_model, state_names,
                         scalar_names, weighted=False, target_name="target__",
                         weight_name="sample_weight__", buffers=(), types=None,
-                        loss_weight_name="weight", statistics=None):
+                        statistics=None):
     """One graph: forward, loss and dE/dY, backward, update.
 
     Parameters
@@ -190,15 +146,12 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
         neither weights nor buffers are the features.
     wrt : list of str
         Weights to train.
-    loss_model : callable or onnx.ModelProto
+    loss_model : callable
         ``emit(g, expected, predicted, weight, outputs)`` writing the loss
-        and dE/dY into the step's builder (:func:`loss_emitter`), or a loss
-        graph built at the model's opset (with a ``loss_weight_name`` input
-        when ``weighted``), whose nodes are copied in.
-    update_model : callable or onnx.ModelProto
+        and dE/dY into the step's builder (:func:`loss_emitter`).
+    update_model : callable
         ``emit(g, names)`` writing the update into the step's builder
-        (:func:`update_emitter`), or an update graph (``axpy_onnx_``) built
-        at the model's opset, whose nodes are copied in.
+        (:func:`update_emitter`).
     state_names, scalar_names : tuple of str
         From the learning-rate object.
     weighted : bool, default=False
@@ -212,8 +165,6 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known
         (the reverse pass and the step then run no shape inference).
-    loss_weight_name : str, default="weight"
-        Name of the sample-weight input of ``loss_model``.
     statistics : dict, default=None
         Keyword arguments of the running statistics' rewrite
         (:func:`onnxtrain.assembly.pipeline.prepare`), which then finds
@@ -225,12 +176,30 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
 
     Raises
     ------
+    TypeError
+        A loss or update given as a graph (a ModelProto): the loss and the
+        update rule write their nodes into the step's builder.
     ValueError
         Name collisions, or a model without feature input.
     """
+    for name, emitter in (("loss_model", loss_model), ("update_model", update_model)):
+        if not callable(emitter):
+            raise TypeError(f"{name} must be an emitter writing into the step's "
+                            "builder (loss_emitter, update_emitter), got "
+                            f"{type(emitter).__name__}.")
     prepared = prepare(model, wrt, types, statistics=statistics)
-    buffers = prepared.buffers if statistics is not None else list(buffers)
-    model, types = prepared.model, prepared.types
+    if statistics is None:
+        prepared.buffers = list(buffers)
+    return _training_step(prepared, wrt, loss_model, update_model, state_names,
+                          scalar_names, weighted, target_name, weight_name)
+
+
+def _training_step(prepared, wrt, emit_loss, emit_update, state_names,
+                   scalar_names, weighted, target_name="target__",
+                   weight_name="sample_weight__"):
+    """:func:`build_training_step` of a prepared model
+    (:func:`~onnxtrain.assembly.pipeline.prepare`, its buffers found)."""
+    model, types, buffers = prepared.model, prepared.types, prepared.buffers
     not_features = set(wrt) | set(buffers) | {i.name for i in model.graph.initializer}
     features = [i for i in model.graph.input if i.name not in not_features]
     if not features:
@@ -278,8 +247,6 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
             g.set_type(value.name, elem_type, _shape_of(value))
     n_backward = len(g.nodes)
     loss_value = g.unique_name("loss__Y")
-    emit_loss = loss_model if callable(loss_model) else _inlined_loss(
-        loss_model, loss_weight_name)
     emit_loss(g, target_name, prediction, weight_name if weighted else None,
               [loss_value, bg.grad_output_names[0]])
     n_loss = len(g.nodes)
@@ -287,8 +254,6 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
     for w, grad, group in zip(wrt, bg.grad_names, states):
         names.update({f"{w}_grad": grad, f"{w}_new": f"{w}__new"})
         names.update({f"{s}_new": f"{s}__new" for s in group})
-    emit_update = update_model if callable(update_model) else _inlined_update(
-        update_model, scalars, wrt, states)
     emit_update(g, names)
     backward_nodes = g.nodes[:n_backward]
     loss_nodes = g.nodes[n_backward:n_loss]
@@ -509,7 +474,8 @@ def build_training_loop(step):
     Parameters
     ----------
     step : TrainingStep
-        From :func:`build_training_step`.
+        The flat step of :func:`build_training_step` (no ``If``): its nodes
+        are the body of the ``Loop``, reading the batch's slice.
 
     Returns
     -------
@@ -729,33 +695,70 @@ def loss_on_logits(model, loss, types=None):
     logits is p - y per row where nothing is clipped), and the value and
     gradient are those of the clipped probabilities, as on the split path.
     Returns (model, loss): the arguments themselves when nothing is
-    rewritten, new objects otherwise. ``types``: ``model``'s
+    rewritten, new objects otherwise (the model's other outputs, the
+    running statistics' updates, kept). ``types``: ``model``'s
     :func:`~onnxtrain.graph.infer_value_types` if known."""
     from ..losses.learning_losses import (CrossEntropyLearningLoss, NegLogLearningLoss,
                                           _CrossEntropyOfSoftmax, _LogLossOfSigmoid)
-    from .rewrite import prediction_graph
+    from .rewrite import with_first_output
 
     kind, logits = final_activation(model)
     if kind == "Softmax" and isinstance(loss, CrossEntropyLearningLoss) \
             and not loss.from_logits:
-        return prediction_graph(model, logits, types), _CrossEntropyOfSoftmax(
+        return with_first_output(model, logits, types), _CrossEntropyOfSoftmax(
             **loss.get_params())
     if kind == "Sigmoid" and isinstance(loss, NegLogLearningLoss) \
             and loss.probability_function in (None, "none"):
-        return prediction_graph(model, logits, types), _LogLossOfSigmoid(
+        return with_first_output(model, logits, types), _LogLossOfSigmoid(
             **loss.get_params())
     return model, loss
 
 
+def build_split_models(prepared, wrt, outputs=None):
+    """The split path's graphs of a prepared model: its one reverse pass
+    (:func:`~onnxtrain.assembly.pipeline.reverse`), a forward model saving
+    what the backward model reads, and the backward model through
+    :func:`~onnxtrain.assembly.pipeline.finish` (one node per value, slow
+    broadcasts avoided), as the fused step's nodes go.
+
+    Parameters
+    ----------
+    prepared : Prepared
+        From :func:`~onnxtrain.assembly.pipeline.prepare`.
+    wrt : list of str
+        Weights to differentiate against.
+    outputs : list of str, default=None
+        Outputs to differentiate (default: the float outputs depending on
+        ``wrt``).
+
+    Returns
+    -------
+    GradientModels
+        As :func:`onnxtrain.autodiff.build_gradient_models` gives them (same
+        interface and values, up to rounding).
+    """
+    models = gradient_models_from(reverse(prepared, wrt, outputs), prepared.model)
+    gradient = models.backward_model
+    graph = gradient.graph
+    models.backward_model = finish(graph.node, graph.initializer, graph.input,
+                                   graph.output, graph.name, gradient,
+                                   forward_types=prepared.types)
+    return models
+
+
 class TrainingGraphs:
-    """The fused training graphs of one model, built on demand for the path
-    a fit chooses and cached: each from one reverse pass, with the types of
-    the model inferred once (given by the caller) and passed down.
+    """The training graphs of one prepared model, built on demand for the
+    path a fit chooses and cached: the split models
+    (:func:`build_split_models`) and the fused step and its loops, each from
+    one reverse pass of the same prepared model with the same types.
 
     Parameters
     ----------
     model : onnx.ModelProto
-        Prediction graph, its weights as initializers.
+        Prediction graph through :func:`~onnxtrain.assembly.pipeline.prepare`
+        (the running statistics, ``buffer_names``, as inputs after the
+        model's, their updates as outputs after its own), the trained
+        weights among its initializers (their values are not read).
     weights : list of str
     learning_rate : BaseLearningRate
         Gives the state and scalar names, and writes the update into the
@@ -765,17 +768,14 @@ class TrainingGraphs:
         ``penalty``, ``penalized``, ``shapes`` (weight name -> shape),
         ``elem_type``, ``rank``; None: the graph computes its own loss and
         has no fused path.
-    loss_graphs : sequence, default=None
-        The split path's loss graphs (:class:`LossGraphs`), held for its
-        runner; the fused graphs build none.
-    update_graph : onnx.ModelProto, default=None
-        The learning rate's ``axpy_onnx_`` (the split path's), held the same
-        way.
+    loss_graphs, update_graph : default=None
+        Not used: accepted for the former signature (the split path's runner
+        runs its own loss and update graphs).
     buffer_names : list of str, default=()
-        Running statistics the split path updates (the fused graphs must
-        update the same).
+        The running statistics ``model`` updates (``Prepared.buffers``).
     types : dict, default=None
-        ``model``'s :func:`~onnxtrain.graph.infer_value_types`.
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types` (inferred
+        here when None).
     in_place : bool, default=True
         Whether the 'step' graph updates in place (:func:`update_in_place`);
         False: the flat step. The trainer passes False off the CPU, where
@@ -784,27 +784,38 @@ class TrainingGraphs:
 
     def __init__(self, model, weights, learning_rate, spec, loss_graphs=None,
                  update_graph=None, buffer_names=(), types=None, in_place=True):
-        self.model = model
+        types = infer_value_types(model) if types is None else types
+        # shared with the runner's engine: the reverse passes name the
+        # optional outputs their rules read on copies
+        self.prepared = Prepared(model, types, list(buffer_names), owned=False)
         self.weights = list(weights)
         self.learning_rate = learning_rate
         self.spec = spec
-        self.loss_graphs = loss_graphs
-        self.update_graph = update_graph
-        self.buffer_names = list(buffer_names)
-        self.types = types
         self.in_place = in_place
         self._cache = {}
 
-    def split(self, model, outputs=None):
-        """The split path's :class:`~onnxtrain.autodiff.GradientModels` of
-        ``model`` (this one, or its copy with the running statistics as
-        inputs) for the differentiated ``outputs``: one reverse pass, with
-        the types known when ``model`` adds no value."""
+    model = property(lambda self: self.prepared.model)
+    types = property(lambda self: self.prepared.types)
+    buffer_names = property(lambda self: self.prepared.buffers)
+
+    def split(self, model=None, outputs=None):
+        """The split path's :class:`~onnxtrain.autodiff.GradientModels` for
+        the differentiated ``outputs`` (:func:`build_split_models`).
+
+        Parameters
+        ----------
+        model : onnx.ModelProto, default=None
+            None or :attr:`model` (what the runner's engine passes); another
+            model is differentiated as it is, its types inferred, uncached.
+        outputs : list of str, default=None
+        """
+        if model is not None and model is not self.model:
+            return build_split_models(Prepared(model, infer_value_types(model)),
+                                      self.weights, outputs)
         key = ("split", tuple(outputs or ()))
         if key not in self._cache:
-            types = self.types if not self.buffer_names else None
-            self._cache[key] = build_gradient_models(model, self.weights,
-                                                     outputs, types)
+            self._cache[key] = build_split_models(self.prepared, self.weights,
+                                                  outputs)
         return self._cache[key]
 
     @gc_frozen
@@ -838,24 +849,20 @@ class TrainingGraphs:
         if opset is None or opset < FUSED_MIN_OPSET:
             return f"opset {opset} < {FUSED_MIN_OPSET}"
         model, loss = loss_on_logits(self.model, spec["loss"], self.types)
-        # the loss and the update write straight into the step's builder;
-        # the types of the model hold for its rewrite on the logits, which
-        # adds no value; the batch statistics from the nodes' outputs on the
-        # CPU (the CUDA kernel outputs the unbiased variance)
+        # a rewrite on the logits is a copy of the step's own, and adds no
+        # value: the types hold
+        prepared = self.prepared if model is self.model else replace(
+            self.prepared, model=model, owned=True)
         try:
-            step = build_training_step(
-                model, self.weights,
+            return _training_step(
+                prepared, self.weights,
                 loss_emitter(loss, spec["elem_type"], spec["rank"]),
                 update_emitter(self.learning_rate, self.weights, spec["elem_type"],
                                spec["penalty"], spec["penalized"]),
                 self.learning_rate.state_names, self.learning_rate.scalar_names,
-                weighted, types=self.types,
-                statistics={"node_statistics": self.in_place})
+                weighted)
         except ValueError as exc:
             return str(exc)
-        if step.buffers != self.buffer_names:
-            return "the running statistics do not all reach the logits"
-        return step
 
 
 class LossGraphs:

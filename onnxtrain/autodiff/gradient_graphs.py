@@ -131,6 +131,8 @@ def weights_as_inputs(model, wrt, types, extra_outputs=(), nodes=None,
     Returns
     -------
     onnx.ModelProto
+        Inputs: ``model``'s others, the weights in ``wrt`` order, then
+        ``extra_inputs``; outputs: ``model``'s, then ``extra_outputs``.
 
     Raises
     ------

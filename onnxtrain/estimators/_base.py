@@ -41,7 +41,7 @@ from ..training.run import (FitHooks, FitSettings, TrainingRun,
                             resolve_training_path)
 from ._inputs import (GraphInputs, check_batch_dimension, check_features,
                       data_inputs)
-from ._trainer import StepRunner, step_graphs
+from ..training.step_runner import StepRunner, step_graphs
 from ._validation import Count, check_sample_weight, validation_period
 
 __all__ = ["BaseOrtGradientEstimator"]

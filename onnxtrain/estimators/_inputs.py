@@ -11,7 +11,7 @@ from sklearn.utils.validation import check_array
 from ..graph import elem_type_to_numpy, infer_value_types
 from ._validation import _check_numeric, cast_within_range, check_batch_dim
 
-__all__ = ["GraphInputs", "check_features", "data_inputs", "feature_arrays",
+__all__ = ["GraphInputs", "check_features", "data_inputs",
            "check_batch_dimension"]
 
 
@@ -78,13 +78,6 @@ def data_inputs(model):
     data the estimators feed), in graph order."""
     inits = {i.name for i in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in inits]
-
-
-def feature_arrays(X):
-    """The arrays to feed, in graph input order: ``[X]`` for one array."""
-    if isinstance(X, GraphInputs):
-        return list(X.arrays.values())
-    return [X]
 
 
 def imputes_nan(model):

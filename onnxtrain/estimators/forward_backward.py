@@ -13,9 +13,9 @@ from sklearn.utils.multiclass import unique_labels
 
 from ..assembly.rewrite import (prediction_graph, probability_graph,
                                 rewrite_ml_linear_ops)
+from ..assembly.training_graphs import final_activation
 from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLoss
 from ._base import BaseOrtGradientEstimator, prediction_dtype
-from ._trainer import final_activation
 from ._validation import check_sample_weight, check_targets, check_use_numpy
 
 __all__ = ["OrtGradientForwardBackwardOptimizer",

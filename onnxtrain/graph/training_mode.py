@@ -221,6 +221,8 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
     updates = GraphBuilder(opset, taken, types, prefix=_HELPER)
     masks = GraphBuilder(opset, taken, types, prefix=_MASK)
     nodes = []
+    # onnxruntime refuses two nodes of one name (unnamed ones too)
+    node_names = GraphBuilder(opset, {n.name for n in source.node})
     for original in source.node:
         node = original
         if _training_batchnorm(original):
@@ -232,7 +234,8 @@ def with_running_statistics_updates(model, as_inputs=True, node_statistics=False
             _momentum_update(updates, node, types, elem_type, node_statistics)
             _read_zeros(masks, node, elem_type, finite=node_statistics)
             if node_statistics:
-                node.name = f"{NODE_STATISTICS}{node.name}"
+                node.name = node_names.unique_name(
+                    f"{NODE_STATISTICS}{node.name or 'BatchNormalization'}")
             nodes += masks.nodes[start:]
         nodes.append(node)
     # the new model gets only what it keeps, each copied once (a copy of the
@@ -357,9 +360,10 @@ def inference_mode(model, drop_outputs=()):
     onnx.ModelProto
         A copy (``model`` itself is returned when nothing changes).
     """
+    masks = _masks(model.graph)
     drop = set(drop_outputs) | {
-        updated_name(n) for node in model.graph.node if _is_batchnorm(node)
-        for n in node.input[3:5]}
+        updated_name(masks.get(n, n)) for node in model.graph.node
+        if _is_batchnorm(node) for n in node.input[3:5]}
     changes = bool(drop & {o.name for o in model.graph.output})
     for node in model.graph.node:
         if _training_batchnorm(node) or (

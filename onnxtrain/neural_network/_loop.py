@@ -35,7 +35,7 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 
 from .._utils.gc import gc_frozen
-from ..estimators._trainer import StepRunner, step_graphs
+from ..training.step_runner import StepRunner, step_graphs
 from ..losses.learning_losses import resolve_learning_loss
 from ..losses.penalties import resolve_learning_penalty
 from ..optim.learning_rates import resolve_learning_rate

@@ -128,6 +128,8 @@ class ForwardBlock(Block):
         Returns
         -------
         onnx.ModelProto
+            The base model with the block's nodes, whose outputs are those
+            ``build`` returned (checked by :func:`onnx.checker.check_model`).
 
         Raises
         ------

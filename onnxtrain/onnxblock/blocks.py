@@ -30,28 +30,31 @@ class _Binary(Block):
         return state.op(self.op_type, a, b, like=a)
 
 
-class Add(_Binary):
-    """``input1 + input2`` (ONNX Add)."""
+class _Unary(Block):
+    """``op_type(input)``, of the input's element type."""
 
-    op_type = "Add"
+    op_type = None
 
-
-class Sub(_Binary):
-    """``input1 - input2`` (ONNX Sub)."""
-
-    op_type = "Sub"
+    def build(self, input_name):
+        return self._state().op(self.op_type, input_name, like=input_name)
 
 
-class Mul(_Binary):
-    """``input1 * input2`` (ONNX Mul)."""
+def _op_block(base, op_type, doc):
+    """A public block class: ``base``'s build running the ONNX op
+    ``op_type``, documented by ``doc``."""
+    return type(op_type, (base,), {"op_type": op_type, "__doc__": doc,
+                                   "__module__": __name__, "__qualname__": op_type})
 
-    op_type = "Mul"
 
-
-class Div(_Binary):
-    """``input1 / input2`` (ONNX Div)."""
-
-    op_type = "Div"
+Add = _op_block(_Binary, "Add", "``input1 + input2`` (ONNX Add).")
+Sub = _op_block(_Binary, "Sub", "``input1 - input2`` (ONNX Sub).")
+Mul = _op_block(_Binary, "Mul", "``input1 * input2`` (ONNX Mul).")
+Div = _op_block(_Binary, "Div", "``input1 / input2`` (ONNX Div).")
+Sigmoid = _op_block(_Unary, "Sigmoid", "``1 / (1 + exp(-x))`` (ONNX Sigmoid).")
+Log = _op_block(_Unary, "Log", "Natural logarithm (ONNX Log).")
+Neg = _op_block(_Unary, "Neg", "``-x`` (ONNX Neg).")
+Abs = _op_block(_Unary, "Abs", "``|x|`` (ONNX Abs).")
+Relu = _op_block(_Unary, "Relu", "``max(x, 0)`` (ONNX Relu).")
 
 
 class Pow(Block):
@@ -122,8 +125,7 @@ class _Reduce(Block):
         return out
 
 
-class ReduceMean(_Reduce):
-    """Mean over ``axes``.
+_REDUCE_DOC = """{} over ``axes``.
 
     Parameters
     ----------
@@ -131,58 +133,8 @@ class ReduceMean(_Reduce):
         None reduces every axis (a rank-0 result without ``keepdims``).
     keepdims : bool, default=False
     """
-
-    op_type = "ReduceMean"
-
-
-class ReduceSum(_Reduce):
-    """Sum over ``axes``.
-
-    Parameters
-    ----------
-    axes : list of int, default=None
-        None reduces every axis (a rank-0 result without ``keepdims``).
-    keepdims : bool, default=False
-    """
-
-    op_type = "ReduceSum"
-
-
-class _Unary(Block):
-    op_type = None
-
-    def build(self, input_name):
-        return self._state().op(self.op_type, input_name, like=input_name)
-
-
-class Sigmoid(_Unary):
-    """``1 / (1 + exp(-x))`` (ONNX Sigmoid)."""
-
-    op_type = "Sigmoid"
-
-
-class Log(_Unary):
-    """Natural logarithm (ONNX Log)."""
-
-    op_type = "Log"
-
-
-class Neg(_Unary):
-    """``-x`` (ONNX Neg)."""
-
-    op_type = "Neg"
-
-
-class Abs(_Unary):
-    """``|x|`` (ONNX Abs)."""
-
-    op_type = "Abs"
-
-
-class Relu(_Unary):
-    """``max(x, 0)`` (ONNX Relu)."""
-
-    op_type = "Relu"
+ReduceMean = _op_block(_Reduce, "ReduceMean", _REDUCE_DOC.format("Mean"))
+ReduceSum = _op_block(_Reduce, "ReduceSum", _REDUCE_DOC.format("Sum"))
 
 
 class Clip(Block):
@@ -338,16 +290,10 @@ class _SoftmaxLike(Block):
                                 axis=self._axis)
 
 
-class Softmax(_SoftmaxLike):
-    """Softmax along ``axis`` (default -1; opset >= 13 semantics)."""
-
-    op_type = "Softmax"
-
-
-class LogSoftmax(_SoftmaxLike):
-    """Log of the softmax along ``axis`` (default -1; opset >= 13 semantics)."""
-
-    op_type = "LogSoftmax"
+Softmax = _op_block(_SoftmaxLike, "Softmax", "Softmax along ``axis`` (default -1; "
+                    "opset >= 13 semantics).")
+LogSoftmax = _op_block(_SoftmaxLike, "LogSoftmax", "Log of the softmax along ``axis`` "
+                       "(default -1; opset >= 13 semantics).")
 
 
 class Cast(Block):

@@ -3,7 +3,7 @@ and stopping state, and the epoch loop as its methods.
 
 An estimator validates its parameters and data, resolves the update rule,
 the loss and the penalty, builds the
-:class:`~onnxtrain.estimators._trainer.StepRunner` and hands them to a
+:class:`~onnxtrain.training.step_runner.StepRunner` and hands them to a
 :class:`TrainingRun`, which then owns the fit: the counters and history
 the estimator publishes as its fitted attributes (``train_losses_``,
 ``n_iter_``, ``t_``, ``history_``...), the stopping and divergence state,

@@ -143,11 +143,11 @@ def test_generate_artifacts_freezes_and_unfreezes(nothing_frozen, tmp_path,
 def test_the_estimators_builds_freeze(nothing_frozen, monkeypatch, mlp_onnx,
                                       regression_data):
     # the trainer's build and the fused graph's
-    import onnxtrain.estimators._trainer as trainer_module
+    import onnxtrain.training.step_runner as trainer_module
     import onnxtrain.training_graphs as graphs_module
     from onnxtrain import OrtGradientForwardBackwardOptimizer
     seen = {}
-    runner, step = trainer_module.StepRunner.__init__, graphs_module.build_training_step
+    runner, step = trainer_module.StepRunner.__init__, graphs_module._training_step
 
     def runner_spy(self, *args, **kwargs):
         seen["trainer"] = gc.get_freeze_count() > 0
@@ -158,7 +158,7 @@ def test_the_estimators_builds_freeze(nothing_frozen, monkeypatch, mlp_onnx,
         return step(*args, **kwargs)
 
     monkeypatch.setattr(trainer_module.StepRunner, "__init__", runner_spy)
-    monkeypatch.setattr(graphs_module, "build_training_step", step_spy)
+    monkeypatch.setattr(graphs_module, "_training_step", step_spy)
     X, y = regression_data
     est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), max_iter=1,
                                               training_path="fused")

@@ -437,8 +437,8 @@ def test_off_the_cpu_the_step_stays_flat(mlp_fit):
     from onnxtrain.training_graphs import TrainingGraphs
     graphs = mlp_fit[2]._trainer.graphs
     flat = TrainingGraphs(graphs.model, graphs.weights, graphs.learning_rate,
-                          graphs.spec, graphs.loss_graphs, graphs.update_graph,
-                          graphs.buffer_names, graphs.types, in_place=False)
+                          graphs.spec, buffer_names=graphs.buffer_names,
+                          types=graphs.types, in_place=False)
     step = flat.get("step", False)
     assert step is flat.get("flat step", False) and not step.in_place
     assert "If" not in {n.op_type for n in step.model.graph.node}

@@ -15,33 +15,38 @@ counts = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(counts)
 
 EXPECTED = {
-    # path: reverse passes, shape inferences, loss-graph builds, sessions
-    # (forward, backward, loss and update graphs for the split path; the
-    # one fused graph otherwise), all of them run
-    "split": (1, 1, 1, 4),
-    "fused": (1, 1, 1, 1),
-    "loop": (1, 1, 1, 1),
+    # path: reverse passes, shape inferences, rewrites of the running
+    # statistics (one preparation per fit, shared by every graph of the
+    # fit), loss-graph builds, sessions (forward, backward, loss and update
+    # graphs for the split path; the one fused graph otherwise), all of
+    # them run
+    "split": (1, 1, 1, 1, 4),
+    "fused": (1, 1, 1, 1, 1),
+    "loop": (1, 1, 1, 1, 1),
     # a classifier's graph trained (its probabilities) comes from a rewrite
     # of the model (one more shape inference); the fused graphs write the
     # loss on the logits into their own builder (no loss graph of its own;
     # the one on probabilities is loss_grad_onnx_, which the seed reads)
-    "classifier-split": (1, 2, 1, 4),
-    "classifier-loop": (1, 2, 1, 1),
+    "classifier-split": (1, 2, 1, 1, 4),
+    "classifier-loop": (1, 2, 1, 1, 1),
     # BatchNormalization in training mode: the model with the running
-    # statistics' updates is typed once more (it has new values), its
-    # step graph once more (slow broadcasts); the updates' builds and the
-    # engine's check of the weights reuse the types they are given (6
-    # inferences before)
-    "batchnorm-fused": (1, 3, 1, 1),
+    # statistics' updates is typed once more (it has new values), the
+    # graph after the reverse pass once more (slow broadcasts: the step
+    # graph, or the split path's backward model); the updates' builds and
+    # the engine's check of the weights reuse the types they are given
+    "batchnorm-split": (1, 3, 1, 1, 4),
+    "batchnorm-fused": (1, 3, 1, 1, 1),
+    "batchnorm-loop": (1, 3, 1, 1, 1),
 }
 
 
 @pytest.mark.parametrize("path", sorted(EXPECTED))
 def test_one_reverse_pass_per_fit_for_the_path_chosen(path):
     got = counts.count_build_work(path)
-    passes, inferences, losses, sessions = EXPECTED[path]
+    passes, inferences, rewrites, losses, sessions = EXPECTED[path]
     assert got["reverse passes"] == passes
     assert got["shape inferences"] == inferences
+    assert got["statistics rewrites"] == rewrites
     assert got["loss-graph builds"] == losses
     assert got["sessions"] == sessions
     assert got["sessions run"] == got["sessions"]

@@ -209,12 +209,12 @@ def _one_sgd_step(model, weights, X, y, lr, elem_type=TensorProto.FLOAT):
     """(new weights, step graph) of build_training_step with SGD at ``lr``."""
     import onnxruntime
     from onnxtrain.losses import SquareLearningLoss
-    from onnxtrain.training_graphs import build_training_step
+    from onnxtrain.assembly.training_graphs import (build_training_step, loss_emitter,
+                                                    update_emitter)
     dtype = helper.tensor_dtype_to_np_dtype(elem_type)
     rate = LearningRateSGD(lr, learning_rate="constant")
-    loss = SquareLearningLoss().build_onnx(elem_type, 17, rank=2)
-    update = rate.build_onnx([(w, v.shape) for w, v in weights.items()], elem_type,
-                             17, None, [])
+    loss = loss_emitter(SquareLearningLoss(), elem_type, 2)
+    update = update_emitter(rate, list(weights), elem_type)
     step = build_training_step(model, list(weights), loss, update, rate.state_names,
                                rate.scalar_names)
     sess = onnxruntime.InferenceSession(step.model.SerializeToString(),

@@ -8,19 +8,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+from onnx import numpy_helper
 
+from ..assembly.pipeline import prepare
 from ..assembly.training_graphs import (LossGraphs, TrainingGraphs, final_activation,
                                         small_graph_opset)
 from ..graph import elem_type_to_numpy, without_initializer_values
-from ..graph.training_mode import with_running_statistics_updates
 from ..optim.initializers import bias_weights
 from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
+from ..runtime.devices import parse_device
 from ..runtime.engine import copy_arrays
 from ..runtime.threads import session_threads
-from ._inputs import feature_arrays
 
-__all__ = ["StepRunner", "final_activation", "step_graphs"]
+__all__ = ["StepRunner", "final_activation", "step_graphs", "feature_arrays"]
 
 #: Opset of the small graphs (update rule, loss) unless the model's is lower.
 _OPSET = 17
@@ -95,6 +96,12 @@ def step_graphs(model, weights, types, loss, update_rule, penalty,
         "elem_type": out_type, "rank": rank}
 
 
+def _initializer_values(model, names):
+    """``name -> numpy.ndarray``: the values of the initializers ``names``."""
+    inits = {i.name: i for i in model.graph.initializer}
+    return {name: numpy_helper.to_array(inits[name]) for name in names}
+
+
 def _sample_weight_dtype(model, input_names, buffer_names, loss_models):
     """numpy dtype of the sample-weight input of a graph computing its
     own loss (its third input), as the graph declares it: a float type,
@@ -117,6 +124,15 @@ def _scalar(cache, value, dtype, device):
     return cache[key]
 
 
+def feature_arrays(X):
+    """The arrays to feed, in graph input order: ``[X]`` for one array, the
+    values of its ``arrays`` for one array per input (a
+    :class:`~onnxtrain.estimators.GraphInputs`, whose class the estimators
+    own)."""
+    arrays = getattr(X, "arrays", None)
+    return [X] if arrays is None else list(arrays.values())
+
+
 def _data_feeds(graph, X, y, sample_weight):
     """The data inputs of a fused graph: the features, y, the weights."""
     values = feature_arrays(X) + [y]
@@ -129,8 +145,8 @@ class StepRunner:
     """Runs training steps: forward, loss and dE/dY, backward, update, one
     step per batch (or the steps of whole epochs in one fused-loop run), on
     the weights and optimizer state it keeps on the device. It only runs
-    graphs: :mod:`onnxtrain.assembly.training_graphs` builds them, the estimators'
-    epoch loop calls it.
+    graphs: :mod:`onnxtrain.assembly.training_graphs` builds them, the epoch
+    loop of a :class:`~onnxtrain.training.run.TrainingRun` calls it.
 
     Parameters
     ----------
@@ -179,32 +195,34 @@ class StepRunner:
                  learning_rate, weight_input="weight", fused_spec=None,
                  types=None):
         model = _without_initializer_inputs(model)
-        running, self.buffer_names, initial = with_running_statistics_updates(
-            model, types=types)
+        device = parse_device(device)
+        # the one preparation of the fit's graphs (running statistics'
+        # updates, small Convs lowered), shared by the engine, the split and
+        # the fused graphs; on the CPU the updates read the batch statistics
+        # from the nodes (onnxruntime's CUDA kernel outputs another variance)
+        cpu = device.type == "cpu"
+        prepared = prepare(model, weights, types,
+                           statistics={"node_statistics": cpu})
+        self.buffer_names = prepared.buffers
+        initial = _initializer_values(model, self.buffer_names)
         outputs = None if loss_models and not self.buffer_names else [
             model.graph.output[0].name]
         # the split graphs are built when a split step first runs; the
-        # engine checks the weights (the estimator's, checked on ``model``)
-        # against ``running`` with ``model``'s types: the same initializers,
-        # and the statistics' updates only add values that the check takes
-        # for floats (one shape inference of ``running`` less)
-        # the callable holds the graphs, not ``self`` nor the engine: no
+        # callable holds the graphs, not ``self`` nor the engine: no
         # reference cycle keeps the sessions alive after the runner is gone
         graphs_box = []
         self.engine = ForwardBackwardEngine(
-            running, weights, device, outputs, types=types,
-            gradient_models=lambda engine_model: graphs_box[0].split(engine_model, outputs),
+            prepared.model, weights, device, outputs, types=prepared.types,
+            gradient_models=lambda engine_model: graphs_box[0].split(engine_model,
+                                                                     outputs),
             checked=True)
         # the models kept build graphs where the trained weights are inputs:
         # their values (now in engine.weights) left out
-        self.engine.model = without_initializer_values(running,
-                                                       self.engine.weights_to_train)
-        model = self.engine.model if running is model else without_initializer_values(
-            model, self.engine.weights_to_train)
-        self.graphs = TrainingGraphs(
-            model, weights, learning_rate, fused_spec, loss_models,
-            update_model, self.buffer_names, types,
-            in_place=self.engine.device.type == "cpu")
+        model = without_initializer_values(prepared.model, self.engine.weights_to_train)
+        self.engine.model = model
+        self.graphs = TrainingGraphs(model, weights, learning_rate, fused_spec,
+                                     buffer_names=self.buffer_names,
+                                     types=prepared.types, in_place=cpu)
         graphs_box.append(self.graphs)
         self.buffers = [to_ortvalue(initial[b], self.engine.device, owned=True)
                         for b in self.buffer_names]
