@@ -258,43 +258,6 @@ class _BaseMLP(BaseEstimator):
         "n_threads": [Interval(numbers.Integral, 1, None, closed="left"), None],
     }
 
-    def __init__(self, hidden_layer_sizes=(100,), activation="relu", *,
-                 solver="adam", alpha=0.0001, batch_size="auto",
-                 learning_rate="constant", learning_rate_init=0.001,
-                 power_t=0.5, max_iter=200, shuffle=True, random_state=None,
-                 tol=1e-4, verbose=False, warm_start=False, momentum=0.9,
-                 nesterovs_momentum=True, early_stopping=False,
-                 validation_fraction=0.1, beta_1=0.9, beta_2=0.999,
-                 epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
-                 device="cpu", dtype=None, callbacks=None, n_threads=None):
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.activation = activation
-        self.solver = solver
-        self.alpha = alpha
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.learning_rate_init = learning_rate_init
-        self.power_t = power_t
-        self.max_iter = max_iter
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.tol = tol
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
-        self.epsilon = epsilon
-        self.n_iter_no_change = n_iter_no_change
-        self.max_fun = max_fun
-        self.device = device
-        self.dtype = dtype
-        self.callbacks = callbacks
-        self.n_threads = n_threads
-
     # ------------------------------------------------------------ checks
     def _check_fit_params(self, incremental):
         self._validate_params()
@@ -864,19 +827,34 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
                  early_stopping=False, validation_fraction=0.1, beta_1=0.9,
                  beta_2=0.999, epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
                  device="cpu", dtype=None, callbacks=None, n_threads=None):
-        # scikit-learn's MLPRegressor: the base class stores the shared
-        # parameters, each passed as given
-        super().__init__(
-            hidden_layer_sizes, activation, solver=solver, alpha=alpha,
-            batch_size=batch_size, learning_rate=learning_rate,
-            learning_rate_init=learning_rate_init, power_t=power_t,
-            max_iter=max_iter, shuffle=shuffle, random_state=random_state, tol=tol,
-            verbose=verbose, warm_start=warm_start, momentum=momentum,
-            nesterovs_momentum=nesterovs_momentum, early_stopping=early_stopping,
-            validation_fraction=validation_fraction, beta_1=beta_1, beta_2=beta_2,
-            epsilon=epsilon, n_iter_no_change=n_iter_no_change, max_fun=max_fun,
-            device=device, dtype=dtype, callbacks=callbacks, n_threads=n_threads)
         self.loss = loss
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
+        self.device = device
+        self.dtype = dtype
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
     def _output_activation(self):
         return "exp" if self.loss == "poisson" else "identity"
@@ -954,6 +932,43 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     >>> clf = MLPClassifier((30,), max_iter=5, random_state=0).fit(X / 16, y)
     >>> onx = clf.to_onnx()  # outputs 'label' (int64), 'probabilities'
     """)
+
+    def __init__(self, hidden_layer_sizes=(100,), activation="relu", *,
+                 solver="adam", alpha=0.0001, batch_size="auto",
+                 learning_rate="constant", learning_rate_init=0.001,
+                 power_t=0.5, max_iter=200, shuffle=True, random_state=None,
+                 tol=1e-4, verbose=False, warm_start=False, momentum=0.9,
+                 nesterovs_momentum=True, early_stopping=False,
+                 validation_fraction=0.1, beta_1=0.9, beta_2=0.999,
+                 epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
+                 device="cpu", dtype=None, callbacks=None, n_threads=None):
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
+        self.device = device
+        self.dtype = dtype
+        self.callbacks = callbacks
+        self.n_threads = n_threads
 
     def _output_activation(self):
         return "softmax" if self._label_binarizer.y_type_ == "multiclass" \
