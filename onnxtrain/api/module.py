@@ -592,8 +592,11 @@ class Module:
         """The training model without accumulation (built once), or None
         when the training model is not laid out for it."""
         if "train_plain" not in self._models:
-            cpu = self._device.type == "cpu"  # views of the buffers: host memory
-            model = without_accumulation(self._models["train"], layout, unreshape=cpu)
+            # views of the buffers: host memory, bound through an IOBinding
+            # (a model with string inputs runs without one, _HostRunner)
+            views = self._device.type == "cpu" and \
+                not _has_string_inputs(self._models["train"])
+            model = without_accumulation(self._models["train"], layout, unreshape=views)
             if model is None:
                 return None
             self._models["train_plain"] = model

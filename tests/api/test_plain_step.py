@@ -250,3 +250,35 @@ def test_module_writes_unreshaped_gradients_into_the_parameters_buffers(tmp_path
         for name, value in params.items():
             _close(state.parameters[name].data, value)
     assert module._unreshaped["train_plain"]  # the views were used
+
+
+def test_string_inputs_keep_the_gradients_shapes(tmp_path):
+    # a model with a string input runs without IOBinding (no buffer to
+    # view): its plain model keeps the Reshape, the gradients their shapes
+    from onnx import TensorProto, helper
+    from onnxtrain import api
+    rng = np.random.default_rng(2)
+    model, inits = _conv_model(rng)
+    graph = model.graph
+    graph.input.append(helper.make_tensor_value_info("tag", TensorProto.STRING, [4]))
+    graph.node[-1].output[0] = "y0"
+    graph.node.extend([
+        helper.make_node("LabelEncoder", ["tag"], ["code"], domain="ai.onnx.ml",
+                         keys_strings=["a", "b"], values_floats=[0.5, -1.0]),
+        helper.make_node("Unsqueeze", ["code", "one"], ["code2"]),
+        helper.make_node("Add", ["y0", "code2"], ["Y"])])
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([1], np.int64), "one"))
+    model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 2))
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["w", "fc"], loss=onnxblock.loss.MSELoss(),
+        artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state)
+    x, t = _batch(rng)
+    tags = np.array(["a", "b", "a", "a"], dtype=object)
+    # the target moved by the codes: the loss and gradients of the Conv model
+    module(x, tags, t + np.array([[0.5], [-1.0], [0.5], [0.5]], np.float32))
+    assert not module._unreshaped["train_plain"]
+    expected = _torch_conv_grads(inits, x, t)
+    for name, grad in expected.items():
+        _close(state.parameters[name].grad, grad)
