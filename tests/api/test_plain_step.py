@@ -282,3 +282,27 @@ def test_string_inputs_keep_the_gradients_shapes(tmp_path):
     expected = _torch_conv_grads(inits, x, t)
     for name, grad in expected.items():
         _close(state.parameters[name].grad, grad)
+
+
+def test_module_without_optimizer_allocates_the_viewed_buffers(tmp_path):
+    # no Optimizer, hence no flat gradient buffer: the first call allocates
+    # one per parameter, the next calls write into it
+    from onnxtrain import api
+    rng = np.random.default_rng(3)
+    model, inits = _conv_model(rng)
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["w", "fc"], loss=onnxblock.loss.MSELoss(),
+        artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state)
+    buffers = []
+    for _ in range(2):
+        x, t = _batch(rng)
+        module.lazy_reset_grad()
+        module(x, t)
+        expected = _torch_conv_grads(inits, x, t)
+        for name, grad in expected.items():
+            _close(state.parameters[name].grad, grad)
+        buffers.append(state.parameters.raw("w")._grad)
+    assert module._unreshaped["train_plain"]
+    assert buffers[0] is buffers[1]  # written over, not reallocated
