@@ -9,21 +9,37 @@ gradient. The variant built here drops those nodes and names the gradient
 itself as the output (no copy), and has neither the buffer inputs nor the
 ``lazy_reset_grad`` input; everything else is the same graph, so its
 outputs equal the training model's for ``lazy_reset_grad=True``.
+
+On the CPU, a gradient ending in a Reshape of a product used nowhere else
+(a Conv's weight gradient: a GEMM's (M, C K) result reshaped to the
+weight's (M, C, kh, kw)) is output as the product itself
+(:func:`unreshaped_outputs`): onnxruntime writes a Reshape's output into a
+bound buffer by a copy, where the product's kernel writes it directly; the
+module binds a view of the gradient buffer of the product's shape.
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 from ..graph.scopes import subgraph_outer_reads
+from ..graph.shapes import infer_value_types
 
-__all__ = ["without_accumulation"]
+__all__ = ["without_accumulation", "unreshaped_outputs"]
+
+#: Ops whose output onnxruntime may alias to their input: an output
+#: produced by one of them would be copied into a bound buffer as well.
+_ALIASING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
 
-def without_accumulation(model, layout):
+def without_accumulation(model, layout, unreshape=False):
     """The training model ``model`` (layout ``layout``, the training-model
     metadata) without its accumulation nodes; None when the graph does not
     end its gradients as ``generate_artifacts`` writes them (a model from
-    elsewhere is then run as it is)."""
+    elsewhere is then run as it is). ``unreshape``: also output the
+    products behind the gradients' final Reshapes
+    (:func:`unreshaped_outputs`), for a caller that binds views of the
+    gradient buffers of their shapes."""
     lazy = layout.get("lazy_reset_grad")
     buffers = list(layout.get("buffers", ())) + list(
         layout.get("input_gradient_buffers", ()))
@@ -74,4 +90,79 @@ def without_accumulation(model, layout):
     kept = [i for i in new.graph.input if i.name not in removed]
     del new.graph.input[:]
     new.graph.input.extend(kept)
-    return new
+    return _unreshape(new, set(layout["gradients"])) if unreshape else new
+
+
+def _unreshape(model, gradients):
+    """``model`` (modified) with every gradient output ``Reshape(v)`` of a
+    ``v`` of static shape, the output of a kernel that writes its own
+    output (not an aliasing op) and read by nothing else, renamed to the
+    output and the Reshape dropped; the output declared with ``v``'s
+    shape."""
+    graph = model.graph
+    producers = {name: node for node in graph.node for name in node.output}
+    uses = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    protected = {o.name for o in graph.output} | {i.name for i in graph.input} | \
+        {i.name for i in graph.initializer}
+    protected |= set().union(*map(subgraph_outer_reads, graph.node))
+    candidates = {}
+    for output in graph.output:
+        reshape = producers.get(output.name)
+        if output.name not in gradients or reshape is None or \
+                reshape.op_type != "Reshape":
+            continue
+        source = producers.get(reshape.input[0])
+        if source is None or source.op_type in _ALIASING or source.domain not in ("", "ai.onnx") \
+                or uses.get(reshape.input[0]) != 1 or reshape.input[0] in protected:
+            continue
+        candidates[output.name] = (reshape, source)
+    if not candidates:
+        return model
+    types = infer_value_types(model)
+    shapes = {}
+    for name, (reshape, _) in candidates.items():
+        _, shape = types.get(reshape.input[0], (None, None))
+        _, target = types.get(name, (None, None))
+        if shape is not None and target is not None and \
+                all(isinstance(d, int) for d in list(shape) + list(target)) and \
+                int(np.prod(shape)) == int(np.prod(target)):
+            shapes[name] = list(shape)
+    dropped = {id(candidates[name][0]) for name in shapes}
+    kept = [node for node in graph.node if id(node) not in dropped]
+    for name in shapes:
+        source = candidates[name][1]
+        index = list(source.output).index(candidates[name][0].input[0])
+        source.output[index] = name
+    del graph.node[:]
+    graph.node.extend(kept)
+    stale = set(shapes) | {candidates[name][0].input[0] for name in shapes}
+    infos = [v for v in graph.value_info if v.name not in stale]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+    for output in graph.output:
+        if output.name in shapes:
+            dims = output.type.tensor_type.shape
+            del dims.dim[:]
+            for d in shapes[output.name]:
+                dims.dim.add().dim_value = d
+    return model
+
+
+def unreshaped_outputs(model, shapes):
+    """Output name -> the static shape ``model`` declares for it, for the
+    outputs of ``shapes`` (name -> the gradient's shape) declared with
+    another shape of the same size (:func:`_unreshape`'s)."""
+    found = {}
+    for output in model.graph.output:
+        if output.name not in shapes or not output.type.HasField("tensor_type"):
+            continue
+        dims = output.type.tensor_type.shape.dim
+        declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        expected = list(shapes[output.name])
+        if None not in declared and declared != expected and \
+                int(np.prod(declared)) == int(np.prod(expected)):
+            found[output.name] = declared
+    return found

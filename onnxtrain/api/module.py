@@ -19,7 +19,7 @@ from ..runtime.checks import check_onnx_model, load_checked_model
 from ..runtime.ort_format import OrtFormatModel, is_ort_format
 from ..runtime.sessions import default_session_options
 from ..runtime.threads import check_n_threads
-from ._plain_step import without_accumulation
+from ._plain_step import unreshaped_outputs, without_accumulation
 
 __all__ = ["Module"]
 
@@ -271,6 +271,7 @@ class Module:
             for mode, model in self._models.items()}
         self._training = True
         self._in_place = {}  # mode -> gradient outputs written in place
+        self._unreshaped = {}  # mode -> gradient output -> its declared shape
         self._reset_grad = True
         self._runners = {}
         # training calls read and write the gradient buffers: one at a time;
@@ -523,9 +524,13 @@ class Module:
         else:
             self._feed_gradients(feeds, layout)
             mode = "train"
-        outputs = self._runner(mode)(feeds, into=self._gradient_buffers(mode, layout))
-        for name, grad in zip(layout["trainable"], outputs[n_user:]):
-            self._state.parameters.raw(name)._grad = grad
+        into = self._gradient_buffers(mode, layout)
+        views = self._bind_views(mode, layout, into)
+        outputs = self._runner(mode)(feeds, into=into)
+        for name, out, grad in zip(layout["trainable"], layout["gradients"],
+                                   outputs[n_user:]):
+            # a view's buffer, shaped as the parameter, is the gradient
+            self._state.parameters.raw(name)._grad = views.get(out, grad)
         self._reset_grad = False
         n_grads = len(layout["trainable"]) + len(layout.get("input_gradients", ()))
         _write_running_statistics(self._state, layout,
@@ -557,6 +562,26 @@ class Module:
                 into[out] = param._grad_buffer
         return into
 
+    def _bind_views(self, mode, layout, into):
+        """Bind, in ``into``, a view of the shape the plain model declares
+        for each gradient it outputs unreshaped (:mod:`._plain_step`) over
+        the parameter's gradient buffer (allocated when there is none yet);
+        return output name -> that buffer, the parameter's gradient after
+        the call."""
+        shapes = self._unreshaped.get(mode, {}) if mode == "train_plain" else {}
+        views = {}
+        for name, out in zip(layout["trainable"], layout["gradients"]):
+            if out not in shapes:
+                continue
+            param = self._state.parameters.raw(name)
+            buffer = into.get(out)
+            if buffer is None:
+                buffer = to_ortvalue(np.empty(param.shape, param.dtype), self._device,
+                                     owned=True)
+            into[out] = to_ortvalue(to_numpy(buffer).reshape(shapes[out]), self._device)
+            views[out] = buffer
+        return views
+
     def _overwrites_gradients(self, layout):
         """Whether the next training call overwrites every gradient."""
         return self._reset_grad or any(
@@ -567,10 +592,18 @@ class Module:
         """The training model without accumulation (built once), or None
         when the training model is not laid out for it."""
         if "train_plain" not in self._models:
-            model = without_accumulation(self._models["train"], layout)
+            # views of the buffers: host memory, bound through an IOBinding
+            # (a model with string inputs runs without one, _HostRunner)
+            views = self._device.type == "cpu" and \
+                not _has_string_inputs(self._models["train"])
+            model = without_accumulation(self._models["train"], layout, unreshape=views)
             if model is None:
                 return None
             self._models["train_plain"] = model
+            params = self._state.parameters
+            self._unreshaped["train_plain"] = unreshaped_outputs(model, {
+                out: params.raw(name).shape
+                for name, out in zip(layout["trainable"], layout["gradients"])})
         return self._models["train_plain"]
 
     def _feed_gradients(self, feeds, layout):

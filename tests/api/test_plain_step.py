@@ -6,7 +6,7 @@ import onnxruntime as ort
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import artifacts
-from onnxtrain.api._plain_step import without_accumulation
+from onnxtrain.api._plain_step import unreshaped_outputs, without_accumulation
 from onnxtrain.api.module import read_layout
 from onnxtrain.onnxblock._training import TRAINING_METADATA
 from test_artifacts_models import batch, two_head_model
@@ -145,3 +145,164 @@ def test_plain_model_of_a_graph_with_padded_scalars(tmp_path):
                                rtol=1e-12)
     np.testing.assert_allclose(light[grads["W"]], (dh * x).sum(axis=0, keepdims=True),
                                rtol=1e-12)
+
+
+def _conv_model(rng):
+    """Conv (weight "w") -> Flatten -> MatMul ("fc"), float32 (onnxruntime
+    has no float64 Conv)."""
+    from onnx import TensorProto, helper, numpy_helper
+    inits = {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+             "fc": rng.standard_normal((288, 2)).astype(np.float32)}
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["X", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Flatten", ["c"], ["f"]),
+         helper.make_node("MatMul", ["f", "fc"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 3, 6, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 2])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, inits
+
+
+def _batch(rng):
+    return (rng.standard_normal((4, 3, 6, 6)).astype(np.float32),
+            rng.standard_normal((4, 2)).astype(np.float32))
+
+
+def _torch_conv_grads(inits, x, t):
+    """Gradients of MSE(Flatten(Conv(x, w)) @ fc, t) by torch, in float64."""
+    import torch
+    w, fc = (torch.tensor(inits[k], dtype=torch.float64, requires_grad=True)
+             for k in ("w", "fc"))
+    y = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), w,
+                                   padding=1).flatten(1) @ fc
+    torch.nn.functional.mse_loss(y, torch.tensor(t, dtype=torch.float64)).backward()
+    return {"w": w.grad.numpy(), "fc": fc.grad.numpy()}
+
+
+def _close(actual, expected):
+    """float32 sums against float64 ones: the tolerance scaled to the values."""
+    np.testing.assert_allclose(actual, expected, rtol=1e-4,
+                               atol=1e-5 * np.abs(expected).max())
+
+
+def test_conv_weight_gradient_output_as_its_product(tmp_path):
+    # the weight gradient's final Reshape is dropped: the output is the
+    # GEMM's result, of the weight's size, with the same values
+    rng = np.random.default_rng(0)
+    model, inits = _conv_model(rng)
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["w", "fc"], loss=onnxblock.loss.MSELoss(),
+        artifact_directory=tmp_path)
+    training = onnx.load(paths["training_model"])
+    layout = read_layout(training, TRAINING_METADATA, "training model")
+    plain = without_accumulation(training, layout, unreshape=True)
+    onnx.checker.check_model(plain)
+    grads = dict(zip(layout["trainable"], layout["gradients"]))
+    shapes = unreshaped_outputs(plain, {grads[k]: v.shape for k, v in inits.items()})
+    assert set(shapes) == {grads["w"]} and shapes[grads["w"]] != [8, 3, 3, 3]
+    assert int(np.prod(shapes[grads["w"]])) == 8 * 3 * 3 * 3
+    x, t = _batch(rng)
+    feeds = dict(inits, X=x, **{layout["user_inputs"][1]: t},
+                 lazy_reset_grad=np.array(True))
+    for buffer, name in zip(layout["buffers"], layout["trainable"]):
+        feeds[buffer] = np.zeros_like(inits[name])
+    full, light = _run(training, feeds), _run(without_accumulation(training, layout), feeds)
+    unreshaped = _run(plain, feeds)
+    assert list(unreshaped[grads["w"]].shape) == shapes[grads["w"]]
+    for name in layout["gradients"]:
+        got = unreshaped[name].reshape(full[name].shape)
+        np.testing.assert_array_equal(got, light[name])
+        np.testing.assert_array_equal(got, full[name])
+    expected = _torch_conv_grads(inits, x, t)
+    for key, name in grads.items():
+        _close(full[name], expected[key])
+
+
+def test_module_writes_unreshaped_gradients_into_the_parameters_buffers(tmp_path):
+    # Module binds views of the gradient buffers of the product's shape: the
+    # parameters' gradients keep their shapes, hold torch's values over
+    # several calls, and the Optimizer's steps follow plain SGD
+    from onnxtrain import api
+    rng = np.random.default_rng(1)
+    model, inits = _conv_model(rng)
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["w", "fc"], loss=onnxblock.loss.MSELoss(),
+        optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state)
+    optimizer = api.Optimizer(paths["optimizer_model"], module)
+    optimizer.set_learning_rate(0.05)
+    params = {k: v.copy() for k, v in inits.items()}
+    for step in range(3):
+        x, t = _batch(rng)
+        module.lazy_reset_grad()
+        module(x, t)
+        expected = _torch_conv_grads(params, x, t)
+        for name, grad in expected.items():
+            got = state.parameters[name].grad
+            assert got.shape == grad.shape
+            _close(got, grad)
+        optimizer.step()
+        params = {k: (params[k] - 0.05 * expected[k]).astype(np.float32)
+                  for k in params}
+        for name, value in params.items():
+            _close(state.parameters[name].data, value)
+    assert module._unreshaped["train_plain"]  # the views were used
+
+
+def test_string_inputs_keep_the_gradients_shapes(tmp_path):
+    # a model with a string input runs without IOBinding (no buffer to
+    # view): its plain model keeps the Reshape, the gradients their shapes
+    from onnx import TensorProto, helper
+    from onnxtrain import api
+    rng = np.random.default_rng(2)
+    model, inits = _conv_model(rng)
+    graph = model.graph
+    graph.input.append(helper.make_tensor_value_info("tag", TensorProto.STRING, [4]))
+    graph.node[-1].output[0] = "y0"
+    graph.node.extend([
+        helper.make_node("LabelEncoder", ["tag"], ["code"], domain="ai.onnx.ml",
+                         keys_strings=["a", "b"], values_floats=[0.5, -1.0]),
+        helper.make_node("Unsqueeze", ["code", "one"], ["code2"]),
+        helper.make_node("Add", ["y0", "code2"], ["Y"])])
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([1], np.int64), "one"))
+    model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 2))
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["w", "fc"], loss=onnxblock.loss.MSELoss(),
+        artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state)
+    x, t = _batch(rng)
+    tags = np.array(["a", "b", "a", "a"], dtype=object)
+    # the target moved by the codes: the loss and gradients of the Conv model
+    module(x, tags, t + np.array([[0.5], [-1.0], [0.5], [0.5]], np.float32))
+    assert not module._unreshaped["train_plain"]
+    expected = _torch_conv_grads(inits, x, t)
+    for name, grad in expected.items():
+        _close(state.parameters[name].grad, grad)
+
+
+def test_module_without_optimizer_allocates_the_viewed_buffers(tmp_path):
+    # no Optimizer, hence no flat gradient buffer: the first call allocates
+    # one per parameter, the next calls write into it
+    from onnxtrain import api
+    rng = np.random.default_rng(3)
+    model, inits = _conv_model(rng)
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["w", "fc"], loss=onnxblock.loss.MSELoss(),
+        artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state)
+    buffers = []
+    for _ in range(2):
+        x, t = _batch(rng)
+        module.lazy_reset_grad()
+        module(x, t)
+        expected = _torch_conv_grads(inits, x, t)
+        for name, grad in expected.items():
+            _close(state.parameters[name].grad, grad)
+        buffers.append(state.parameters.raw("w")._grad)
+    assert module._unreshaped["train_plain"]
+    assert buffers[0] is buffers[1]  # written over, not reallocated
