@@ -13,8 +13,9 @@ them, see :mod:`.control_flow`). For one direction:
   row's length);
 - a ``Scan`` over time (axis 0) whose body is one step of the recurrence:
   it splits the step's projection into gates and reads the recurrence
-  weights ``R^T`` (one per gate), the peepholes ``P`` and ``Rbh`` from the
-  outer scope;
+  weights ``R`` (one per gate, each gate's pre-activation one Gemm; all
+  four in one Gemm for an LSTM without peepholes nor input_forget), the
+  peepholes ``P`` and ``Rbh`` from the outer scope;
 - the activations (``activations``, ``activation_alpha``,
   ``activation_beta``: alphas and betas are consumed in order by the
   activations that read them) and ``clip`` apply to every gate's
@@ -24,6 +25,11 @@ them, see :mod:`.control_flow`). For one direction:
 - with ``sequence_lens``, a mask ``t < sequence_lens[b]`` keeps the states
   of a finished row (``Y_h``, ``Y_c`` are those of its last step) and zeroes
   its outputs ``Y`` after its length.
+
+The default LSTM (the specification's activations, no clip, peepholes,
+input_forget, sequence_lens nor layout, its ``Y`` computed) skips the
+expansion: :class:`_LSTMGradient` reads the hidden states from ``Y`` and
+runs one backward Scan per direction.
 
 Directions are stacked on axis 1 of ``Y`` and axis 0 of ``Y_h``/``Y_c``;
 ``layout=1`` transposes batch and time in and out. Sequence length and
