@@ -128,12 +128,14 @@ def test_layout_1_matches_onnxruntime_on_transposed_inputs(op):
         np.testing.assert_allclose(a, np.swapaxes(e, 0, 1), atol=2e-6)
 
 
-def _backward_gradients(gm, feeds, grad_outputs):
+def _backward_gradients(gm, feeds, grad_outputs, forward=None):
     """Run only the backward model (the forward one holds the recurrent
-    node, which onnxruntime does not run in float64)."""
+    node, which onnxruntime does not run in float64); ``forward``: the
+    node's outputs it reads (the direct LSTM gradient reads Y)."""
     bfeeds = {g: grad_outputs[o]
               for g, o in zip(gm.grad_output_names, gm.outputs)}
-    bfeeds.update({name: feeds[name] for name in gm.backward_inputs})
+    known = dict(feeds, **(forward or {}))
+    bfeeds.update({name: known[name] for name in gm.backward_inputs})
     result = run(session(gm.backward_model), bfeeds)
     return {w: result[g] for w, g in zip(gm.wrt, gm.grad_names)}
 
@@ -263,8 +265,54 @@ def test_lstm_gradients_match_torch():
     np.testing.assert_allclose(
         outputs["Y"], y.detach().numpy().reshape(5, 2, 2, 4).transpose(0, 2, 1, 3),
         atol=1e-5)
-    grads = _backward_gradients(gm, feeds, {"Y": grad_y})
+    grads = _backward_gradients(gm, feeds, {"Y": grad_y}, outputs)
     np.testing.assert_allclose(grads["X"], x.grad.numpy(), atol=1e-5)
     expected_w = np.stack([onnx_order(getattr(lstm, f"weight_ih_l0{s}").grad)
                            for s in ("", "_reverse")])
     np.testing.assert_allclose(grads["W"], expected_w, atol=1e-5)
+
+
+def _scan_count(model):
+    return sum(node.op_type == "Scan" for node in model.graph.node)
+
+
+# the direct LSTM gradient (no expansion: gates of every step from Y, a
+# Scan of the cell states and one backward Scan per direction)
+DIRECT_CASES = [
+    ({"direction": "bidirectional"}, ("B", "H0", "C0"), ["Y", "Y_h", "Y_c"]),
+    ({"direction": "reverse"}, ("B", "C0"), ["Y", "Y_c"]),
+    ({}, (), ["Y_h"]),
+]
+
+
+@pytest.mark.parametrize("attrs, inputs, outputs", DIRECT_CASES)
+def test_direct_lstm_gradient_matches_finite_differences_float64(
+        attrs, inputs, outputs):
+    model = _model("LSTM", np.float64, inputs=inputs, symbolic=True, **attrs)
+    wrt = [i.name for i in model.graph.input]
+    gm = build_gradient_models(model, wrt, outputs=outputs)
+    check_model(gm.backward_model)
+    directions = 2 if attrs.get("direction") == "bidirectional" else 1
+    assert _scan_count(gm.backward_model) == 2 * directions
+    assert "Y" in gm.backward_inputs  # the gates come from the node's Y
+    reference = session(expansion_model(model, expand))
+    for t, n in ((3, 2), (5, 1)):
+        feeds = _feeds(model, np.float64, seed=t, t=t, n=n)
+        forward = run(reference, feeds)
+        rng = np.random.default_rng(t)
+        grad_outputs = {o: rng.normal(size=forward[o].shape) for o in outputs}
+        grads = _backward_gradients(gm, feeds, grad_outputs, forward)
+        for w in wrt:
+            expected = numeric_gradient(reference, feeds, w, grad_outputs)
+            assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+
+
+@pytest.mark.parametrize("attrs", [{"clip": 0.5}, {"input_forget": 1},
+                                   {"activations": ["Sigmoid", "Tanh", "Relu"]}])
+def test_lstm_outside_the_direct_gradient_takes_the_expansion(attrs):
+    # the direct gradient covers the default LSTM only: the others
+    # differentiate the expansion (a recompute Scan and a reverse Scan)
+    model = _model("LSTM", np.float64, inputs=("B",), **attrs)
+    gm = build_gradient_models(model, ["W"])
+    assert "Y" not in gm.backward_inputs
+    assert _scan_count(gm.backward_model) == 2

@@ -163,9 +163,19 @@ def _slice(ctx, gy):
     return ctx.op("Pad", gy, ctx.g.int64s(pads)) if any(pads) else gy
 
 
-for _op in ("DepthToSpace", "SpaceToDepth", "Compress",
-            "ReverseSequence", "CenterCropPad"):
+for _op in ("DepthToSpace", "SpaceToDepth", "Compress", "CenterCropPad"):
     register_vjp(_op)(_data_only(unique=True))
+
+
+@register_vjp("ReverseSequence")
+def _reverse_sequence(ctx, gy):
+    # reversing the first sequence_lens[b] steps of every row is a
+    # permutation that is its own inverse, so its adjoint (the transposed
+    # permutation) is the same ReverseSequence of the gradient: one kernel,
+    # no read of the input (whose positions copy_adjoint would scatter)
+    return (ctx.op("ReverseSequence", gy, ctx.inputs[1],
+                   batch_axis=ctx.attr("batch_axis", 1),
+                   time_axis=ctx.attr("time_axis", 0)), None)
 for _op in ("GatherND",):
     register_vjp(_op)(_data_only(unique=False))
 

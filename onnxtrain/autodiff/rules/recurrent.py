@@ -13,8 +13,9 @@ them, see :mod:`.control_flow`). For one direction:
   row's length);
 - a ``Scan`` over time (axis 0) whose body is one step of the recurrence:
   it splits the step's projection into gates and reads the recurrence
-  weights ``R^T`` (one per gate), the peepholes ``P`` and ``Rbh`` from the
-  outer scope;
+  weights ``R`` (one per gate, each gate's pre-activation one Gemm; all
+  four in one Gemm for an LSTM without peepholes nor input_forget), the
+  peepholes ``P`` and ``Rbh`` from the outer scope;
 - the activations (``activations``, ``activation_alpha``,
   ``activation_beta``: alphas and betas are consumed in order by the
   activations that read them) and ``clip`` apply to every gate's
@@ -24,6 +25,11 @@ them, see :mod:`.control_flow`). For one direction:
 - with ``sequence_lens``, a mask ``t < sequence_lens[b]`` keeps the states
   of a finished row (``Y_h``, ``Y_c`` are those of its last step) and zeroes
   its outputs ``Y`` after its length.
+
+The default LSTM (the specification's activations, no clip, peepholes,
+input_forget, sequence_lens nor layout, its ``Y`` computed) skips the
+expansion: :class:`_LSTMGradient` reads the hidden states from ``Y`` and
+runs one backward Scan per direction.
 
 Directions are stacked on axis 1 of ``Y`` and axis 0 of ``Y_h``/``Y_c``;
 ``layout=1`` transposes batch and time in and out. Sequence length and
@@ -170,8 +176,8 @@ def _activate(sg, dtype, activation, x):
 class _Step:
     """Builds one time step (the Scan body) in the builder ``sg``."""
 
-    def __init__(self, sg, dtype, activations, clip):
-        self.sg, self.dtype = sg, dtype
+    def __init__(self, sg, dtype, activations, clip, hidden):
+        self.sg, self.dtype, self.hidden = sg, dtype, hidden
         self.activations, self.clip = activations, clip
 
     def act(self, k, x, clip=True):
@@ -189,9 +195,11 @@ class _Step:
         return sg.op("Clip", x, sg.const(-c, self.dtype),
                      sg.const(c, self.dtype))
 
-    def pre(self, x, h, rt):
-        """``x + h @ rt``: a gate's pre-activation."""
-        return self.sg.op("Add", x, self.sg.op("MatMul", h, rt))
+    def pre(self, x, h, r):
+        """``x + h @ r^T``: a gate's pre-activation, one Gemm (``r``: the
+        gate's rows of R, whose gradient ``dy^T @ h`` and that of ``h``,
+        ``dy @ r``, are Gemms again, with no transpose of ``r`` per step)."""
+        return self.sg.op("Gemm", h, r, x, transB=1)
 
 
 def _rnn_step(step, h, xs, outer):
@@ -209,7 +217,7 @@ def _gru_step(step, h, xs, outer, linear_before_reset):
     z = step.act(0, step.pre(xs[0], h, rz))
     r = step.act(0, step.pre(xs[1], h, rr))
     if linear_before_reset:
-        linear = sg.op("Add", sg.op("MatMul", h, rh), outer["Rbh"])
+        linear = sg.op("Gemm", h, rh, outer["Rbh"], transB=1)
         hh = step.act(1, sg.op("Add", xs[2], sg.op("Mul", r, linear)))
     else:
         hh = step.act(1, step.pre(xs[2], sg.op("Mul", r, h), rh))
@@ -223,6 +231,8 @@ def _lstm_step(step, h, c, xs, outer, input_forget):
     # Ct = ft . Ct-1 + it . ct,
     # ot = f(Xt Wo^T + Ht-1 Ro^T + Po . Ct + Wbo + Rbo), Ht = ot . h(Ct)
     sg = step.sg
+    if "R_all" in outer:
+        return _lstm_step_fused(step, h, c, xs[0], outer["R_all"])
     ri, ro, rf, rc = outer["R"]
     peep = outer.get("P")
 
@@ -238,6 +248,27 @@ def _lstm_step(step, h, c, xs, outer, input_forget):
     cc = step.act(1, step.pre(xs[3], h, rc))
     c_new = sg.op("Add", sg.op("Mul", f, c), sg.op("Mul", i, cc))
     o = step.act(0, with_peephole(step.pre(xs[1], h, ro), 1, c_new))
+    return sg.op("Mul", o, step.act(2, c_new, clip=False)), c_new
+
+
+def _lstm_step_fused(step, h, c, x, r):
+    # the equations of _lstm_step without peepholes nor input_forget, with
+    # the four gates' pre-activations in one Gemm (x: the step's projection
+    # of every gate, r: all of R) and i, o, f (contiguous, the same
+    # activation f) activated at once: fewer kernels per time step in the
+    # forward Scan and in its gradient's
+    sg, hidden = step.sg, int(step.hidden)
+    pre = sg.op("Gemm", h, r, x, transB=1)
+    if step.clip is not None:
+        pre = step._clip(pre)
+    sizes = [3 * hidden, hidden]
+    if sg.opset >= 13:
+        ifo, cc = sg.op("Split", pre, sg.int64s(sizes), axis=1, n_outputs=2)
+    else:
+        ifo, cc = sg.op("Split", pre, axis=1, split=sizes, n_outputs=2)
+    i, o, f = _split(sg, step.act(0, ifo, clip=False), 3, 1)
+    c_new = sg.op("Add", sg.op("Mul", f, c),
+                  sg.op("Mul", i, step.act(1, cc, clip=False)))
     return sg.op("Mul", o, step.act(2, c_new, clip=False)), c_new
 
 
@@ -352,14 +383,21 @@ class _Expansion:
             xw = self._reverse(xw)
         return xw, rbh
 
+    def _fused_gates(self, p):
+        """Whether an LSTM direction computes its gates together
+        (:func:`_lstm_step_fused`): no peepholes, no input_forget."""
+        return (self.op_type == "LSTM" and p is None
+                and not self.ctx.attr("input_forget", 0))
+
     def _direction(self, d, reverse, w, r, b, h0, c0, p):
         """Y (T, B, H), final Y_h and Y_c (B, H) of direction ``d``."""
         g, lstm = self.g, self.op_type == "LSTM"
         xw, rbh = self._gate_inputs(w, b, reverse)
         n_gates = len(_GATES[self.op_type])
-        outer = {"R": [g.op("Transpose", part, perm=[1, 0])
-                       for part in _split(g, r, n_gates, 0)],
-                 "Rbh": rbh}
+        if self._fused_gates(p):
+            outer = {"R_all": r}
+        else:
+            outer = {"R": _split(g, r, n_gates, 0), "Rbh": rbh}
         if p is not None:
             outer["P"] = _split(g, p, 3, 0)
         states = [h0 if h0 is not None else self._zeros_state()]
@@ -390,9 +428,10 @@ class _Expansion:
             shapes.append((None, 1))
         for name, shape in zip(names, shapes):
             sg.set_type(name, dtype, shape)
-        step = _Step(sg, dtype, self.activations[d], ctx.attr("clip"))
+        step = _Step(sg, dtype, self.activations[d], ctx.attr("clip"), hidden)
         states = names[:n_states]
-        xs = _split(sg, names[n_states], n_gates, 1)
+        xs = ([names[n_states]] if "R_all" in outer
+              else _split(sg, names[n_states], n_gates, 1))
         if self.op_type == "RNN":
             new = _rnn_step(step, states[0], xs, outer)
         elif self.op_type == "GRU":
@@ -452,5 +491,166 @@ def _recurrent_vjp(ctx, *grad_outputs):
                                    constants)
 
 
+def _lstm_direct(ctx):
+    """Whether an LSTM node's gradient is written directly
+    (:class:`_LSTMGradient`): its Y output is computed, the default
+    activations, no clip, peepholes, input_forget, sequence_lens nor
+    layout, opset >= 13."""
+    names = [n.decode() if isinstance(n, bytes) else n
+             for n in ctx.attr("activations", [])]
+    return (ctx.node.op_type == "LSTM" and ctx.opset >= 13
+            and bool(ctx.outputs[0]) and ctx.input(4) is None
+            and ctx.input(7) is None and ctx.attr("clip") is None
+            and not ctx.attr("input_forget", 0) and not ctx.attr("layout", 0)
+            and not ctx.attr("activation_alpha") and not ctx.attr("activation_beta")
+            and all(a.lower() == b for a, b in zip(
+                names, ["sigmoid", "tanh", "tanh"] * 2)))
+
+
+class _LSTMGradient(_Expansion):
+    """The gradient of an LSTM node from its own output Y: the hidden
+    states entering every step are Y shifted by one step, so the gates of
+    all steps come from two products over the whole sequence; a Scan of
+    two nodes per step rebuilds the cell states, and one Scan walks the
+    steps backwards carrying dh and dc (7 nodes per step, the recurrence's
+    product ``dpre @ R`` among them); the gradients of X, W, R and B are
+    products over all steps after it. The formulas are the chain rule on
+    the equations of :func:`_lstm_step` (what the expansion computes)."""
+
+    def run_gradient(self, gy, gyh, gyc):
+        g, n_dirs = self.g, self.n_dirs
+        ys = _directions(g, self.ctx.outputs[0], n_dirs, 1)
+        per_dir = [_directions(g, v, n_dirs, axis) if v else [None] * n_dirs
+                   for v, axis in ((gy, 1), (gyh, 0), (gyc, 0))]
+        grads = [self._direction_grad(d, *args) for d, args in enumerate(zip(
+            self._per_direction(1), self._per_direction(2),
+            self._per_direction(3), self._per_direction(5),
+            self._per_direction(6), ys, *per_dir))]
+        dx = grads[0][0]
+        for other in grads[1:]:
+            dx = dx and g.op("Add", dx, other[0])
+        stacked = [None if grads[0][k] is None else
+                   g.op("Concat", *[g.unsqueeze(gr[k], [0]) for gr in grads], axis=0)
+                   if n_dirs > 1 else g.unsqueeze(grads[0][k], [0])
+                   for k in range(1, 6)]
+        return [dx] + stacked
+
+    def _time_order(self, x, reverse):
+        return self._reverse(x) if reverse else x
+
+    def _shift(self, first, seq):
+        """``[first, seq[0], ..., seq[T-2]]`` along time (T, B, H)."""
+        g = self.g
+        head = g.op("Slice", seq, g.int64s([0]), g.int64s([-1]), g.int64s([0]))
+        return g.op("Concat", g.unsqueeze(first, [0]), head, axis=0)
+
+    def _direction_grad(self, d, w, r, b, h0, c0, y, gy, gyh, gyc):
+        g, hidden, reverse = self.g, self.hidden, self.direction == "reverse" or d == 1
+        h0 = h0 if h0 is not None else self._zeros_state()
+        c0 = c0 if c0 is not None else self._zeros_state()
+        x = self._time_order(self.x, reverse)
+        h_prev = self._shift(h0, self._time_order(y, reverse))
+        pre = g.op("Add", g.op("MatMul", x, g.op("Transpose", w, perm=[1, 0])),
+                   g.op("MatMul", h_prev, g.op("Transpose", r, perm=[1, 0])))
+        if b is not None:
+            wb, rb = _split(g, b, 2, 0)
+            pre = g.op("Add", pre, g.op("Add", wb, rb))
+        ifo, cc = g.op("Split", pre, g.int64s([3 * hidden, hidden]), axis=2,
+                       n_outputs=2)
+        sig, tg = g.op("Sigmoid", ifo), g.op("Tanh", cc)
+        i, o, f = _split(g, sig, 3, 2)
+        cells = self._cells(c0, f, g.op("Mul", i, tg))
+        c_prev = self._shift(c0, cells)
+        tc = g.op("Tanh", cells)
+        one = g.const(1, self.dtype)
+        # d pre-activations = [dc, dh, dc, dc] * coefficients (i, o, f, c)
+        dsig = g.op("Mul", sig, g.op("Sub", one, sig))
+        coef = g.op("Concat", g.op("Mul", g.op("Concat", tg, tc, c_prev, axis=2), dsig),
+                    g.op("Mul", i, g.op("Sub", one, g.op("Mul", tg, tg))), axis=2)
+        dh_to_dc = g.op("Mul", o, g.op("Sub", one, g.op("Mul", tc, tc)))
+        gy = self._time_order(gy, reverse) if gy is not None else None
+        dpre, dh0, dc0 = self._backward_scan(r, gy, gyh, gyc, dh_to_dc, coef, f,
+                                              h0)
+        need = self.ctx.needs_grad
+        dpre2 = g.op("Reshape", dpre, g.int64s([-1, 4 * hidden]))
+        grads = [None] * 6
+        if need[0]:
+            grads[0] = self._time_order(g.op("MatMul", dpre, w), reverse)
+        if need[1]:
+            flat_x = g.op("Reshape", x, g.int64s([-1, self._inputs()]))
+            grads[1] = g.op("Gemm", dpre2, flat_x, transA=1)
+        if need[2]:
+            flat_h = g.op("Reshape", h_prev, g.int64s([-1, hidden]))
+            grads[2] = g.op("Gemm", dpre2, flat_h, transA=1)
+        if b is not None and need[3]:
+            db = g.reduce_sum(dpre2, [0], keepdims=0)
+            grads[3] = g.op("Concat", db, db, axis=0)
+        grads[4], grads[5] = dh0, dc0
+        return grads
+
+    def _inputs(self):
+        shape = self.ctx.shape(self.ctx.input(1))
+        if shape is None or not isinstance(shape[-1], int):
+            self.ctx.fail("the input size (W's last dimension) must be static")
+        return shape[-1]
+
+    def _cells(self, c0, f, ig):
+        """The cell states ``C_t = f_t . C_t-1 + (i . g)_t`` of every step."""
+        sg, dtype, hidden = sub_builder(self.ctx), self.dtype, self.hidden
+        c_in, f_t, ig_t = (sg.unique_name(n) for n in ("c_in", "f_t", "ig_t"))
+        for name in (c_in, f_t, ig_t):
+            sg.set_type(name, dtype, (None, hidden))
+        c = sg.op("Add", sg.op("Mul", f_t, c_in), ig_t)
+        c_out = sg.op("Identity", c)
+        vi = [helper.make_tensor_value_info(n, dtype, (None, hidden))
+              for n in (c_in, f_t, ig_t)]
+        out = [helper.make_tensor_value_info(n, dtype, (None, hidden))
+               for n in (c, c_out)]
+        body = sg.make_graph("lstm_cells", vi, out)
+        _, cells = self.g.op("Scan", c0, f, ig, body=body, n_outputs=2,
+                             num_scan_inputs=2)
+        return cells
+
+    def _backward_scan(self, r, gy, gyh, gyc, dh_to_dc, coef, f, h0):
+        """dpre (T, B, 4H) and the gradients of the initial states."""
+        g, sg, dtype, hidden = self.g, sub_builder(self.ctx), self.dtype, self.hidden
+        names = [sg.unique_name(n) for n in ("dh_in", "dc_in", "a_t", "coef_t", "f_t")]
+        sizes = [hidden, hidden, hidden, 4 * hidden, hidden]
+        if gy is not None:
+            names.append(sg.unique_name("gy_t"))
+            sizes.append(hidden)
+        for name, size in zip(names, sizes):
+            sg.set_type(name, dtype, (None, size))
+        dh_in, dc_in, a_t, coef_t, f_t = names[:5]
+        dh = sg.op("Add", dh_in, names[5]) if gy is not None else dh_in
+        dc = sg.op("Add", dc_in, sg.op("Mul", dh, a_t))
+        dpre = sg.op("Mul", sg.op("Concat", dc, dh, dc, dc, axis=1), coef_t)
+        outs = [sg.op("MatMul", dpre, r), sg.op("Mul", dc, f_t), dpre]
+        vi = [helper.make_tensor_value_info(n, dtype, (None, s))
+              for n, s in zip(names, sizes)]
+        out = [helper.make_tensor_value_info(n, dtype, (None, s))
+               for n, s in zip(outs, (hidden, hidden, 4 * hidden))]
+        body = sg.make_graph("lstm_backward", vi, out)
+        dh_init = gyh if gyh is not None else g.zeros_like(h0, self.dtype)
+        dc_init = gyc if gyc is not None else g.zeros_like(h0, self.dtype)
+        scans = [dh_to_dc, coef, f] + ([gy] if gy is not None else [])
+        dh0, dc0, dpre_all = g.op(
+            "Scan", dh_init, dc_init, *scans, body=body, n_outputs=3,
+            num_scan_inputs=len(scans), scan_input_directions=[1] * len(scans),
+            scan_output_directions=[1])
+        return dpre_all, dh0, dc0
+
+
+def _recurrent_or_direct_vjp(ctx, *grad_outputs):
+    """The direct LSTM gradient where it applies, else the expansion's."""
+    if not _lstm_direct(ctx):
+        return _recurrent_vjp(ctx, *grad_outputs)
+    grads = _LSTMGradient(ctx).run_gradient(*(list(grad_outputs) + [None] * 3)[:3])
+    order = [0, 1, 2, 3, None, 4, 5, None]  # X W R B lens h0 c0 P
+    return tuple(None if order[j] is None or not ctx.needs_grad[j]
+                 or ctx.input(j) is None else grads[order[j]]
+                 for j in range(len(ctx.inputs)))
+
+
 for _op in _GATES:
-    register_vjp(_op)(_recurrent_vjp)
+    register_vjp(_op)(_recurrent_or_direct_vjp)
