@@ -43,11 +43,11 @@ __all__ = ["update_in_place", "renamed_value_info", "ALIASING_OPS",
 ALIASING_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten",
                           "Cast", "Dropout", "ExpandDims"})
 
-#: A group of the update holds parameters of at least this many bytes
-#: (and a ``MAX_GROUPS``-th of all of them): below, the memory a group frees
-#: early is not worth one more ``If`` and the copies of its pass-through
-#: values.
-MIN_GROUP_BYTES = 1 << 20
+#: The update is split when each of ``MAX_GROUPS`` groups would hold
+#: parameters and states of at least this many bytes: below, the gradients
+#: freed early weigh less than what the split moves (the pass-through
+#: copies, the order in which onnxruntime frees the activations).
+MIN_GROUP_BYTES = 4 << 20
 #: About how many groups the update of a big model is split into.
 MAX_GROUPS = 8
 
@@ -77,10 +77,11 @@ def update_in_place(step, min_group_bytes=MIN_GROUP_BYTES, max_groups=MAX_GROUPS
         From :func:`onnxtrain.assembly.training_graphs.build_training_step`,
         with ``update_values``.
     min_group_bytes : int, default=MIN_GROUP_BYTES
-        Smallest size of the parameters one ``If`` updates, when the update
-        is split; parameters of fewer bytes in all are updated by one ``If``.
+        The update is split when ``1 / max_groups`` of the bytes of the
+        parameters and states is at least this; else one ``If`` updates
+        them all.
     max_groups : int, default=MAX_GROUPS
-        A group holds at least ``1 / max_groups`` of the parameters' bytes.
+        A group holds at least ``1 / max_groups`` of those bytes.
 
     Returns
     -------
@@ -167,8 +168,8 @@ class _Plan:
 
     def groups(self, min_group_bytes, max_groups):
         """The components in the order their inputs are ready, cut into
-        groups of at least ``max(min_group_bytes, total / max_groups)``
-        bytes of parameters."""
+        groups of at least ``total / max_groups`` bytes of parameters and
+        states (one group when that is under ``min_group_bytes``)."""
         def inputs_ready(component):
             inner = {o for i in component for o in self.nodes[i].output}
             return max((self.ready.get(n, -1) for i in component
@@ -180,7 +181,9 @@ class _Plan:
 
         ordered = sorted(self.components, key=lambda c: (inputs_ready(c), min(c)))
         total = sum(size(c) for c in ordered)
-        threshold = max(min_group_bytes, total / max(max_groups, 1))
+        threshold = total / max(max_groups, 1)
+        if threshold < min_group_bytes:
+            return [ordered]
         groups, current, held = [], [], 0
         for component in ordered:
             current.append(component)
