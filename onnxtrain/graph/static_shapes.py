@@ -74,9 +74,8 @@ def fold_reshape_targets(model, types, in_place=False):
         copy.CopyFrom(model)
         model = copy
         graph = model.graph
-    taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
-    taken |= {v.name for v in list(graph.input) + list(graph.output)}
-    taken |= constants
+    readers = _reader_counts(graph)
+    taken = set(readers) | constants | {o for node in graph.node for o in node.output}
     types = dict(types)
     replaced = []
     for index, target in folds.items():
@@ -86,25 +85,39 @@ def fold_reshape_targets(model, types, in_place=False):
             k += 1
             name = f"{node.output[0]}__target{k}"
         taken.add(name)
+        readers[node.input[1]] -= 1
+        readers[name] = 1
         replaced.append(node.input[1])
         graph.initializer.append(numpy_helper.from_array(
             np.array(target, dtype=np.int64), name))
         types[name] = (TensorProto.INT64, (len(target),))
         node.input[1] = name
-    _remove_unread(graph, replaced)
+    _remove_unread(graph, replaced, readers)
     return model, types
 
 
-def _remove_unread(graph, names):
-    """Remove the nodes producing ``names`` and their ancestors once nothing
-    reads their outputs (nor a graph output is one of them)."""
-    producer = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
+def _reader_counts(graph):
+    """name -> number of nodes reading it (a subgraph's reads from the
+    enclosing graph included), plus one for each graph output."""
     readers = {}
-    for i, node in enumerate(graph.node):
-        for name in node_reads(node):
+    for node in graph.node:
+        names = node_reads(node) if any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute) else node.input
+        for name in names:
             readers[name] = readers.get(name, 0) + 1
     for output in graph.output:
         readers[output.name] = readers.get(output.name, 0) + 1
+    for value in graph.input:
+        readers.setdefault(value.name, 0)
+    return readers
+
+
+def _remove_unread(graph, names, readers):
+    """Remove the nodes producing ``names`` and their ancestors once nothing
+    reads their outputs (nor a graph output is one of them); ``readers``
+    (:func:`_reader_counts`) is updated."""
+    producer = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
     dead, stack = set(), [producer[n] for n in names if n in producer]
     while stack:
         i = stack.pop()
