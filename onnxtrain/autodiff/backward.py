@@ -216,13 +216,13 @@ def _apply_pattern(g, node, grads, upstream, constants, producers):
     """The VJP of a chain of nodes ending at ``node`` given as one formula
     (:mod:`onnxtrain.autodiff.patterns`); False when ``node`` ends none."""
     gelu = erf_gelu(node, producers, constants)
-    if gelu is None:
+    elem_type = (g.types.get(node.output[0]) or (None,))[0]
+    if gelu is None or elem_type is None:
         return False
     x, u, c = gelu
     gy = _accumulate(g, grads, node.output[0])
     if gy is not None and x in upstream:
-        grads.setdefault(x, []).append(
-            erf_gelu_vjp(g, gy, u, c, g.types[node.output[0]][0]))
+        grads.setdefault(x, []).append(erf_gelu_vjp(g, gy, u, c, elem_type))
     return True
 
 
