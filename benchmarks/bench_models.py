@@ -50,7 +50,10 @@ repeats: ``torch`` (eager, all cores, or ``--threads``), ``estimator``
 (``OrtGradientForwardBackwardClassifier`` on the TorchScript export
 loaded by ``onnx.load``, which the caller holds, training_path 'auto'),
 ``estimator-file`` (the same, given the file's path: the estimator holds
-no loaded copy of the model between its builds), ``api``
+no loaded copy of the model between its builds), ``estimator-fused`` and
+``estimator-loop`` (the loaded model, training_path 'fused' or 'loop':
+'auto' takes the loop up to 8 MiB of weights and optimizer state, the
+fused step above, so that one of the two is the ``estimator`` row), ``api``
 (``artifacts.generate_artifacts`` then
 ``api.Module``/``api.Optimizer``, one call per step), ``ortt``
 (onnxruntime-training's artifacts and api on the same export). Printed:
@@ -119,7 +122,8 @@ MODELS = {
                       optimizer="adamw", lr=1e-3, weight_decay=0.01, layers=24,
                       vocab=1000),
 }
-SYSTEMS = ["torch", "estimator", "estimator-file", "torch-plain", "api", "ortt"]
+SYSTEMS = ["torch", "estimator", "estimator-file", "estimator-fused", "estimator-loop",
+           "torch-plain", "api", "ortt"]
 #: the models a run trains unless ``--models`` says otherwise
 DEFAULT_MODELS = ("resnet18", "resnet18-112", "mobilenetv2", "encoder")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -322,11 +326,11 @@ def run_torch(name, plain):
     return clock.done(), losses
 
 
-def run_estimator(name, path, params, from_file=False):
+def run_estimator(name, path, params, from_file=False, training_path="auto"):
     """Steps of the estimator on the model loaded here (its ``model_onnx``
     the loaded ModelProto, which the caller holds) or, ``from_file``, on
     the file's path (the estimator loads it at each build and holds no
-    loaded copy of it between its builds)."""
+    loaded copy of it between its builds), on ``training_path``."""
     import onnx
     from onnxtrain import (LearningRateAdamW, LearningRateSGDNesterov,
                            OrtGradientForwardBackwardClassifier)
@@ -347,7 +351,8 @@ def run_estimator(name, path, params, from_file=False):
     est = OrtGradientForwardBackwardClassifier(
         onx, weights_to_train=params, learning_rate=rate, max_iter=1,
         batch_size=b, learning_loss=CrossEntropyLearningLoss(from_logits=True),
-        random_state=0, warm_start=True, n_threads=THREADS)
+        random_state=0, warm_start=True, n_threads=THREADS,
+        training_path=training_path)
     est.partial_fit(X[:w * b], y[:w * b], classes=np.arange(cfg["classes"]))
     warm_loss = float(est.train_losses_[-1])
     times, chunk = [], CHUNK * b
@@ -495,9 +500,12 @@ def one(name, system, path, params):
         losses = [nodes]
     elif system.startswith("torch"):
         seconds, losses = run_torch(name, plain=system == "torch-plain")
-    elif system in ("estimator", "estimator-file"):
+    elif system.startswith("estimator"):
+        path_kind = system.split("-")[1] if system in (
+            "estimator-fused", "estimator-loop") else "auto"
         seconds, losses = run_estimator(name, path, params,
-                                        from_file=system == "estimator-file")
+                                        from_file=system == "estimator-file",
+                                        training_path=path_kind)
     else:
         seconds, losses = run_api(name, path, params, ort=system == "ortt",
                                   memory=memory)
@@ -601,7 +609,7 @@ def main(argv=None):
         os.environ["ONNXTRAIN_BENCH_THREADS"] = str(args.threads)
     systems = [s for s in args.systems if s != "ortt" or args.ortt]
     folder = tempfile.mkdtemp(prefix="bench_models_onnx_")
-    header = (f"{'model':12} {'system':14} {'steps/s':>8} {'x torch':>8} "
+    header = (f"{'model':12} {'system':16} {'steps/s':>8} {'x torch':>8} "
               f"{'paired':>8} {'spread':>7} {'warm loss':>10} {'peak MB':>8} "
               f"{'build MB':>8}")
     if args.models:
@@ -632,14 +640,14 @@ def main(argv=None):
             ratio = rate / rows[base][0] if base in rows else float("nan")
             paired = _paired_ratio(runs[system], runs.get(base, []))
             build = "" if r.get("build_mb") is None else f"{r['build_mb']:8.0f}"
-            print(f"{name:12} {system:14} {rate:8.2f} {ratio:8.2f} {paired:8.2f} "
+            print(f"{name:12} {system:16} {rate:8.2f} {ratio:8.2f} {paired:8.2f} "
                   f"{spread:7.0%} {_warmup_loss(name, r):10.5f} {r['peak_mb']:8.0f} "
                   f"{build:>8}")
         print()
     if args.build:
         path = os.path.join(folder, "encoder24.onnx")
         params = export("encoder24", path)
-        print(f"{'build':12} {'system':14} {'seconds':>8} {'paired':>8} "
+        print(f"{'build':12} {'system':16} {'seconds':>8} {'paired':>8} "
               f"{'nodes':>8} {'peak MB':>8}")
         systems = ["build"] + (["build-ortt"] if args.ortt else [])
         runs = {system: [] for system in systems}  # (repeat, result)
@@ -657,7 +665,7 @@ def main(argv=None):
                 # same repeat (the inverse of a speed ratio: below 1 is faster)
                 paired = _paired_ratio(runs[system], runs.get("build-ortt", []),
                                        key="seconds")
-                print(f"{'encoder24':12} {system:14} {r['seconds']:8.2f} {paired:8.2f} "
+                print(f"{'encoder24':12} {system:16} {r['seconds']:8.2f} {paired:8.2f} "
                       f"{r['losses'][0]:8d} {r['peak_mb']:8.0f}")
 
 

@@ -4,8 +4,9 @@ pass, finish.
 - :func:`prepare`: the running statistics' updates
   (:mod:`onnxtrain.graph.training_mode`), small-output Convs of trained
   weights lowered to one product (:mod:`onnxtrain.graph.conv_gemm`),
-  Dropouts that copy their input removed, and the model's types inferred
-  once per rewrite that adds values;
+  Dropouts that copy their input removed, Reshape targets known at build
+  time written as constants (:mod:`onnxtrain.graph.static_shapes`), and
+  the model's types inferred once per rewrite that adds values;
 - :func:`reverse`: the one reverse pass (:func:`onnxtrain.autodiff.backward`)
   on the prepared model and its types;
 - :func:`finish`: one node per value (CSE), the graph and its model at the
@@ -31,6 +32,7 @@ from ..graph.broadcasts import avoid_slow_broadcasts
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
+from ..graph.static_shapes import fold_reshape_targets
 from ..graph.training_mode import with_running_statistics_updates
 
 __all__ = ["Prepared", "prepare", "reverse", "forward_nodes", "finish"]
@@ -100,7 +102,9 @@ def prepare(model, wrt, types=None, statistics=None, drop_identity_dropouts=Fals
         # the types stay those of every value left
         model = remove_identity_dropouts(model, opset_of(model) or 1, in_place=owned)
         owned = True
-    return Prepared(model, types, list(buffers), owned)
+    folded, types = fold_reshape_targets(model, types, in_place=owned)
+    owned = owned or folded is not model
+    return Prepared(folded, types, list(buffers), owned)
 
 
 def reverse(prepared, wrt, outputs):

@@ -25,16 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from .._utils.gc import gc_frozen
 from ..autodiff.gradient_graphs import gradient_models_from
 from ..autodiff.backward import rename_many_reads
 from ..graph import GraphBuilder, infer_value_types, make_model, opset_of
-from ..graph.aliasing import writes_after_reads
 from ..graph.builder import tensor_value_info
-from ..graph.scopes import rename_values, subgraphs, without_unread
+from ..graph.scopes import subgraphs
 from ..graph.training_mode import updated_name
+from .in_place import renamed_value_info as _renamed_value_info
+from .in_place import update_in_place
 from .pipeline import Prepared, finish, forward_nodes, prepare, reverse
 
 __all__ = ["TrainingStep", "TrainingGraphs", "LossGraphs", "build_training_step",
@@ -271,132 +272,6 @@ def _training_step(prepared, wrt, emit_loss, emit_update, state_names,
     return TrainingStep(step, data, scalars, list(wrt), states, list(buffers),
                         len(features),
                         frozenset(o for node in update_nodes for o in node.output))
-
-
-def update_in_place(step):
-    """The step graph with its update inside an ``If`` on the loss being
-    finite, so that a run may write new parameters over the old ones.
-
-    Writing a new weight into the old one's memory (as PyTorch's optimizers
-    do) keeps one copy of each weight and optimizer state instead of two.
-    In the flat step graph it is unsafe: onnxruntime may run a weight's update before the backward node
-    that still reads the weight (a Conv's input gradient). An ``If`` node
-    runs only once everything it reads exists, the loss (its condition)
-    and every gradient, and every other reader of a weight is an ancestor of
-    one of those (unread nodes are dropped), so inside its branch only the
-    update's own nodes read the weights, and
-    :func:`onnxtrain.graph.aliasing.writes_after_reads` decides which
-    outputs may overwrite their inputs (the running statistics, copied
-    into the branch by an Identity, keep a second buffer). A non-finite
-    loss takes the else branch, which gives the parameters back unchanged:
-    what the runner did by keeping the old buffers.
-
-    Parameters
-    ----------
-    step : TrainingStep
-        From :func:`build_training_step`, with ``update_values``.
-
-    Returns
-    -------
-    TrainingStep
-        A new step with ``in_place`` naming the outputs that may be written
-        into their inputs' memory; ``step`` itself when none may, or when an
-        update node holds a subgraph.
-    """
-    graph = step.model.graph
-    outputs = [o.name for o in graph.output]
-    loss, params = outputs[0], outputs[1:]
-    nodes = list(graph.node)
-    if any(subgraphs(node) for node in nodes):
-        return step
-    readers = {}
-    for index, node in enumerate(nodes):
-        for name in node.input:
-            readers.setdefault(name, []).append(index)
-    # the update's nodes that only the branch and the new parameters read:
-    # the graph is topologically sorted, so one pass from the last node
-    # decides each node after all its readers
-    candidates = {i for i, node in enumerate(nodes)
-                  if node.output and all(o in step.update_values for o in node.output)
-                  and loss not in node.output}
-    branch = set()
-    for i in sorted(candidates, reverse=True):
-        if all(r in branch for o in nodes[i].output for r in readers.get(o, ())):
-            branch.add(i)
-    if not branch:
-        return step
-    taken = {n for node in nodes for n in list(node.input) + list(node.output)}
-    taken |= {v.name for v in list(graph.input) + list(graph.output)}
-    taken |= {v.name for v in graph.initializer}
-    taken |= {node.name for node in nodes if node.name}
-    # one builder names every new value and node; its nodes are moved to
-    # the branch they belong to as they are written
-    g = GraphBuilder(opset_of(step.model), used_names=taken)
-
-    inside = [_copy_node(nodes[i]) for i in sorted(branch)]
-    outside = [_copy_node(node) for i, node in enumerate(nodes) if i not in branch]
-    written = {o for node in inside for o in node.output}
-    then_outputs, else_nodes, else_outputs = [], [], []
-    by_name = {o.name: o for o in graph.output}
-    renamed_inside, renamed_outside, identities = {}, {}, []
-    # every output goes through the If: the running statistics, computed
-    # outside the update, by an Identity, so that their nodes run before it
-    # (left outside, they could run after the in-place writes, and kept
-    # the activations they read alive longer, raising the peak)
-    for source, target in zip(step.parameter_inputs, params):
-        name = g.unique_name(f"{target}__then")
-        if target in written:
-            renamed_inside[target] = name
-        else:
-            computed = g.unique_name(f"{target}__computed")
-            renamed_outside[target] = computed
-            g.op("Identity", computed, outputs=[name])
-            identities.append(g.nodes.pop())
-        then_outputs.append(_renamed_value_info(by_name[target], name))
-        kept = g.unique_name(f"{target}__kept")
-        g.op("Identity", source, outputs=[kept])
-        else_nodes.append(g.nodes.pop())
-        else_outputs.append(_renamed_value_info(by_name[target], kept))
-    # one pass over the nodes for all the renames (one per parameter is
-    # quadratic in the graph's size)
-    rename_values(inside, renamed_inside)
-    rename_values(outside, renamed_outside)
-    inside += identities
-    then_graph = helper.make_graph(inside, "update", [], then_outputs)
-    then_names = [o.name for o in then_outputs]
-    safe = writes_after_reads(then_graph, list(zip(step.parameter_inputs, then_names)))
-    if not safe:
-        return step
-    in_place = frozenset(target for source, then, target in zip(
-        step.parameter_inputs, then_names, params) if (source, then) in safe)
-    # every other reader of a parameter runs before the If: it is an
-    # ancestor of the loss or of a value the branch reads, or it is dropped
-    branch_reads = {n for node in inside for n in node.input if n}
-    outside, _ = without_unread(outside, {loss} | branch_reads)
-    elem_type = by_name[loss].type.tensor_type.elem_type
-    g.nodes[:0] = outside
-    # loss - loss is 0 for a finite loss and NaN for NaN or +-inf
-    finite = g.op("Equal", g.op("Sub", loss, loss), g.const(0.0, elem_type))
-    g.op("If", finite, outputs=params, then_branch=then_graph,
-         else_branch=helper.make_graph(else_nodes, "keep", [], else_outputs))
-    new_graph = g.make_graph(graph.name, list(graph.input), list(graph.output),
-                             graph.initializer)
-    model = make_model(new_graph, list(step.model.opset_import),
-                       ir_version=step.model.ir_version)
-    return replace(step, model=model, in_place=in_place)
-
-
-def _copy_node(node):
-    copy = onnx.NodeProto()
-    copy.CopyFrom(node)
-    return copy
-
-
-def _renamed_value_info(value, name):
-    copy = onnx.ValueInfoProto()
-    copy.CopyFrom(value)
-    copy.name = name
-    return copy
 
 
 def _can_fold(nodes, elem_type):

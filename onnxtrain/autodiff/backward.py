@@ -1,9 +1,11 @@
 """The reverse pass: gradient nodes of chosen outputs w.r.t. chosen values."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
@@ -13,6 +15,7 @@ from ..graph import (FLOAT_TYPES, GraphBuilder, OpsetError, infer_value_types,
 from ..graph.builder import constant_node_value
 from ..graph.scopes import subgraph_outer_reads, subgraphs, without_unread
 from .context import VJPContext, sum_to
+from .patterns import erf_gelu, erf_gelu_vjp
 from .registry import get_vjp_rule, is_nondifferentiable
 
 __all__ = ["BackwardGraph", "backward", "implicit_inputs", "reverse_pass",
@@ -96,6 +99,14 @@ class _Constants(Mapping):
     def __contains__(self, name):
         return name in self._values or name in self._tensors
 
+    def scalar(self, name):
+        """The float of a one-element constant, None for any other name
+        (a weight is not converted to be looked at)."""
+        tensor = self._tensors.get(name)
+        if tensor is not None and math.prod(tensor.dims) != 1:
+            return None
+        return _one_float(self.get(name))
+
     def __iter__(self):
         return iter(set(self._tensors) | set(self._values))
 
@@ -173,9 +184,10 @@ def _accumulate(g, grads, name):
     parts = grads.get(name)
     if not parts:
         return None
-    total = parts[0]
-    for part in parts[1:]:
-        total = g.op("Add", total, part)
+    # three parts or more: one Sum (one node and one pass over the values,
+    # adding in the same order as the chain of Adds would)
+    total = parts[0] if len(parts) == 1 else g.op(
+        "Add" if len(parts) == 2 else "Sum", *parts)
     grads[name] = [total]
     return total
 
@@ -188,6 +200,30 @@ def _normalize_result(result, n_inputs):
         raise ValueError(f"A VJP rule returned {len(result)} gradients for "
                          f"{n_inputs} inputs.")
     return result + [None] * (n_inputs - len(result))
+
+
+def _one_float(value):
+    """float of a one-element float array, else None."""
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.size != 1 or not np.issubdtype(array.dtype, np.floating):
+        return None
+    return float(array.reshape(-1)[0])
+
+
+def _apply_pattern(g, node, grads, upstream, constants, producers):
+    """The VJP of a chain of nodes ending at ``node`` given as one formula
+    (:mod:`onnxtrain.autodiff.patterns`); False when ``node`` ends none."""
+    gelu = erf_gelu(node, producers, constants)
+    elem_type = (g.types.get(node.output[0]) or (None,))[0]
+    if gelu is None or elem_type is None:
+        return False
+    x, u, c = gelu
+    gy = _accumulate(g, grads, node.output[0])
+    if gy is not None and x in upstream:
+        grads.setdefault(x, []).append(erf_gelu_vjp(g, gy, u, c, elem_type))
+    return True
 
 
 def _apply_rule(g, node, grads, upstream, constants):
@@ -223,8 +259,10 @@ def reverse_pass(g, path, grads, upstream, constants):
     names to numpy values. Rules that expand an op into other ops (function
     bodies) call it on their expansion.
     """
+    producers = {o: node for node in path for o in node.output if o}
     for node in reversed(path):
-        _apply_rule(g, node, grads, upstream, constants)
+        if not _apply_pattern(g, node, grads, upstream, constants, producers):
+            _apply_rule(g, node, grads, upstream, constants)
 
 
 def _all_names(model):
@@ -241,7 +279,8 @@ def backward(model, wrt, outputs=None, types=None, in_place=False):
 
     Keeps the nodes on a path from ``wrt`` to ``outputs``, walks them in
     reverse topological order calling each op's VJP rule, accumulates the
-    gradients reaching one value with Add and reduces broadcast gradients
+    gradients reaching one value with Add (one Sum for three or more) and
+    reduces broadcast gradients
     with :func:`~onnxtrain.autodiff.context.sum_to`.
 
     Parameters

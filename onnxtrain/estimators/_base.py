@@ -22,6 +22,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
 from .._utils.gc import gc_frozen
+from .._utils.memory import release_freed_memory
 from ..assembly.models import load_model
 from ..assembly.weight_roles import choose_weights
 from ..exceptions import ConvergenceError, ConvergenceWarning
@@ -47,10 +48,12 @@ from ._validation import Count, check_sample_weight, validation_period
 __all__ = ["BaseOrtGradientEstimator"]
 
 #: 'auto' trains with the fused step rather than the in-graph loop when the
-#: weights and optimizer state take more than this many bytes: the Loop holds
-#: about three more copies of them, which its small gain in speed over the
-#: fused step does not pay for on big models.
-LOOP_MAX_PARAMETER_BYTES = 64 * 2 ** 20
+#: weights and optimizer state take more than this many bytes: a run of the
+#: Loop holds three to four copies of them (its input, the carried values of
+#: the step before and of the step running, the copy it outputs), where the
+#: fused step writes one in place, and its gain in speed, the host's work
+#: between steps, is a few percent of a step at this size and less above.
+LOOP_MAX_PARAMETER_BYTES = 8 * 2 ** 20
 #: Held while an unpickled estimator rebuilds its runner, so that threads
 #: predicting at once build it once (estimators hold no lock: they pickle).
 _TRAINER_LOCK = threading.Lock()
@@ -360,6 +363,10 @@ class BaseOrtGradientEstimator(BaseEstimator):
         before = _snapshot(self)
         X, y, sample_weight, X_val, y_val = self._prepare_fit(
             X, y, sample_weight, X_val, y_val, classes, incremental)
+        if self._run is not before[1] or self._run.runner is not (
+                before[2] or {}).get("runner"):
+            # a new runner: the temporaries of its build are all freed now
+            release_freed_memory()
         hooks = FitHooks(self, getattr(self, "_validation_score", None),
                          prediction_dtype(self._training_model(), self._training_types()))
         try:

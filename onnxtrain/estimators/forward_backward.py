@@ -102,8 +102,9 @@ _COMMON_PARAMETERS = """
         per batch doing all four); 'loop' (an ONNX Loop over the batches of
         device-resident data: one run per epoch, or one run for every epoch
         when nothing happens between epochs). 'auto' takes 'loop' when the
-        model allows it (opset >= 13, a loss graph), else
-        'split'. All paths compute the same steps (same losses and weights
+        model allows it (opset >= 13, a loss graph) and its weights and
+        optimizer state take at most 8 MiB, 'fused' above (the Loop holds
+        three to four copies of them, the fused step one), else 'split'. All paths compute the same steps (same losses and weights
         up to float rounding).
     callbacks : list of Callback, default=None
         Objects of :mod:`onnxtrain.training.callbacks` whose hooks run at

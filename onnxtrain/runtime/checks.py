@@ -11,6 +11,7 @@ from google.protobuf.message import EncodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from .._utils.files import read_onnx_model
+from ..graph.builder import copy_fields, tensor_value_info
 from ..exceptions import InvalidModelError
 from .opsets import check_runtime_opsets
 
@@ -45,7 +46,7 @@ def check_onnx_model(model, what="the model"):
             raise InvalidModelError(f"{what} lists the graph {field}s "
                                     f"{repeated} more than once.")
     try:
-        data = model.SerializeToString()
+        data = _checked_bytes(model)
     except (EncodeError, ValueError):  # 2 GiB or more: protobuf's limit
         return  # onnxruntime reads such a model from its path, not checked here
     try:
@@ -57,6 +58,67 @@ def check_onnx_model(model, what="the model"):
         text = " ".join(str(exc).split())  # the checker's lines in one
         raise InvalidModelError(f"{what} is not a valid ONNX model: "
                                 f"{text}") from exc
+
+
+#: Initializers of more elements than this reach onnx's checker as typed
+#: graph inputs once their data passed :func:`_holds_its_data` (see
+#: :func:`_checked_bytes`).
+_HEAVY_ELEMENTS = 64
+
+_VALUE_FIELDS = ("raw_data", "float_data", "int32_data", "string_data",
+                 "int64_data", "double_data", "uint64_data")
+
+
+def _holds_its_data(tensor):
+    """What onnx's checker verifies of an initializer's data, read from its
+    sizes only: a defined numeric type, exactly one value field, the type's
+    own, holding at least its declared shape's values."""
+    if tensor.data_type in (TensorProto.UNDEFINED, TensorProto.STRING) or \
+            tensor.data_location == TensorProto.EXTERNAL:
+        return False
+    try:
+        field = helper.tensor_dtype_to_field(tensor.data_type)
+        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return False
+    held = [f for f in _VALUE_FIELDS if len(getattr(tensor, f))]
+    count = math.prod(tensor.dims)
+    if held == ["raw_data"]:
+        # 4-bit types pack two values a byte: left to the checker
+        return itemsize >= 1 and len(tensor.raw_data) >= count * itemsize and \
+            tensor.data_type not in _PACKED_TYPES
+    per_value = 2 if tensor.data_type in (TensorProto.COMPLEX64,
+                                          TensorProto.COMPLEX128) else 1
+    return held == [field] and len(getattr(tensor, field)) >= count * per_value
+
+
+_PACKED_TYPES = frozenset(getattr(TensorProto, name) for name in (
+    "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, name))
+
+
+def _checked_bytes(model):
+    """``model`` serialized for onnx's checker, its big initializers as
+    typed graph inputs once :func:`_holds_its_data` checked their data: the
+    checker reads a weight's data for its size only, and serializing the
+    weights (and parsing them again in C++) was most of the check's time
+    and memory. Any other initializer goes as it is, and a model with one
+    that fails (or names repeated) is serialized whole, so that the
+    checker's message names the fault as before."""
+    graph = model.graph
+    heavy = [t for t in graph.initializer if math.prod(t.dims) > _HEAVY_ELEMENTS]
+    names = [t.name for t in graph.initializer]
+    if not heavy or len(set(names)) != len(names) or \
+            not all(_holds_its_data(t) for t in heavy):
+        return model.SerializeToString()
+    light = onnx.ModelProto()
+    copy_fields(light, model, skip=("graph",))
+    new = copy_fields(light.graph, graph, skip=("initializer",))
+    moved = {t.name for t in heavy}
+    new.initializer.extend(t for t in graph.initializer if t.name not in moved)
+    declared = {i.name for i in graph.input}
+    new.input.extend(tensor_value_info(t.name, t.data_type, list(t.dims))
+                     for t in heavy if t.name not in declared)
+    return light.SerializeToString()
 
 
 def load_checked_model(model, what="model"):

@@ -74,7 +74,7 @@ class FitSettings:
     callbacks : list of Callback, default=[]
     name : str, default='fit'
         The progress bar's label.
-    loop_max_bytes : int, default=64 MiB
+    loop_max_bytes : int, default=8 MiB
         'auto' leaves the in-graph loop for the fused step above this many
         bytes of weights and optimizer state.
     """
@@ -92,7 +92,7 @@ class FitSettings:
     enable_logging: bool = False
     callbacks: list = field(default_factory=list)
     name: str = "fit"
-    loop_max_bytes: int = 64 * 2 ** 20
+    loop_max_bytes: int = 8 * 2 ** 20
 
 
 @dataclass

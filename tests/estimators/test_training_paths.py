@@ -140,6 +140,30 @@ def test_auto_takes_the_fused_step_for_big_parameters(regression, monkeypatch):
     assert est.fit(X, y).training_path_ == "loop"
 
 
+@pytest.mark.parametrize("hidden, path", [(600, "loop"), (1200, "fused")])
+def test_auto_leaves_the_loop_above_8_mib(hidden, path):
+    """A 1000-600-1 MLP with momentum holds 4.8 MB of weights and
+    velocities, under LOOP_MAX_PARAMETER_BYTES (8 MiB): the loop; with 1200
+    hidden units 9.6 MB, above: the fused step."""
+    rng = np.random.RandomState(0)
+    X = rng.randn(16, 1000).astype(np.float32)
+    coef = [rng.randn(1000, hidden).astype(np.float32) * 0.01,
+            rng.randn(hidden, 1).astype(np.float32) * 0.01]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "w1"], ["h"]),
+         helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "w2"], ["y"])], "mlp",
+        [vi("X", TensorProto.FLOAT, [None, 1000])], [vi("y", TensorProto.FLOAT, [None, 1])],
+        [onnx.numpy_helper.from_array(c, n) for c, n in zip(coef, ["w1", "w2"])])
+    onx = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rate = LearningRateSGDNesterov(0.01, learning_rate="constant", nesterov=False)
+    est = OrtGradientForwardBackwardOptimizer(onx, learning_rate=rate, max_iter=1,
+                                              batch_size=8).fit(X, X[:, 0])
+    assert est._trainer.parameter_bytes() == 2 * 4 * (1001 * hidden)
+    assert est.training_path_ == path
+
+
 def test_non_finite_loss_stops_at_the_same_step_on_every_path(regression):
     X, y, onx = regression
     states = []

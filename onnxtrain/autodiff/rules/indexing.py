@@ -220,11 +220,33 @@ def _one_hot_operands(ctx):
     return x, indices, rank, ctx.normalize_axes([ctx.attr("axis", 0)], rank)[0]
 
 
+def _constant_index_adjoint(ctx, gy):
+    """dx of a Gather of one constant index along a static axis (the
+    [CLS] row of an encoder): dy put back in its place and zeros around it,
+    Unsqueeze then Pad; None for other Gathers."""
+    x, indices = ctx.inputs[:2]
+    index, shape = ctx.constant_value(indices), ctx.shape(x)
+    if index is None or np.ndim(index) != 0 or shape is None or ctx.opset < 13:
+        return None
+    axis = ctx.normalize_axes([ctx.attr("axis", 0)], len(shape))[0]
+    size, i = shape[axis], int(index)
+    if not isinstance(size, int) or not -size <= i < size:
+        return None
+    i = i + size if i < 0 else i
+    pads = [0] * (2 * len(shape))
+    pads[axis], pads[len(shape) + axis] = i, size - 1 - i
+    return ctx.op("Pad", ctx.g.unsqueeze(gy, [axis]), ctx.g.int64s(pads))
+
+
 @register_vjp("Gather")
 def _gather(ctx, gy):
-    # an embedding lookup (axis 0): one row-wise ScatterND add of dy's rows;
-    # other axes: the positions' scatter of copy_adjoint; before opset 16
-    # (no scatter-add): dx = contraction of dy with one-hot
+    # one constant index: dy padded with zeros; an embedding lookup (axis
+    # 0): one row-wise ScatterND add of dy's rows; other axes: the
+    # positions' scatter of copy_adjoint; before opset 16 (no scatter-add):
+    # dx = contraction of dy with one-hot
+    padded = _constant_index_adjoint(ctx, gy)
+    if padded is not None:
+        return padded, None
     if ctx.opset >= 16 and ctx.attr("axis", 0) == 0:
         return _gather_rows_adjoint(ctx, gy), None
     if ctx.opset >= 16:

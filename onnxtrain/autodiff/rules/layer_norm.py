@@ -12,14 +12,16 @@ About 20 nodes per LayerNormalization instead of the ~80 of its
 differentiated body (a transformer layer has two), the same values up to
 rounding. A float32 node's mean and inv_std are its own Mean and InvStdDev
 outputs, which the forward run computes anyway (the reverse pass names
-them: ``saved_outputs``), so that xhat costs two nodes instead of eight
-(six nodes fewer per LayerNormalization of an encoder); in
+them: ``saved_outputs``), so that xhat costs one node (a
+LayerNormalization of scale 1, static normalized dimensions) or two
+(Sub, Mul) instead of eight; in
 float64 they are recomputed, the saved ones being float32
 (``stash_type``). The expansion still serves what the closed form does
 not: element types other than float and double (float16, bfloat16 stash
 the statistics in float32), and gradients reaching the Mean or InvStdDev
 outputs.
 """
+import numpy as np
 from onnx import TensorProto
 
 from ..registry import register_vjp
@@ -38,6 +40,19 @@ def _saved_statistics(ctx, x):
             ctx.g.types.get(mean, (None,))[0] != elem:
         return None
     return mean, inv_std
+
+
+def _xhat(ctx, x, saved, axis):
+    """(x - mean) * inv_std: one LayerNormalization of scale 1 (the
+    forward's kernel on the same values: the same xhat) when the normalized
+    dimensions are static, else from the saved statistics."""
+    shape = ctx.shape(x)
+    dims = None if shape is None else list(shape[axis:])
+    if dims is None or not all(isinstance(d, int) and d > 0 for d in dims):
+        return ctx.op("Mul", ctx.op("Sub", x, saved[0]), saved[1])
+    ones = ctx.const(np.ones(dims))
+    return ctx.op("LayerNormalization", x, ones, axis=axis,
+                  epsilon=ctx.attr("epsilon", 1e-5))
 
 
 def _float32_statistics(node):
@@ -63,8 +78,8 @@ def _layer_norm(ctx, gy, *g_stats):
         gx, xhat = _batch_statistics_backward(ctx, x, gy, scale, axes,
                                               ctx.attr("epsilon", 1e-5))
     else:
-        xhat = ctx.op("Mul", ctx.op("Sub", x, saved[0]), saved[1])
-        gx, xhat = normalized_backward(ctx, gy, scale, xhat, saved[1], axes)
+        gx, xhat = normalized_backward(ctx, gy, scale, _xhat(ctx, x, saved, axis),
+                                       saved[1], axes)
     shape = ctx.shape(x)
     gscale = gbias = None
     if ctx.needs_grad[1]:

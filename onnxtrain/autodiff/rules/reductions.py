@@ -5,6 +5,7 @@ Every rule broadcasts the output gradient back to the input's shape with
 input unreduced) and multiplies it by the local derivative.
 """
 
+import numpy as np
 from onnx import TensorProto
 
 from ..registry import register_vjp
@@ -33,19 +34,58 @@ def _reduce(ctx, op_type, v, keepdims):
                   noop_with_empty_axes=ctx.attr("noop_with_empty_axes", 0))
 
 
+def _static_axes(ctx):
+    """The reduced axes known at build time: a list, None for every axis,
+    [] for none (``noop_with_empty_axes``), False when computed at run
+    time."""
+    if "axes" in ctx.attributes:
+        return list(ctx.attributes["axes"]) or None
+    name = _axes_input(ctx)
+    if name is None:
+        return None
+    value = ctx.constant_value(name)
+    if value is None:
+        return False
+    axes = [int(a) for a in np.asarray(value).reshape(-1)]
+    return axes or ([] if ctx.attr("noop_with_empty_axes", 0) else None)
+
+
 def _expand_back(ctx, v):
     """Broadcast ``v`` (shaped like the output) back to the input's shape.
 
-    With ``keepdims=0`` it first takes the shape of the reduction with
-    ``keepdims=1``, which holds for static and run-time axes alike.
+    With ``keepdims=0``, ``v`` first gets the reduced axes back: none to
+    add for a reduction over every axis (Expand broadcasts the scalar), an
+    Unsqueeze at axes known at build time, else the shape of the reduction
+    with ``keepdims=1`` (run-time axes).
     """
-    if _is_noop(ctx):
+    axes = _static_axes(ctx)
+    if _is_noop(ctx) or axes == []:
         return v
     x = ctx.inputs[0]
-    if not ctx.attr("keepdims", 1):
-        kept = _reduce(ctx, "ReduceSum", x, keepdims=1)
-        v = ctx.op("Reshape", v, ctx.g.shape_of(kept))
+    if not ctx.attr("keepdims", 1) and axes is not None:
+        rank = ctx.g.rank(x)
+        if axes is not False and rank is not None:
+            v = ctx.g.unsqueeze(v, sorted(set(ctx.normalize_axes(axes, rank))))
+        else:
+            kept = _reduce(ctx, "ReduceSum", x, keepdims=1)
+            v = ctx.op("Reshape", v, ctx.g.shape_of(kept))
     return ctx.op("Expand", v, ctx.g.shape_of(x))
+
+
+def _count(ctx):
+    """Number of input elements per output element, in the node's type: a
+    constant when the reduced dimensions are static."""
+    x = ctx.inputs[0]
+    axes, shape = _static_axes(ctx), ctx.shape(x)
+    if axes is not False and shape is not None:
+        reduced = range(len(shape)) if axes is None else ctx.normalize_axes(axes, len(shape))
+        sizes = [shape[a] for a in set(reduced)]
+        if all(isinstance(d, int) and d > 0 for d in sizes):
+            return ctx.const(float(np.prod(sizes, dtype=np.float64)))
+    size = ctx.op("Size", x)
+    if axes is not None:
+        size = ctx.op("Div", size, ctx.op("Size", ctx.outputs[0]))
+    return ctx.g.cast(size, ctx.dtype)
 
 
 def _reduce_like(ctx, v, op_type="ReduceSum"):
@@ -61,9 +101,7 @@ def _reduce_sum(ctx, gy):
 @register_vjp("ReduceMean")
 def _reduce_mean(ctx, gy):
     # each input element contributes 1 / (number of reduced elements)
-    count = ctx.op("Div", ctx.op("Size", ctx.inputs[0]),
-                   ctx.op("Size", ctx.outputs[0]))
-    return ctx.op("Div", _expand_back(ctx, gy), ctx.g.cast(count, ctx.dtype))
+    return ctx.op("Div", _expand_back(ctx, gy), _count(ctx))
 
 
 @register_vjp("ReduceSumSquare")
