@@ -462,19 +462,9 @@ def _ancestor_names(nodes, names):
 
 def _ancestor_nodes(nodes, target):
     """ids of the nodes ``target`` depends on."""
-    producer = {o: node for node in nodes for o in node.output if o}
-    seen, stack = set(), list(node_reads(target))
-    names = set(stack)
-    while stack:
-        node = producer.get(stack.pop())
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        for name in node_reads(node):
-            if name not in names:
-                names.add(name)
-                stack.append(name)
-    return seen
+    names = _ancestor_names(nodes, node_reads(target))
+    return {id(node) for node in nodes
+            if any(o in names for o in node.output if o)}
 
 
 def _sorted(nodes, ifs):

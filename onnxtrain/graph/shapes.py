@@ -9,7 +9,8 @@ from .builder import copy_fields, tensor_value_info
 from .ml_shapes import ML_DOMAIN, ml_output_types
 from .symbolic import refine_symbolic_dims
 
-__all__ = ["clean_shape", "infer_value_types", "type_of_value_info"]
+__all__ = ["clean_shape", "infer_value_types", "initializers_as_inputs",
+           "type_of_value_info"]
 
 
 def type_of_value_info(value_info):
@@ -69,19 +70,38 @@ def _without_weights(model):
     inputs. Inference reads a weight's type and shape, never its values
     (those of small integer tensors, which stay, feed data propagation),
     and serializing the weights both ways was most of its time."""
-    graph = model.graph
-    heavy = [t for t in graph.initializer if t.data_type in _FLOATS
+    heavy = [t for t in model.graph.initializer if t.data_type in _FLOATS
              and math.prod(t.dims) > _WEIGHT_SIZE]
-    if not heavy:
-        return model
+    return initializers_as_inputs(model, heavy) if heavy else model
+
+
+def initializers_as_inputs(model, tensors):
+    """A copy of ``model`` where the initializers ``tensors`` are typed
+    graph inputs (type and shape, no values) and the others stay.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Left unchanged.
+    tensors : sequence of onnx.TensorProto
+        Initializers of ``model`` (their names count).
+
+    Returns
+    -------
+    onnx.ModelProto
+        For the passes that read a weight's type and shape only (shape
+        inference, onnx's checker): serializing the values both ways would
+        be most of their time.
+    """
+    graph = model.graph
     light = onnx.ModelProto()
     copy_fields(light, model, skip=("graph",))
     new = copy_fields(light.graph, graph, skip=("initializer",))
-    names = {t.name for t in heavy}
+    names = {t.name for t in tensors}
     new.initializer.extend(t for t in graph.initializer if t.name not in names)
     declared = {i.name for i in graph.input}
     new.input.extend(tensor_value_info(t.name, t.data_type, list(t.dims))
-                     for t in heavy if t.name not in declared)
+                     for t in tensors if t.name not in declared)
     return light
 
 

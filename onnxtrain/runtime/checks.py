@@ -11,7 +11,7 @@ from google.protobuf.message import EncodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from .._utils.files import read_onnx_model
-from ..graph.builder import copy_fields, tensor_value_info
+from ..graph.shapes import initializers_as_inputs
 from ..exceptions import InvalidModelError
 from .opsets import check_runtime_opsets
 
@@ -110,15 +110,7 @@ def _checked_bytes(model):
     if not heavy or len(set(names)) != len(names) or \
             not all(_holds_its_data(t) for t in heavy):
         return model.SerializeToString()
-    light = onnx.ModelProto()
-    copy_fields(light, model, skip=("graph",))
-    new = copy_fields(light.graph, graph, skip=("initializer",))
-    moved = {t.name for t in heavy}
-    new.initializer.extend(t for t in graph.initializer if t.name not in moved)
-    declared = {i.name for i in graph.input}
-    new.input.extend(tensor_value_info(t.name, t.data_type, list(t.dims))
-                     for t in heavy if t.name not in declared)
-    return light.SerializeToString()
+    return initializers_as_inputs(model, heavy).SerializeToString()
 
 
 def load_checked_model(model, what="model"):
