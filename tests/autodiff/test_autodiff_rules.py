@@ -804,3 +804,32 @@ def test_slope_activations_keep_an_inf_gradient_where_where_did(op, attrs):
     gm = build_gradient_models(model, ["x"])
     _, grads = split_gradients(gm, {"x": x}, {"y": np.full(2, np.inf, np.float32)})
     assert np.isinf(grads["x"]).all(), grads["x"]
+
+
+@pytest.mark.parametrize("k, shape, dtype, tiled", [
+    (2, (2, 3, 8, 6), TensorProto.FLOAT, True),
+    (3, (1, 2, 6, 9), TensorProto.DOUBLE, True),
+    (1, (1, 2, 3, 3), TensorProto.FLOAT, True),
+    (2, (1, 2, 5, 4), TensorProto.FLOAT, False),   # H not a multiple of k
+], ids=["k2-float", "k3-double", "k1", "untiled"])
+def test_max_pool_gradient_on_tiling_windows_matches_torch_with_ties(k, shape, dtype, tiled):
+    """Windows tiling X take the path without MaxPool's Indices (see
+    rules/pooling._tiled_max_pool): the gradient goes to the first maximum
+    of each window in row-major order, as PyTorch's, ReLU's zeros and
+    repeated values (ties) included."""
+    torch = pytest.importorskip("torch")
+    np_type = np.float32 if dtype == TensorProto.FLOAT else np.float64
+    x = np.maximum(RNG.normal(size=shape), 0).round(1).astype(np_type)
+    x[0, 0, :k, :k] = 0.5  # a window of equal values
+    out = [shape[0], shape[1], shape[2] // k, shape[3] // k]
+    model = _model([("MaxPool", ["X"], ["Y"], {"kernel_shape": [k, k], "strides": [k, k]})],
+                   {"X": (dtype, ["N", shape[1], shape[2], shape[3]])},
+                   {"Y": (dtype, ["N", shape[1], *out[2:]])}, {}, opset=17)
+    gm = build_gradient_models(model, ["X"])
+    ops = [n.op_type for n in gm.backward_model.graph.node]
+    assert ("SpaceToDepth" in ops) == tiled
+    gy = RNG.uniform(-1, 1, out).astype(np_type)
+    _, grads = split_gradients(gm, {"X": x}, {"Y": gy})
+    xt = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.max_pool2d(xt, k).backward(torch.tensor(gy))
+    np.testing.assert_array_equal(grads["X"], xt.grad.numpy())

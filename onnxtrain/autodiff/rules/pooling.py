@@ -4,6 +4,7 @@ ConvTranspose by a kernel of ones, the window counts and divisors taken from
 a Conv and an AveragePool of ones, so that padding, count_include_pad and
 ceil_mode follow onnxruntime's kernels)."""
 import numpy as np
+from onnx import TensorProto
 
 from ..registry import register_vjp
 
@@ -13,6 +14,9 @@ def _max_pool(ctx, gy, g_indices=None):
     # the gradient goes to the element each window picked: the pool is run
     # again for its Indices (flat positions in X, padding not counted)
     x = ctx.inputs[0]
+    tiled = _tiling_window(ctx, x)
+    if tiled:
+        return _tiled_max_pool(ctx, gy, x, tiled)
     # (column-major indices, storage_order=1, are recomputed row-major)
     row_major = not ctx.attr("storage_order", 0)
     indices = ctx.outputs[1] if len(ctx.outputs) > 1 and ctx.outputs[1] else None
@@ -33,6 +37,74 @@ def _max_pool(ctx, gy, g_indices=None):
         ctx.fail("overlapping windows need ScatterElements with "
                  f"reduction='add' (opset >= 16, model opset {ctx.opset})")
     return ctx.g.reshape_like(flat, x)
+
+
+def _tiling_window(ctx, x):
+    """The side k of a MaxPool's square 2-D windows where they tile X
+    exactly (kernel k x k, strides k, no padding nor dilation, static H and
+    W multiples of k), in float or double from opset 11; None otherwise.
+
+    onnxruntime's MaxPool with Indices is a scalar kernel several times
+    slower than the pool itself: on such windows _tiled_max_pool finds the
+    picked elements without it.
+    """
+    kernel = ctx.attr("kernel_shape")
+    shape = ctx.shape(x)
+    if (ctx.opset < 11 or ctx.dtype not in (TensorProto.FLOAT, TensorProto.DOUBLE)
+            or not kernel or len(kernel) != 2 or kernel[0] != kernel[1]
+            or list(ctx.attr("strides") or [1, 1]) != list(kernel)
+            or any(ctx.attr("pads") or [0])
+            or any(d != 1 for d in ctx.attr("dilations") or [1])
+            or ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
+            or shape is None or len(shape) != 4
+            or not all(isinstance(d, int) and d > 0 for d in shape[2:])):
+        return None
+    k, (h, w) = int(kernel[0]), shape[2:]
+    # the codes below, (k * k + 1) * k * W at most, stay exact in float32
+    if h % k or w % k or (k * k + 1) * k * w >= 2 ** 24:
+        return None
+    return k
+
+
+def _tiled_max_pool(ctx, gy, x, k):
+    """MaxPool's gradient on windows tiling X (see _tiling_window), exact:
+    each window's gradient goes to the first element, in row-major order
+    within the window, equal to its maximum, as onnxruntime's and
+    PyTorch's indices pick between ties (a window holding NaN, which equals
+    nothing, sends it to its first element).
+
+    SpaceToDepth puts window position p = i * k + j on an axis of its own;
+    the hits (X == Y) weighted by (k*k - p) * S + offset(p), with S = k * W
+    and offset(p) = i * W + j the position in the window's k rows of X,
+    have their maximum at the first hit, and that maximum mod S is its
+    offset. The gradient is then scattered (one element per window, no
+    sum) into X seen as rows of k * W: the window's k rows.
+    """
+    w = ctx.shape(x)[3]
+    kk, span = k * k, k * w
+    g = ctx.g
+    windows = ctx.op("Reshape", ctx.op("SpaceToDepth", x, blocksize=k),
+                     g.int64s([0, kk, -1]))
+    y = ctx.op("Reshape", ctx.outputs[0], g.int64s([0, 1, -1]))
+    weights = np.array([(kk - p) * span + (p // k) * w + p % k for p in range(kk)],
+                       dtype=np.float64).reshape(1, kk, 1)
+    # Mul by the cast mask rather than Where: onnxruntime's broadcasting Where
+    # is much slower
+    coded = ctx.op("Mul", g.cast(ctx.op("Equal", windows, y), ctx.dtype),
+                   ctx.const(weights))
+    first = g.reduce("ReduceMax", coded, [1], keepdims=0)
+    # (mod by floor: Mod with fmod=1 is a slow per-element call on onnxruntime)
+    size = ctx.const(float(span))
+    offset = ctx.op("Sub", first, ctx.op("Mul", ctx.op("Floor", ctx.op("Div", first, size)),
+                                         size))
+    columns = g.int64s([-1, w // k])
+    origin = g.int64s(np.arange(w // k) * k)
+    indices = ctx.op("Add", ctx.op("Reshape", g.cast(offset, TensorProto.INT64), columns),
+                     origin)
+    rows = ctx.op("Reshape", ctx.zeros_like(x), g.int64s([-1, span]))
+    scattered = ctx.op("ScatterElements", rows, indices,
+                       ctx.op("Reshape", gy, columns), axis=1)
+    return g.reshape_like(scattered, x)
 
 
 @register_vjp("GlobalAveragePool")
