@@ -514,8 +514,10 @@ class _LSTMGradient(_Expansion):
     two nodes per step rebuilds the cell states, and one Scan walks the
     steps backwards carrying dh and dc (7 nodes per step, the recurrence's
     product ``dpre @ R`` among them); the gradients of X, W, R and B are
-    products over all steps after it. The formulas are the chain rule on
-    the equations of :func:`_lstm_step` (what the expansion computes)."""
+    products over all steps after it. Every tensor stays in the order of
+    time: a reverse direction runs its Scans the other way round instead of
+    reversing its sequences. The formulas are the chain rule on the
+    equations of :func:`_lstm_step` (what the expansion computes)."""
 
     def run_gradient(self, gy, gyh, gyc):
         g, n_dirs = self.g, self.n_dirs
@@ -535,12 +537,15 @@ class _LSTMGradient(_Expansion):
                    for k in range(1, 6)]
         return [dx] + stacked
 
-    def _time_order(self, x, reverse):
-        return self._reverse(x) if reverse else x
-
-    def _shift(self, first, seq):
-        """``[first, seq[0], ..., seq[T-2]]`` along time (T, B, H)."""
+    def _shift(self, first, seq, reverse):
+        """The states entering every step (T, B, H): ``[first, seq[0], ...,
+        seq[T-2]]``, or ``[seq[1], ..., seq[T-1], first]`` for a reverse
+        direction."""
         g = self.g
+        if reverse:
+            tail = g.op("Slice", seq, g.int64s([1]), g.int64s([2 ** 62]),
+                        g.int64s([0]))
+            return g.op("Concat", tail, g.unsqueeze(first, [0]), axis=0)
         head = g.op("Slice", seq, g.int64s([0]), g.int64s([-1]), g.int64s([0]))
         return g.op("Concat", g.unsqueeze(first, [0]), head, axis=0)
 
@@ -548,8 +553,8 @@ class _LSTMGradient(_Expansion):
         g, hidden, reverse = self.g, self.hidden, self.direction == "reverse" or d == 1
         h0 = h0 if h0 is not None else self._zeros_state()
         c0 = c0 if c0 is not None else self._zeros_state()
-        x = self._time_order(self.x, reverse)
-        h_prev = self._shift(h0, self._time_order(y, reverse))
+        x = self.x
+        h_prev = self._shift(h0, y, reverse)
         pre = g.op("Add", g.op("MatMul", x, g.op("Transpose", w, perm=[1, 0])),
                    g.op("MatMul", h_prev, g.op("Transpose", r, perm=[1, 0])))
         if b is not None:
@@ -559,8 +564,8 @@ class _LSTMGradient(_Expansion):
                        n_outputs=2)
         sig, tg = g.op("Sigmoid", ifo), g.op("Tanh", cc)
         i, o, f = _split(g, sig, 3, 2)
-        cells = self._cells(c0, f, g.op("Mul", i, tg))
-        c_prev = self._shift(c0, cells)
+        cells = self._cells(c0, f, g.op("Mul", i, tg), reverse)
+        c_prev = self._shift(c0, cells, reverse)
         tc = g.op("Tanh", cells)
         one = g.const(1, self.dtype)
         # d pre-activations = [dc, dh, dc, dc] * coefficients (i, o, f, c)
@@ -568,14 +573,13 @@ class _LSTMGradient(_Expansion):
         coef = g.op("Concat", g.op("Mul", g.op("Concat", tg, tc, c_prev, axis=2), dsig),
                     g.op("Mul", i, g.op("Sub", one, g.op("Mul", tg, tg))), axis=2)
         dh_to_dc = g.op("Mul", o, g.op("Sub", one, g.op("Mul", tc, tc)))
-        gy = self._time_order(gy, reverse) if gy is not None else None
         dpre, dh0, dc0 = self._backward_scan(r, gy, gyh, gyc, dh_to_dc, coef, f,
-                                              h0)
+                                              h0, reverse)
         need = self.ctx.needs_grad
         dpre2 = g.op("Reshape", dpre, g.int64s([-1, 4 * hidden]))
         grads = [None] * 6
         if need[0]:
-            grads[0] = self._time_order(g.op("MatMul", dpre, w), reverse)
+            grads[0] = g.op("MatMul", dpre, w)
         if need[1]:
             flat_x = g.op("Reshape", x, g.int64s([-1, self._inputs()]))
             grads[1] = g.op("Gemm", dpre2, flat_x, transA=1)
@@ -594,8 +598,9 @@ class _LSTMGradient(_Expansion):
             self.ctx.fail("the input size (W's last dimension) must be static")
         return shape[-1]
 
-    def _cells(self, c0, f, ig):
-        """The cell states ``C_t = f_t . C_t-1 + (i . g)_t`` of every step."""
+    def _cells(self, c0, f, ig, reverse):
+        """The cell states ``C_t = f_t . C_t-1 + (i . g)_t`` of every step,
+        in the order of time (a reverse direction's Scan runs backwards)."""
         sg, dtype, hidden = sub_builder(self.ctx), self.dtype, self.hidden
         c_in, f_t, ig_t = (sg.unique_name(n) for n in ("c_in", "f_t", "ig_t"))
         for name in (c_in, f_t, ig_t):
@@ -608,11 +613,14 @@ class _LSTMGradient(_Expansion):
                for n in (c, c_out)]
         body = sg.make_graph("lstm_cells", vi, out)
         _, cells = self.g.op("Scan", c0, f, ig, body=body, n_outputs=2,
-                             num_scan_inputs=2)
+                             num_scan_inputs=2,
+                             scan_input_directions=[int(reverse)] * 2,
+                             scan_output_directions=[int(reverse)])
         return cells
 
-    def _backward_scan(self, r, gy, gyh, gyc, dh_to_dc, coef, f, h0):
-        """dpre (T, B, 4H) and the gradients of the initial states."""
+    def _backward_scan(self, r, gy, gyh, gyc, dh_to_dc, coef, f, h0, reverse):
+        """dpre (T, B, 4H) and the gradients of the initial states; the
+        steps run against the direction's order."""
         g, sg, dtype, hidden = self.g, sub_builder(self.ctx), self.dtype, self.hidden
         names = [sg.unique_name(n) for n in ("dh_in", "dc_in", "a_t", "coef_t", "f_t")]
         sizes = [hidden, hidden, hidden, 4 * hidden, hidden]
@@ -634,10 +642,12 @@ class _LSTMGradient(_Expansion):
         dh_init = gyh if gyh is not None else g.zeros_like(h0, self.dtype)
         dc_init = gyc if gyc is not None else g.zeros_like(h0, self.dtype)
         scans = [dh_to_dc, coef, f] + ([gy] if gy is not None else [])
+        backwards = 0 if reverse else 1
         dh0, dc0, dpre_all = g.op(
             "Scan", dh_init, dc_init, *scans, body=body, n_outputs=3,
-            num_scan_inputs=len(scans), scan_input_directions=[1] * len(scans),
-            scan_output_directions=[1])
+            num_scan_inputs=len(scans),
+            scan_input_directions=[backwards] * len(scans),
+            scan_output_directions=[backwards])
         return dpre_all, dh0, dc0
 
 
