@@ -4,7 +4,8 @@ pass, finish.
 - :func:`prepare`: the running statistics' updates
   (:mod:`onnxtrain.graph.training_mode`), small-output Convs of trained
   weights lowered to one product (:mod:`onnxtrain.graph.conv_gemm`),
-  Dropouts that copy their input removed, Reshape targets known at build
+  LSTMs of trained weights as Scans emitting their gates
+  (:mod:`onnxtrain.graph.recurrent_lowering`), Dropouts that copy their input removed, Reshape targets known at build
   time written as constants (:mod:`onnxtrain.graph.static_shapes`), and
   the model's types inferred once per rewrite that adds values;
 - :func:`reverse`: the one reverse pass (:func:`onnxtrain.autodiff.backward`)
@@ -32,6 +33,7 @@ from ..graph.broadcasts import avoid_slow_broadcasts
 from ..graph.conv_gemm import lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
+from ..graph.recurrent_lowering import lower_lstms
 from ..graph.static_shapes import fold_reshape_targets
 from ..graph.training_mode import with_running_statistics_updates
 
@@ -71,7 +73,8 @@ def prepare(model, wrt, types=None, statistics=None, drop_identity_dropouts=Fals
     model : onnx.ModelProto
         Not modified.
     wrt : list of str
-        The trained weights (their small-output Convs are lowered).
+        The trained weights (their small-output Convs and their LSTMs are
+        lowered).
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known.
     statistics : dict, default=None
@@ -95,9 +98,10 @@ def prepare(model, wrt, types=None, statistics=None, drop_identity_dropouts=Fals
         owned = True
         if buffers:  # values the model lacked
             types = infer_value_types(model)
-    lowered = lower_small_convs(model, wrt, types)
-    if lowered is not model:  # values of its own
-        model, types, owned = lowered, infer_value_types(lowered), True
+    for lower in (lower_small_convs, lower_lstms):
+        lowered = lower(model, wrt, types)
+        if lowered is not model:  # values of its own
+            model, types, owned = lowered, infer_value_types(lowered), True
     if drop_identity_dropouts:
         # the types stay those of every value left
         model = remove_identity_dropouts(model, opset_of(model) or 1, in_place=owned)

@@ -13,7 +13,8 @@ from ..exceptions import MissingVJPRuleError
 from ..graph import (FLOAT_TYPES, GraphBuilder, OpsetError, infer_value_types,
                      opset_of, type_of_value_info)
 from ..graph.builder import constant_node_value
-from ..graph.scopes import subgraph_outer_reads, subgraphs, without_unread
+from ..graph.scopes import (node_reads, subgraph_outer_reads, subgraphs,
+                            without_unread)
 from .context import VJPContext, sum_to
 from .patterns import erf_gelu, erf_gelu_vjp
 from .registry import get_vjp_rule, is_nondifferentiable
@@ -184,12 +185,73 @@ def _accumulate(g, grads, name):
     parts = grads.get(name)
     if not parts:
         return None
-    # three parts or more: one Sum (one node and one pass over the values,
-    # adding in the same order as the chain of Adds would)
-    total = parts[0] if len(parts) == 1 else g.op(
-        "Add" if len(parts) == 2 else "Sum", *parts)
+    tiles = _tiling_pads(g, parts, name)
+    if tiles is not None:
+        # the gradients of Slices cutting one tensor into pieces (the
+        # exporter's reordering of an LSTM's gates): the pieces side by
+        # side, one copy, instead of zero-padding each and summing
+        total = g.op("Concat", *tiles[1], axis=tiles[0])
+    else:
+        # three parts or more: one Sum (one node and one pass over the
+        # values, adding in the same order as the chain of Adds would)
+        total = parts[0] if len(parts) == 1 else g.op(
+            "Add" if len(parts) == 2 else "Sum", *parts)
     grads[name] = [total]
     return total
+
+
+def _tiling_pads(g, parts, name):
+    """``(axis, pieces)`` when every part of the gradient of ``name`` is a
+    zero Pad emitted in ``g`` along one same axis of a piece, the pieces (in
+    order) covering that axis of ``name`` (of static size) exactly once;
+    else None."""
+    if len(parts) < 2:
+        return None
+    nodes = [g.producer(part) for part in parts]
+    if any(node is None or node.op_type != "Pad" or len(node.input) != 2
+           or node.attribute for node in nodes):
+        return None
+    wanted = {node.input[1] for node in nodes}
+    pads_of = {t.name: numpy_helper.to_array(t).tolist()
+               for t in g.initializers if t.name in wanted}
+    spans = []
+    for node in nodes:
+        pads = pads_of.get(node.input[1])
+        if pads is None or min(pads) < 0:
+            return None
+        rank = len(pads) // 2
+        axes = [a for a in range(rank) if pads[a] or pads[rank + a]]
+        if len(axes) != 1:
+            return None
+        spans.append((axes[0], rank, pads[axes[0]], pads[rank + axes[0]],
+                      node.input[0]))
+    axis, rank = spans[0][:2]
+    shape = (g.types.get(name) or (None, None))[1]
+    if (any(span[:2] != (axis, rank) for span in spans) or shape is None
+            or len(shape) != rank or not isinstance(shape[axis], int)):
+        return None
+    # piece k covers [begin_k, n - end_k): a tiling starts at 0, ends at n,
+    # and each piece begins where the one before ends
+    spans.sort(key=lambda span: span[2])
+    ends = [shape[axis] - span[3] for span in spans]
+    begins = [span[2] for span in spans]
+    if begins[0] != 0 or ends[-1] != shape[axis] or ends[:-1] != begins[1:]:
+        return None
+    return axis, [span[4] for span in spans]
+
+
+def _drop_unread_constants(g):
+    """Remove the initializers of ``g`` no node reads (the pads of the Pads
+    a tiling replaced, :func:`_tiling_pads`: onnxruntime warns about an
+    initializer nothing reads), from its cache of constants too."""
+    reads = set().union(*map(node_reads, g.nodes))
+    unread = {t.name for t in g.initializers} - reads
+    if not unread:
+        return
+    g.initializers[:] = [t for t in g.initializers if t.name not in unread]
+    constants = g._constants  # noqa: SLF001 - g.const must make them anew
+    for key in [k for k, name in constants.items() if name in unread]:
+        del constants[key]
 
 
 def _normalize_result(result, n_inputs):
@@ -360,6 +422,7 @@ def backward(model, wrt, outputs=None, types=None, in_place=False):
     grad_names = [_final_gradient(g, grads, w) for w in wrt]
     fold_output_identities(g.nodes, grad_names)
     remove_unread_nodes(g.nodes, grad_names)
+    _drop_unread_constants(g)
     return BackwardGraph(g, list(wrt), list(outputs), grad_output_names,
                          grad_names, types, model if named else None)
 

@@ -146,3 +146,53 @@ def test_three_gradient_parts_are_one_sum():
     parts = [np.ones((4, 3)) @ feeds[w].T for w in ("A", "B", "C")]
     expected = ((parts[0] + parts[1]) + parts[2]) * (1 - x ** 2)
     assert relative_error(expected, grads["X"]) < 1e-12
+
+
+def _slices_model(pieces):
+    """W (6, 4) cut by Slices along axis 0 into ``pieces`` ((start, end)
+    pairs), concatenated in that order and multiplied by X."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.normal(size=(6, 4)), "W")]
+    nodes = []
+    for k, (start, end) in enumerate(pieces):
+        for name, value in (("s", start), ("e", end)):
+            inits.append(numpy_helper.from_array(np.array([value], np.int64), f"{name}{k}"))
+        nodes.append(helper.make_node("Slice", ["W", f"s{k}", f"e{k}"], [f"w{k}"]))
+    nodes += [helper.make_node("Concat", [f"w{k}" for k in range(len(pieces))], ["Wr"],
+                               axis=0),
+              helper.make_node("MatMul", ["X", "Wr"], ["Y"])]
+    rows = sum(end - start for start, end in pieces)
+    graph = helper.make_graph(nodes, "slices", [helper.make_tensor_value_info(
+        "X", TensorProto.DOUBLE, ["N", rows])], [helper.make_tensor_value_info(
+            "Y", TensorProto.DOUBLE, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, {"W": numpy_helper.to_array(inits[0]),
+                   "X": rng.normal(size=(3, rows))}
+
+
+@pytest.mark.parametrize("pieces, tiled", [
+    ([(0, 2), (4, 6), (2, 4)], True),   # an LSTM export's reordering of gates
+    ([(3, 6), (0, 3)], True),
+    ([(0, 2), (1, 6)], False),          # overlapping: the rows of both summed
+    ([(0, 2), (3, 6)], False),          # a gap: row 2's gradient is zero
+    ([(0, 2), (2, 4), (0, 2)], False),  # a piece taken twice
+])
+def test_gradients_of_slices_tiling_a_weight_are_one_concat(pieces, tiled):
+    model, feeds = _slices_model(pieces)
+    _, bg = build_fused_model(model, ["W"])
+    ops = [n.op_type for n in bg.builder.nodes]
+    assert ("Pad" not in ops and "Sum" not in ops) == tiled, ops
+    # no constant left unread (the pads of the Pads the Concat replaced)
+    reads = {i for n in bg.builder.nodes for i in n.input}
+    assert {t.name for t in bg.builder.initializers} <= reads
+    check_gradients(model, ["W", "X"], feeds, tol=1e-6)
+    fused, bg = build_fused_model(model, ["W"])
+    gy = np.random.default_rng(5).normal(size=(3, 4))
+    grads = fused_gradients(fused, bg, feeds, {"Y": gy})
+    rows = feeds["X"].T @ gy
+    expected, at = np.zeros((6, 4)), 0
+    for start, end in pieces:
+        expected[start:end] += rows[at:at + end - start]
+        at += end - start
+    assert relative_error(expected, grads["W"]) < 1e-12

@@ -20,6 +20,7 @@ from gradcheck import (check_model, expansion_model, numeric_gradient,
                        relative_error, run, session, split_gradients)
 from onnxtrain.autodiff import build_gradient_models
 from onnxtrain.autodiff.rules.recurrent import expand
+from onnxtrain.graph.recurrent_lowering import lower_lstms
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 OPTIONAL = ("B", "L", "H0", "C0", "P")
@@ -316,3 +317,65 @@ def test_lstm_outside_the_direct_gradient_takes_the_expansion(attrs):
     gm = build_gradient_models(model, ["W"])
     assert "Y" not in gm.backward_inputs
     assert _scan_count(gm.backward_model) == 2
+
+
+# LSTMs of a training graph lowered to one Scan per direction emitting its
+# gates (onnxtrain.graph.recurrent_lowering), whose gradient is the direct
+# one's backward Scan alone
+def _lowered(model):
+    lowered = lower_lstms(model, [i.name for i in model.graph.input])
+    ops = [n.op_type for n in lowered.graph.node]
+    assert "LSTM" not in ops
+    return lowered
+
+
+@pytest.mark.parametrize("attrs, inputs, outputs", DIRECT_CASES + [
+    ({"direction": "bidirectional"}, (), ["Y_h"]),
+    ({"direction": "reverse"}, ("B", "H0"), ["Y", "Y_c"]),
+])
+def test_lowered_lstm_matches_onnxruntime_kernel(attrs, inputs, outputs):
+    model = _model("LSTM", inputs=inputs, symbolic=True, hidden=3, **attrs)
+    lowered = _lowered(model)
+    check_model(lowered)
+    directions = 2 if attrs.get("direction") == "bidirectional" else 1
+    assert _scan_count(lowered) == directions
+    for t, n in ((4, 2), (1, 3)):
+        feeds = _feeds(model, np.float32, seed=t, t=t, n=n)
+        expected = session(model).run(None, feeds)
+        got = session(lowered).run(None, feeds)
+        for e, a in zip(expected, got):
+            np.testing.assert_allclose(a, e, atol=1e-6)
+
+
+@pytest.mark.parametrize("attrs, inputs, outputs", DIRECT_CASES)
+def test_lowered_lstm_gradient_matches_finite_differences_float64(
+        attrs, inputs, outputs):
+    model = _model("LSTM", np.float64, inputs=inputs, symbolic=True, **attrs)
+    wrt = [i.name for i in model.graph.input]
+    gm = build_gradient_models(_lowered(model), wrt, outputs=outputs)
+    check_model(gm.backward_model)
+    # the backward Scan of each direction only: the gates come from the
+    # forward Scan's outputs, nothing is recomputed
+    directions = 2 if attrs.get("direction") == "bidirectional" else 1
+    assert _scan_count(gm.backward_model) == directions
+    assert not {"Sigmoid", "Tanh"} & {n.op_type for n in gm.backward_model.graph.node}
+    reference = session(expansion_model(model, expand))
+    forward_session = session(gm.forward_model)
+    for t, n in ((3, 2), (5, 1)):
+        feeds = _feeds(model, np.float64, seed=t, t=t, n=n)
+        forward = run(forward_session, feeds)
+        rng = np.random.default_rng(t)
+        grad_outputs = {o: rng.normal(size=forward[o].shape) for o in outputs}
+        grads = _backward_gradients(gm, feeds, grad_outputs, forward)
+        for w in wrt:
+            expected = numeric_gradient(reference, feeds, w, grad_outputs)
+            assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+
+
+def test_lstm_on_constant_weights_keeps_the_kernel():
+    # no trained value reaches the LSTM: onnxruntime's kernel stays
+    model = _model("LSTM", inputs=("B",))
+    assert lower_lstms(model, []) is model
+    assert lower_lstms(model, ["not_a_name"]) is model
+    clipped = _model("LSTM", inputs=("B",), clip=0.5)
+    assert lower_lstms(clipped, ["W"]) is clipped

@@ -1,10 +1,12 @@
 """Gradients of PyTorch exports equal torch autograd's on the same weights.
 
-Two small networks are exported with ``torch.onnx.export`` (TorchScript
+Small networks are exported with ``torch.onnx.export`` (TorchScript
 exporter, training mode, symbolic batch size): a CNN (Conv,
-BatchNormalization in training mode, Relu, MaxPool, Dropout, Flatten, Gemm)
-and a transformer block (Gather embedding, LayerNormalization, MatMul,
-Softmax, Erf GELU). The vector-Jacobian product of one step computed by
+BatchNormalization in training mode, Relu, MaxPool, Dropout, Flatten, Gemm),
+a transformer block (Gather embedding, LayerNormalization, MatMul,
+Softmax, Erf GELU) and a 2-layer bidirectional LSTM through the training
+graphs' preparation (its LSTMs lowered to Scans emitting their gates). The
+vector-Jacobian product of one step computed by
 onnxtrain's split gradient models must match torch autograd's; Dropout's
 mask is the one onnxruntime drew in the forward run, applied in torch too.
 A few steps of plain SGD with onnxtrain's gradients lower a squared error.
@@ -168,3 +170,32 @@ def test_sgd_with_onnxtrain_gradients_lowers_the_loss():
         losses.append(loss(weights))
     assert losses[-1] < 0.8 * losses[0], losses
     assert all(b <= a + 1e-6 for a, b in zip(losses, losses[1:])), losses
+
+
+class TwoLayerLSTM(torch.nn.Module):
+    """A bidirectional 2-layer LSTM, batch first, its last step's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True,
+                                  batch_first=True)
+
+    def forward(self, x):
+        return self.lstm(x)[0][:, -1]
+
+
+def test_lstm_prepared_for_training_matches_torch_autograd():
+    # the training graphs' preparation lowers the exported LSTM nodes to
+    # Scans emitting their gates (onnxtrain.graph.recurrent_lowering)
+    from onnxtrain.assembly.pipeline import prepare
+    torch.manual_seed(0)
+    net = TwoLayerLSTM()
+    x = torch.randn(2, 5, 3)
+    model = _export(net, x, "x")
+    weights = _parameters(net)
+    prepared = prepare(model, list(weights))
+    ops = [n.op_type for n in prepared.model.graph.node]
+    assert "LSTM" not in ops and ops.count("Scan") == 4
+    grad_y = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float32)
+    _, forward, grads = _onnx_vjp(prepared.model, weights, {"x": x.numpy()}, grad_y)
+    _assert_matches_torch(net, net(x), grad_y, forward, grads)

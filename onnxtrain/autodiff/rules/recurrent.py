@@ -29,7 +29,11 @@ them, see :mod:`.control_flow`). For one direction:
 The default LSTM (the specification's activations, no clip, peepholes,
 input_forget, sequence_lens nor layout, its ``Y`` computed) skips the
 expansion: :class:`_LSTMGradient` reads the hidden states from ``Y`` and
-runs one backward Scan per direction.
+runs one backward Scan per direction. In a training graph such an LSTM is
+lowered to one Scan per direction emitting its gates
+(:mod:`onnxtrain.graph.recurrent_lowering`); :func:`lstm_scan_vjp`, the
+rule of that Scan, reads them and runs the same backward Scan, with no
+recomputation.
 
 Directions are stacked on axis 1 of ``Y`` and axis 0 of ``Y_h``/``Y_c``;
 ``layout=1`` transposes batch and time in and out. Sequence length and
@@ -46,6 +50,8 @@ opset 11 (``Range``).
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from ...graph.recurrent_lowering import (LSTM_SCAN_DOC, LSTM_SCAN_OUTPUTS,
+                                         is_default_lstm)
 from ..expansion import (differentiate_expansion, outer_reads, record_types,
                          sub_builder)
 from ..registry import register_vjp
@@ -496,15 +502,7 @@ def _lstm_direct(ctx):
     (:class:`_LSTMGradient`): its Y output is computed, the default
     activations, no clip, peepholes, input_forget, sequence_lens nor
     layout, opset >= 13."""
-    names = [n.decode() if isinstance(n, bytes) else n
-             for n in ctx.attr("activations", [])]
-    return (ctx.node.op_type == "LSTM" and ctx.opset >= 13
-            and bool(ctx.outputs[0]) and ctx.input(4) is None
-            and ctx.input(7) is None and ctx.attr("clip") is None
-            and not ctx.attr("input_forget", 0) and not ctx.attr("layout", 0)
-            and not ctx.attr("activation_alpha") and not ctx.attr("activation_beta")
-            and all(a.lower() == b for a, b in zip(
-                names, ["sigmoid", "tanh", "tanh"] * 2)))
+    return is_default_lstm(ctx.node, ctx.opset)
 
 
 class _LSTMGradient(_Expansion):
@@ -514,8 +512,10 @@ class _LSTMGradient(_Expansion):
     two nodes per step rebuilds the cell states, and one Scan walks the
     steps backwards carrying dh and dc (7 nodes per step, the recurrence's
     product ``dpre @ R`` among them); the gradients of X, W, R and B are
-    products over all steps after it. The formulas are the chain rule on
-    the equations of :func:`_lstm_step` (what the expansion computes)."""
+    products over all steps after it. Every tensor stays in the order of
+    time: a reverse direction runs its Scans the other way round instead of
+    reversing its sequences. The formulas are the chain rule on the
+    equations of :func:`_lstm_step` (what the expansion computes)."""
 
     def run_gradient(self, gy, gyh, gyc):
         g, n_dirs = self.g, self.n_dirs
@@ -535,21 +535,12 @@ class _LSTMGradient(_Expansion):
                    for k in range(1, 6)]
         return [dx] + stacked
 
-    def _time_order(self, x, reverse):
-        return self._reverse(x) if reverse else x
-
-    def _shift(self, first, seq):
-        """``[first, seq[0], ..., seq[T-2]]`` along time (T, B, H)."""
-        g = self.g
-        head = g.op("Slice", seq, g.int64s([0]), g.int64s([-1]), g.int64s([0]))
-        return g.op("Concat", g.unsqueeze(first, [0]), head, axis=0)
-
     def _direction_grad(self, d, w, r, b, h0, c0, y, gy, gyh, gyc):
         g, hidden, reverse = self.g, self.hidden, self.direction == "reverse" or d == 1
         h0 = h0 if h0 is not None else self._zeros_state()
         c0 = c0 if c0 is not None else self._zeros_state()
-        x = self._time_order(self.x, reverse)
-        h_prev = self._shift(h0, self._time_order(y, reverse))
+        x = self.x
+        h_prev = _shift(g, h0, y, reverse)
         pre = g.op("Add", g.op("MatMul", x, g.op("Transpose", w, perm=[1, 0])),
                    g.op("MatMul", h_prev, g.op("Transpose", r, perm=[1, 0])))
         if b is not None:
@@ -559,23 +550,17 @@ class _LSTMGradient(_Expansion):
                        n_outputs=2)
         sig, tg = g.op("Sigmoid", ifo), g.op("Tanh", cc)
         i, o, f = _split(g, sig, 3, 2)
-        cells = self._cells(c0, f, g.op("Mul", i, tg))
-        c_prev = self._shift(c0, cells)
+        cells = self._cells(c0, f, g.op("Mul", i, tg), reverse)
+        c_prev = _shift(g, c0, cells, reverse)
         tc = g.op("Tanh", cells)
-        one = g.const(1, self.dtype)
-        # d pre-activations = [dc, dh, dc, dc] * coefficients (i, o, f, c)
-        dsig = g.op("Mul", sig, g.op("Sub", one, sig))
-        coef = g.op("Concat", g.op("Mul", g.op("Concat", tg, tc, c_prev, axis=2), dsig),
-                    g.op("Mul", i, g.op("Sub", one, g.op("Mul", tg, tg))), axis=2)
-        dh_to_dc = g.op("Mul", o, g.op("Sub", one, g.op("Mul", tc, tc)))
-        gy = self._time_order(gy, reverse) if gy is not None else None
-        dpre, dh0, dc0 = self._backward_scan(r, gy, gyh, gyc, dh_to_dc, coef, f,
-                                              h0)
+        coef, dh_to_dc = _coefficients(g, self.dtype, sig, i, o, tg, tc, c_prev)
+        dpre, dh0, dc0 = _backward_scan(self.ctx, self.dtype, self.hidden, r, gy,
+                                        gyh, gyc, dh_to_dc, coef, f, h0, reverse)
         need = self.ctx.needs_grad
         dpre2 = g.op("Reshape", dpre, g.int64s([-1, 4 * hidden]))
         grads = [None] * 6
         if need[0]:
-            grads[0] = self._time_order(g.op("MatMul", dpre, w), reverse)
+            grads[0] = g.op("MatMul", dpre, w)
         if need[1]:
             flat_x = g.op("Reshape", x, g.int64s([-1, self._inputs()]))
             grads[1] = g.op("Gemm", dpre2, flat_x, transA=1)
@@ -594,8 +579,9 @@ class _LSTMGradient(_Expansion):
             self.ctx.fail("the input size (W's last dimension) must be static")
         return shape[-1]
 
-    def _cells(self, c0, f, ig):
-        """The cell states ``C_t = f_t . C_t-1 + (i . g)_t`` of every step."""
+    def _cells(self, c0, f, ig, reverse):
+        """The cell states ``C_t = f_t . C_t-1 + (i . g)_t`` of every step,
+        in the order of time (a reverse direction's Scan runs backwards)."""
         sg, dtype, hidden = sub_builder(self.ctx), self.dtype, self.hidden
         c_in, f_t, ig_t = (sg.unique_name(n) for n in ("c_in", "f_t", "ig_t"))
         for name in (c_in, f_t, ig_t):
@@ -608,37 +594,134 @@ class _LSTMGradient(_Expansion):
                for n in (c, c_out)]
         body = sg.make_graph("lstm_cells", vi, out)
         _, cells = self.g.op("Scan", c0, f, ig, body=body, n_outputs=2,
-                             num_scan_inputs=2)
+                             num_scan_inputs=2,
+                             scan_input_directions=[int(reverse)] * 2,
+                             scan_output_directions=[int(reverse)])
         return cells
 
-    def _backward_scan(self, r, gy, gyh, gyc, dh_to_dc, coef, f, h0):
-        """dpre (T, B, 4H) and the gradients of the initial states."""
-        g, sg, dtype, hidden = self.g, sub_builder(self.ctx), self.dtype, self.hidden
-        names = [sg.unique_name(n) for n in ("dh_in", "dc_in", "a_t", "coef_t", "f_t")]
-        sizes = [hidden, hidden, hidden, 4 * hidden, hidden]
-        if gy is not None:
-            names.append(sg.unique_name("gy_t"))
-            sizes.append(hidden)
-        for name, size in zip(names, sizes):
-            sg.set_type(name, dtype, (None, size))
-        dh_in, dc_in, a_t, coef_t, f_t = names[:5]
-        dh = sg.op("Add", dh_in, names[5]) if gy is not None else dh_in
-        dc = sg.op("Add", dc_in, sg.op("Mul", dh, a_t))
-        dpre = sg.op("Mul", sg.op("Concat", dc, dh, dc, dc, axis=1), coef_t)
-        outs = [sg.op("MatMul", dpre, r), sg.op("Mul", dc, f_t), dpre]
-        vi = [helper.make_tensor_value_info(n, dtype, (None, s))
-              for n, s in zip(names, sizes)]
-        out = [helper.make_tensor_value_info(n, dtype, (None, s))
-               for n, s in zip(outs, (hidden, hidden, 4 * hidden))]
-        body = sg.make_graph("lstm_backward", vi, out)
-        dh_init = gyh if gyh is not None else g.zeros_like(h0, self.dtype)
-        dc_init = gyc if gyc is not None else g.zeros_like(h0, self.dtype)
-        scans = [dh_to_dc, coef, f] + ([gy] if gy is not None else [])
-        dh0, dc0, dpre_all = g.op(
-            "Scan", dh_init, dc_init, *scans, body=body, n_outputs=3,
-            num_scan_inputs=len(scans), scan_input_directions=[1] * len(scans),
-            scan_output_directions=[1])
-        return dpre_all, dh0, dc0
+def _shift(g, first, seq, reverse):
+    """The states entering every step (T, B, H): ``[first, seq[0], ...,
+    seq[T-2]]``, or ``[seq[1], ..., seq[T-1], first]`` for a reverse
+    direction."""
+    if reverse:
+        tail = g.op("Slice", seq, g.int64s([1]), g.int64s([2 ** 62]),
+                    g.int64s([0]))
+        return g.op("Concat", tail, g.unsqueeze(first, [0]), axis=0)
+    head = g.op("Slice", seq, g.int64s([0]), g.int64s([-1]), g.int64s([0]))
+    return g.op("Concat", g.unsqueeze(first, [0]), head, axis=0)
+
+
+def _coefficients(g, dtype, sig, i, o, tg, tc, c_prev):
+    """``coef`` (T, B, 4H) with d pre-activations = [dc, dh, dc, dc] *
+    coef (gates i, o, f, c), and ``o (1 - tanh(C)^2)``, the part of dh
+    reaching dc, from the sigmoids of (i, o, f) (together and i, o
+    apart), tanh of the c gate, tanh of the cell states and the cell
+    states entering every step."""
+    one = g.const(1, dtype)
+    dsig = g.op("Mul", sig, g.op("Sub", one, sig))
+    coef = g.op("Concat", g.op("Mul", g.op("Concat", tg, tc, c_prev, axis=2), dsig),
+                g.op("Mul", i, g.op("Sub", one, g.op("Mul", tg, tg))), axis=2)
+    dh_to_dc = g.op("Mul", o, g.op("Sub", one, g.op("Mul", tc, tc)))
+    return coef, dh_to_dc
+
+
+def _backward_scan(ctx, dtype, hidden, r, gy, gyh, gyc, dh_to_dc, coef, f, h0,
+                   reverse):
+    """dpre (T, B, 4H) and the gradients of the initial states; the
+    steps run against the direction's order."""
+    g, sg = ctx.g, sub_builder(ctx)
+    names = [sg.unique_name(n) for n in ("dh_in", "dc_in", "a_t", "coef_t", "f_t")]
+    sizes = [hidden, hidden, hidden, 4 * hidden, hidden]
+    if gy is not None:
+        names.append(sg.unique_name("gy_t"))
+        sizes.append(hidden)
+    for name, size in zip(names, sizes):
+        sg.set_type(name, dtype, (None, size))
+    dh_in, dc_in, a_t, coef_t, f_t = names[:5]
+    dh = sg.op("Add", dh_in, names[5]) if gy is not None else dh_in
+    dc = sg.op("Add", dc_in, sg.op("Mul", dh, a_t))
+    dpre = sg.op("Mul", sg.op("Concat", dc, dh, dc, dc, axis=1), coef_t)
+    outs = [sg.op("MatMul", dpre, r), sg.op("Mul", dc, f_t), dpre]
+    vi = [helper.make_tensor_value_info(n, dtype, (None, s))
+          for n, s in zip(names, sizes)]
+    out = [helper.make_tensor_value_info(n, dtype, (None, s))
+           for n, s in zip(outs, (hidden, hidden, 4 * hidden))]
+    body = sg.make_graph("lstm_backward", vi, out)
+    dh_init = gyh if gyh is not None else g.zeros_like(h0, dtype)
+    dc_init = gyc if gyc is not None else g.zeros_like(h0, dtype)
+    scans = [dh_to_dc, coef, f] + ([gy] if gy is not None else [])
+    backwards = 0 if reverse else 1
+    dh0, dc0, dpre_all = g.op(
+        "Scan", dh_init, dc_init, *scans, body=body, n_outputs=3,
+        num_scan_inputs=len(scans),
+        scan_input_directions=[backwards] * len(scans),
+        scan_output_directions=[backwards])
+    return dpre_all, dh0, dc0
+
+
+def lstm_scan_vjp(ctx, *grad_outputs):
+    """Gradient of the Scan of one LSTM direction that
+    :func:`~onnxtrain.graph.recurrent_lowering.lower_lstms` wrote: its
+    scan outputs give the gates, tanh(C_t) and C_t-1 of every step, so the
+    gradient is the direct LSTM gradient's backward Scan alone (no
+    recomputation). Inputs: h0, c0 and the input projection of every step
+    (whose gradient is the pre-activations'); R, read by the body, is the
+    implicit input.
+
+    Parameters
+    ----------
+    ctx : VJPContext
+        Context of the Scan (:func:`is_lstm_scan`).
+    *grad_outputs : str or None
+        Gradients of its outputs (those of the final states and of Y; the
+        gates' have none).
+
+    Returns
+    -------
+    tuple of (str or None)
+        Gradients of h0, c0, the projection, then of R.
+    """
+    g, dtype = ctx.g, ctx.dtype
+    h0, c0, xw = ctx.inputs[:3]
+    r = ctx.implicit_inputs[0]
+    _, _, y, sig, tg, tc, c_prev = ctx.outputs
+    hidden = _scan_hidden(ctx.node)
+    reverse = bool(_scan_ints(ctx.node, "scan_input_directions")[0])
+    i, o, f = _split(g, sig, 3, 2)
+    coef, dh_to_dc = _coefficients(g, dtype, sig, i, o, tg, tc, c_prev)
+    dpre, dh0, dc0 = _backward_scan(ctx, dtype, hidden, r, grad_outputs[2],
+                                    grad_outputs[0], grad_outputs[1], dh_to_dc,
+                                    coef, f, h0, reverse)
+    grads = [dh0, dc0, dpre]
+    result = [v if need else None for v, need in zip(grads, ctx.needs_grad)]
+    dr = None
+    if ctx.implicit_needs_grad[0]:
+        flat = g.int64s([-1, 4 * hidden])
+        dr = g.op("Gemm", g.op("Reshape", dpre, flat),
+                  g.op("Reshape", _shift(g, h0, y, reverse), g.int64s([-1, hidden])),
+                  transA=1)
+    return tuple(result) + (dr,)
+
+
+def _scan_ints(node, name):
+    return next((list(a.ints) for a in node.attribute if a.name == name), [])
+
+
+def _scan_hidden(node):
+    body = next(a.g for a in node.attribute if a.name == "body")
+    return body.input[0].type.tensor_type.shape.dim[1].dim_value
+
+
+def is_lstm_scan(ctx, grad_outputs):
+    """Whether the Scan of ``ctx`` is one LSTM direction written by
+    :func:`~onnxtrain.graph.recurrent_lowering.lower_lstms`, as it wrote
+    it (three inputs, seven outputs, R its only implicit input) and with
+    no gradient reaching its gates (which only the gradient reads)."""
+    node = ctx.node
+    return (node.doc_string == LSTM_SCAN_DOC and len(node.input) == 3
+            and len(node.output) == len(LSTM_SCAN_OUTPUTS)
+            and len(ctx.implicit_inputs) == 1 and _scan_hidden(node) > 0
+            and not any(grad_outputs[3:]))
 
 
 def _recurrent_or_direct_vjp(ctx, *grad_outputs):

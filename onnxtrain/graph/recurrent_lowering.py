@@ -1,0 +1,232 @@
+"""LSTMs of a training graph as one Scan per direction emitting its gates.
+
+The gradient of an LSTM needs the activations of its gates at every step;
+onnxruntime's LSTM kernel keeps them to itself, so a gradient reading only
+its outputs computes them again (the input and recurrent products over the
+whole sequence, a Scan for the cell states). :func:`lower_lstms` rewrites a
+default LSTM (the specification's activations, no clip, peepholes,
+input_forget, sequence_lens nor layout) whose inputs depend on a trained
+weight into, per direction:
+
+- the input projection of every step at once, ``X W^T + Wb + Rb``, one
+  Gemm over the (time x batch) rows;
+- a Scan over time (backwards for a reverse direction) whose body is one
+  step: one Gemm ``h R^T + x_t``, the sigmoid of the i, o, f gates, the
+  tanh of the c gate, the cell and hidden states; besides the states and
+  the hidden state of every step (the LSTM's Y) it emits, as scan outputs
+  in the order of time, the sigmoids of (i, o, f), tanh of the c gate,
+  tanh of the cell state and the cell state entering every step.
+
+The Scan is marked (``doc_string`` :data:`LSTM_SCAN_DOC`) so that the
+reverse pass gives it the direct LSTM gradient, which reads those outputs
+instead of recomputing them (:mod:`onnxtrain.autodiff.rules.recurrent`).
+The directions' outputs are stacked into the node's Y, Y_h and Y_c; the
+values are the kernel's up to rounding.
+"""
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from .builder import GraphBuilder
+from .scopes import node_reads
+from .shapes import infer_value_types
+
+__all__ = ["LSTM_SCAN_DOC", "LSTM_SCAN_OUTPUTS", "is_default_lstm", "lower_lstms"]
+
+#: doc_string of the Scan of one lowered LSTM direction.
+LSTM_SCAN_DOC = "onnxtrain: one LSTM direction, gates emitted"
+#: The outputs of that Scan: the final states, then the scan outputs.
+LSTM_SCAN_OUTPUTS = ("h_last", "c_last", "y", "ifo", "c_gate", "tanh_c", "c_prev")
+
+
+def _attr(node, name, default=None):
+    for att in node.attribute:
+        if att.name == name:
+            return helper.get_attribute_value(att)
+    return default
+
+
+def _static_sizes(node, types):
+    """(hidden, input size) when both are static, else None."""
+    hidden = _attr(node, "hidden_size")
+    w_shape = (types.get(node.input[1]) or (None, None))[1]
+    r_shape = (types.get(node.input[2]) or (None, None))[1]
+    if not hidden and r_shape is not None and len(r_shape) == 3:
+        hidden = r_shape[2]
+    if w_shape is None or len(w_shape) != 3:
+        return None
+    if not isinstance(hidden, int) or not isinstance(w_shape[2], int):
+        return None
+    return int(hidden), int(w_shape[2])
+
+
+def is_default_lstm(node, opset):
+    """Whether ``node`` is an LSTM with the specification's activations,
+    no clip, peepholes, input_forget, sequence_lens nor layout, its Y
+    computed, at opset 13 or later (Split with sizes as an input)."""
+    if node.op_type != "LSTM" or node.domain not in ("", "ai.onnx") or opset < 13:
+        return False
+    inputs = list(node.input) + [""] * 8
+    names = [n.decode() if isinstance(n, bytes) else n
+             for n in _attr(node, "activations", [])]
+    return (bool(node.output and node.output[0]) and not inputs[4]
+            and not inputs[7] and _attr(node, "clip") is None
+            and not _attr(node, "input_forget", 0) and not _attr(node, "layout", 0)
+            and not _attr(node, "activation_alpha")
+            and not _attr(node, "activation_beta")
+            and all(a.lower() == b for a, b in zip(
+                names, ["sigmoid", "tanh", "tanh"] * 2)))
+
+
+def _depends_on(nodes, weights):
+    """Names computed from ``weights`` (subgraph reads included)."""
+    reached = set(weights)
+    for node in nodes:
+        if node_reads(node) & reached:
+            reached.update(o for o in node.output if o)
+    return reached
+
+
+def _directions(g, x, n_dirs):
+    """The slices of ``x`` along axis 0, that axis dropped (Split and
+    Squeeze, whose gradients are a Concat and an Unsqueeze)."""
+    if n_dirs == 1:
+        return [g.squeeze(x, [0])]
+    attrs = {"num_outputs": n_dirs} if g.opset >= 18 else {}
+    parts = g.op("Split", x, axis=0, n_outputs=n_dirs, **attrs)
+    return [g.squeeze(p, [0]) for p in parts]
+
+
+def _step_body(g, dtype, hidden, r):
+    """The Scan body of one step (``r``: the direction's R, outer)."""
+    # names of their own: builders made later from the names of the main
+    # graph (the reverse pass's) do not see those of a body
+    sg = GraphBuilder(g.opset, value_types=g.types, prefix="lstm_step_")
+    sg._used = g._used  # noqa: SLF001 - one namespace for all scopes
+    h_in, c_in, x_t = (sg.unique_name(n) for n in ("h_in", "c_in", "x_t"))
+    pre = sg.op("Gemm", h_in, r, x_t, transB=1)
+    ifo, gate = sg.op("Split", pre, sg.int64s([3 * hidden, hidden]), axis=1,
+                      n_outputs=2)
+    sig, tg = sg.op("Sigmoid", ifo), sg.op("Tanh", gate)
+    attrs = {"num_outputs": 3} if sg.opset >= 18 else {}
+    i, o, f = sg.op("Split", sig, axis=1, n_outputs=3, **attrs)
+    c = sg.op("Add", sg.op("Mul", f, c_in), sg.op("Mul", i, tg))
+    tc = sg.op("Tanh", c)
+    h = sg.op("Mul", o, tc)
+    outs = [h, c, sg.op("Identity", h), sig, tg, tc, sg.op("Identity", c_in)]
+    widths = [hidden, hidden, hidden, 3 * hidden, hidden, hidden, hidden]
+    vis = [helper.make_tensor_value_info(n, dtype, (None, w))
+           for n, w in zip((h_in, c_in, x_t), (hidden, hidden, 4 * hidden))]
+    out_vis = [helper.make_tensor_value_info(n, dtype, (None, w))
+               for n, w in zip(outs, widths)]
+    return sg.make_graph("lstm_step", vis, out_vis)
+
+
+def _lower(g, node, dtype, hidden, size):
+    """Emit the lowering of the LSTM ``node`` into ``g``."""
+    inputs = list(node.input) + [""] * 8
+    x, w, r, b, h0, c0 = (inputs[k] for k in (0, 1, 2, 3, 5, 6))
+    direction = _attr(node, "direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    n_dirs = 2 if direction == "bidirectional" else 1
+    flat_x = g.op("Reshape", x, g.int64s([-1, size]))
+    dims = g.op("Slice", g.shape_of(x), g.int64s([0]), g.int64s([2]))
+    steps_shape = g.op("Concat", dims, g.int64s([4 * hidden]), axis=0)
+    zeros = None
+    ys, hs, cs = [], [], []
+    per_dir = [_directions(g, v, n_dirs) if v else [None] * n_dirs
+               for v in (w, r, b, h0, c0)]
+    for d, (w_d, r_d, b_d, h0_d, c0_d) in enumerate(zip(*per_dir)):
+        bias = None
+        if b_d:
+            wb, rb = g.op("Split", b_d, axis=0, n_outputs=2,
+                          **({"num_outputs": 2} if g.opset >= 18 else {}))
+            bias = g.op("Add", wb, rb)
+        xw = g.op("Reshape", g.op("Gemm", flat_x, w_d, bias, transB=1), steps_shape)
+        states = []
+        for s in (h0_d, c0_d):
+            if s:
+                states.append(s)
+            else:
+                if zeros is None:
+                    shape = g.op("Concat", g.op("Slice", dims, g.int64s([1]),
+                                                g.int64s([2])),
+                                 g.int64s([hidden]), axis=0)
+                    zeros = g.op("Expand", g.const(0, dtype), shape)
+                states.append(zeros)
+        reverse = int(direction == "reverse" or d == 1)
+        outs = g.op("Scan", *states, xw, body=_step_body(g, dtype, hidden, r_d),
+                    n_outputs=len(LSTM_SCAN_OUTPUTS), num_scan_inputs=1,
+                    scan_input_directions=[reverse],
+                    scan_output_directions=[reverse] * 5)
+        g.nodes[-1].doc_string = LSTM_SCAN_DOC
+        hs.append(outs[0])
+        cs.append(outs[1])
+        ys.append(outs[2])
+    outputs = list(node.output) + [""] * 3
+    for name, parts, axis in zip(outputs[:3], (ys, hs, cs), (1, 0, 0)):
+        if not name:
+            continue
+        parts = [g.unsqueeze(p, [axis]) for p in parts]
+        if len(parts) == 1:
+            g.op("Identity", parts[0], outputs=[name])
+        else:
+            g.op("Concat", *parts, axis=axis, outputs=[name])
+
+
+def lower_lstms(model, weights, types=None):
+    """``model`` with its default LSTMs computed from a weight of
+    ``weights`` written as Scans emitting their gates (see the module
+    doc); ``model`` itself when none qualifies.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+    weights : iterable of str
+        The values trained (an LSTM none of whose inputs depends on them
+        keeps onnxruntime's kernel).
+    types : dict, default=None
+        ``model``'s :func:`~onnxtrain.graph.infer_value_types` when the
+        caller has them (else inferred here, only when an LSTM may
+        qualify).
+
+    Returns
+    -------
+    onnx.ModelProto
+        A new model (the input is not modified) or ``model``.
+    """
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import
+                  if o.domain in ("", "ai.onnx")), 0)
+    if not any(is_default_lstm(n, opset) for n in graph.node):
+        return model
+    types = infer_value_types(model) if types is None else types
+    reached = _depends_on(graph.node, weights)
+    used = {n for node in graph.node for n in list(node.output) + [node.name]}
+    used |= {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    used |= {o.name for o in graph.output}
+    g = GraphBuilder(opset, used_names=used, value_types=dict(types))
+    nodes, lowered = [], False
+    for node in graph.node:
+        if not is_default_lstm(node, opset):
+            nodes.append(node)
+            continue
+        sizes = _static_sizes(node, types)
+        dtype = (types.get(node.input[0]) or (None, None))[0]
+        if (sizes is None or dtype not in (TensorProto.FLOAT, TensorProto.DOUBLE)
+                or not reached & {i for i in node.input if i}):
+            nodes.append(node)
+            continue
+        _lower(g, node, dtype, *sizes)
+        nodes.extend(g.nodes)
+        g.nodes.clear()
+        lowered = True
+    if not lowered:
+        return model
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    del new.graph.node[:]
+    new.graph.node.extend(nodes)
+    new.graph.initializer.extend(g.initializers)
+    return new
