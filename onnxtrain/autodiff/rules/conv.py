@@ -12,6 +12,13 @@ With stride s, dilation d and padding (b, e) on every spatial axis:
   with stride d and dilation s, cropped to the kernel size;
 - dB is dY summed over every axis but the channels.
 
+A 2-D depthwise Conv (``group`` = input channels = output channels, one
+filter per channel) with static C, H, W takes dW tap by tap instead, in
+channels-last layout: dW[c, k] = sum over n, o of the tap's strided slice
+of Xpad (N, Ho, Wo, C) times dY (N, Ho, Wo, C), a Mul and a ReduceSum
+over the leading axes per tap (onnxruntime's grouped Conv runs the Conv
+form as one GEMM per channel over an im2col as large as the image).
+
 A 2-D Conv of one group without dilation and with static C, H, W takes
 dW as one GEMM instead, dY (M, N L) times the im2col rows or columns of X
 (``graph/conv_gemm.im2col_rows``, ``im2col_columns``), and at stride 1
@@ -124,6 +131,9 @@ def _conv(ctx, gy):
         gw = _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                     begins + ends)
         if gw is None:
+            gw = _depthwise_weight_grad(ctx, x, w, gy, kernel, strides, dilations,
+                                        begins + ends)
+        if gw is None:
             gw = _conv_weight_grad(ctx, x, gy, kernel, strides, dilations,
                                    begins + ends, rank)
     return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
@@ -184,6 +194,41 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     gw = ctx.op("Reshape", ctx.op("MatMul", g2, rows),
                 ctx.g.int64s([m_out, kernel[0], kernel[1], n_channels]))
     return ctx.op("Transpose", gw, perm=[0, 3, 1, 2])
+
+
+def _depthwise_weight_grad(ctx, x, w, gy, kernel, strides, dilations, pads):
+    """dW of a 2-D depthwise Conv with static C, H, W as a sum per tap in
+    channels-last layout (see the module's docstring); None for other
+    Convs."""
+    x_shape, w_shape = ctx.shape(x), ctx.shape(w)
+    if x_shape is None or w_shape is None or len(x_shape) != 4 or \
+            not all(isinstance(d, int) for d in list(x_shape[1:]) + list(w_shape)):
+        return None
+    n_channels, size = x_shape[1], x_shape[2:]
+    if ctx.attr("group", 1) != n_channels or list(w_shape[:2]) != [n_channels, 1]:
+        return None
+    out = [(size[i] + pads[i] + pads[i + 2] - dilations[i] * (kernel[i] - 1) - 1)
+           // strides[i] + 1 for i in range(2)]
+    if min(out) < 1:
+        return None
+    xt = ctx.op("Transpose", x, perm=[0, 2, 3, 1])
+    if any(pads):
+        xt = ctx.op("Pad", xt, ctx.g.int64s([0, pads[0], pads[1], 0,
+                                              0, pads[2], pads[3], 0]))
+    gt = ctx.op("Transpose", gy, perm=[0, 2, 3, 1])
+    axes, steps = ctx.g.int64s([1, 2]), ctx.g.int64s(list(strides))
+    taps = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            begin = [i * dilations[0], j * dilations[1]]
+            end = [b + s * (o - 1) + 1 for b, s, o in zip(begin, strides, out)]
+            tap = ctx.op("Slice", xt, ctx.g.int64s(begin), ctx.g.int64s(end), axes, steps)
+            taps.append(ctx.g.reduce_sum(ctx.op("Mul", tap, gt), [0, 1, 2], keepdims=0))
+    # (K C), taps major -> (C, 1, kh, kw)
+    gw = ctx.op("Reshape", ctx.op("Concat", *taps, axis=0),
+                ctx.g.int64s([kernel[0] * kernel[1], n_channels]))
+    return ctx.op("Reshape", ctx.op("Transpose", gw, perm=[1, 0]),
+                  ctx.g.int64s([n_channels, 1] + list(kernel)))
 
 
 def _static_2d(ctx, x, w, strides, dilations):
