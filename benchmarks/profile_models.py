@@ -105,7 +105,7 @@ def main(argv=None):
         print(f"\n{'node':40} {'op':14} {'ms/step':>8}  shapes")
         for (_, node), (us, op, ins, outs) in sorted(
                 nodes.items(), key=lambda kv: -kv[1][0])[:args.nodes]:
-            print(f"{node[-40:]:40} {op[:14]:14} {us / 1e3:8.2f}  "
+            print(f"{node[-40:]:40} {op[:14]:14} {us / 1e3:8.3f}  "
                   f"{_shapes(ins)} -> {_shapes(outs)}")
 
 

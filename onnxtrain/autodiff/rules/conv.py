@@ -122,11 +122,8 @@ def _conv(ctx, gy):
         gx = _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                    begins + ends)
         if gx is None:
-            full = ctx.op("ConvTranspose", gy, w, strides=strides,
-                          dilations=dilations, group=ctx.attr("group", 1),
-                          kernel_shape=kernel,
-                          output_padding=[s - 1 for s in strides])
-            gx = crop_spatial(ctx, full, begins, x, rank)
+            gx = _conv_input_grad_transpose(ctx, x, w, gy, kernel, strides, dilations,
+                                            begins, rank)
     if ctx.needs_grad[1]:
         gw = _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                     begins + ends)
@@ -137,6 +134,27 @@ def _conv(ctx, gy):
             gw = _conv_weight_grad(ctx, x, gy, kernel, strides, dilations,
                                    begins + ends, rank)
     return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
+
+
+def _conv_input_grad_transpose(ctx, x, w, gy, kernel, strides, dilations, begins, rank):
+    """dX as the transposed convolution of dY with W. With static spatial
+    sizes, the crop is the ConvTranspose's own pads (it then writes only
+    the input's pixels); otherwise a Slice of the full output."""
+    attrs = dict(strides=strides, dilations=dilations, group=ctx.attr("group", 1),
+                 kernel_shape=kernel, output_padding=[s - 1 for s in strides])
+    x_shape, y_shape = ctx.shape(x), ctx.shape(ctx.node.output[0])
+    sizes = list(x_shape[2:]) if x_shape is not None else []
+    outs = list(y_shape[2:]) if y_shape is not None else []
+    if len(sizes) == len(outs) == rank - 2 and \
+            all(isinstance(v, int) for v in sizes + outs):
+        # the full output is s (O - 1) + (s - 1) + (k - 1) d + 1 long
+        ends = [s * o + (k - 1) * d - b - size
+                for s, o, k, d, b, size in zip(strides, outs, kernel, dilations,
+                                              begins, sizes)]
+        if min(ends) >= 0:
+            return ctx.op("ConvTranspose", gy, w, pads=list(begins) + ends, **attrs)
+    full = ctx.op("ConvTranspose", gy, w, **attrs)
+    return crop_spatial(ctx, full, begins, x, rank)
 
 
 #: Relative per-element costs (ns) that choose the form of a Conv's weight
@@ -271,9 +289,10 @@ def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
         return None
     if h * w_size >= _CONV_DX_MIN_PIXELS:
         wt = ctx.op("Transpose", w, perm=[1, 0, 2, 3])  # (C, M, kh, kw)
-        last = ctx.g.int64s([-1, -1])  # both spatial axes reversed
-        wt = ctx.op("Slice", wt, last, ctx.g.int64s([-2 ** 63, -2 ** 63]),
-                    ctx.g.int64s([2, 3]), last)
+        if kh * kw > 1:  # a 1x1 kernel is its own flip
+            last = ctx.g.int64s([-1, -1])  # both spatial axes reversed
+            wt = ctx.op("Slice", wt, last, ctx.g.int64s([-2 ** 63, -2 ** 63]),
+                        ctx.g.int64s([2, 3]), last)
         return ctx.op("Conv", gy, wt, kernel_shape=list(kernel), pads=flipped)
     # the taps of dY's rows in reverse order meet the weight unflipped
     rows = im2col_rows(ctx.g, gy, m_out, kernel, [1, 1], flipped, out, [h, w_size],
