@@ -33,6 +33,19 @@ drawn by numpy, softmax cross-entropy on 10 classes unless said):
   pre-LayerNorm, a GELU MLP of ratio 4, a patch merging between the
   stages, mean pooling and a linear head, batch 2, AdamW lr 1e-3 weight
   decay 0.01;
+- maxvit-64b2: a MaxViT-style model (Tu et al., "MaxViT: Multi-Axis
+  Vision Transformer", 2022): a stem of two 3x3 convolutions to 64
+  channels (the first of stride 2, BatchNorm and GELU between them), two
+  stages (64 and 128 channels, 2 blocks each, heads of 32 channels) of
+  MaxViT blocks: an MBConv (1x1 expansion by 4, BatchNorm, GELU, 3x3
+  depthwise convolution, of stride 2 in a stage's first block, BatchNorm,
+  GELU, squeeze-and-excitation, 1x1 projection, BatchNorm, the residual
+  through a 2x2 average pool and a 1x1 convolution where the shape
+  changes), then block attention (windows of 4x4 tokens) and grid
+  attention (a 4x4 grid of tokens strided across the map), each with
+  pre-LayerNorm, a learned relative position bias (a table gathered by a
+  constant index) and a GELU MLP of ratio 4; mean pooling, LayerNorm and
+  a linear head, batch 2, AdamW as swin-64b2;
 - encoder512: bench_models.py's BERT-like encoder (hidden 128, 2 layers,
   2 heads) at sequence length 512, batch 2, AdamW as above;
 - lstm: a 2-layer bidirectional ``nn.LSTM`` (input 64, hidden 128) over 50
@@ -63,6 +76,8 @@ SMALL_MODELS = {
                      features=3 * 64 * 64, **_SGD),
     "swin-64b2": dict(batch=2, warmup=3, steps=30, classes=10, size=64,
                       features=3 * 64 * 64, **_ADAMW),
+    "maxvit-64b2": dict(batch=2, warmup=3, steps=30, classes=10, size=64,
+                        features=3 * 64 * 64, **_ADAMW),
     "encoder512": dict(batch=2, warmup=3, steps=20, classes=2, features=512,
                        layers=2, vocab=1000, **_ADAMW),
     # "size" marks float rows (bench_models.batches): sequences of 50 x 64
@@ -81,6 +96,8 @@ def small_torch_model(name):
         return _vgg(SMALL_MODELS[name])
     if name.startswith("swin"):
         return _swin(SMALL_MODELS[name])
+    if name.startswith("maxvit"):
+        return _maxvit(SMALL_MODELS[name])
     if name.startswith("lstm"):
         return _lstm(SMALL_MODELS[name])
     return _bench_torch_model(name)
@@ -170,6 +187,110 @@ def _swin(cfg):
             return self.head(self.norm(x).mean(dim=(1, 2)))
 
     return Swin()
+
+
+def _maxvit(cfg):
+    import torch
+    from torch import nn
+    size, part, head_dim = cfg["size"], 4, 32
+
+    class MBConv(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            mid, squeeze = 4 * cout, cout // 4
+            self.conv = nn.Sequential(
+                nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.GELU(),
+                nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False),
+                nn.BatchNorm2d(mid), nn.GELU())
+            self.se = nn.Sequential(
+                nn.AdaptiveAvgPool2d(1), nn.Conv2d(mid, squeeze, 1), nn.SiLU(),
+                nn.Conv2d(squeeze, mid, 1), nn.Sigmoid())
+            self.project = nn.Sequential(nn.Conv2d(mid, cout, 1, bias=False),
+                                         nn.BatchNorm2d(cout))
+            self.shortcut = (nn.Identity() if stride == 1 and cin == cout else
+                             nn.Sequential(nn.AvgPool2d(stride), nn.Conv2d(cin, cout, 1)))
+
+        def forward(self, x):  # x: (B, C, H, W)
+            h = self.conv(x)
+            return self.shortcut(x) + self.project(h * self.se(h))
+
+    class Attention(nn.Module):
+        """Pre-LayerNorm attention and MLP over groups of part * part tokens:
+        windows of neighbours (``grid`` False) or a grid strided across the
+        map."""
+
+        def __init__(self, dim, grid):
+            super().__init__()
+            self.heads, self.grid = dim // head_dim, grid
+            self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(),
+                                     nn.Linear(4 * dim, dim))
+            self.bias_table = nn.Parameter(
+                torch.randn((2 * part - 1) ** 2, self.heads) * 0.02)
+            pos = torch.stack(torch.meshgrid(torch.arange(part), torch.arange(part),
+                                             indexing="ij")).flatten(1)
+            rel = (pos[:, :, None] - pos[:, None, :]).permute(1, 2, 0) + part - 1
+            self.register_buffer("bias_index", rel[..., 0] * (2 * part - 1) + rel[..., 1],
+                                 persistent=False)
+
+        def partition(self, x):
+            B, H, W, C = x.shape
+            if self.grid:  # token (i, j) of group (a, b) at (i * H/part + a, ...)
+                x = x.reshape(B, part, H // part, part, W // part, C)
+                x = x.permute(0, 2, 4, 1, 3, 5)
+            else:
+                x = x.reshape(B, H // part, part, W // part, part, C)
+                x = x.permute(0, 1, 3, 2, 4, 5)
+            return x.reshape(-1, part * part, C)
+
+        def unpartition(self, x, shape):
+            B, H, W, C = shape
+            if self.grid:
+                x = x.reshape(B, H // part, W // part, part, part, C)
+                x = x.permute(0, 3, 1, 4, 2, 5)
+            else:
+                x = x.reshape(B, H // part, W // part, part, part, C)
+                x = x.permute(0, 1, 3, 2, 4, 5)
+            return x.reshape(shape)
+
+        def forward(self, x):  # x: (B, H, W, C)
+            C, n = x.shape[-1], part * part
+            h = self.partition(self.norm1(x))
+            q, k, v = self.qkv(h).reshape(-1, n, 3, self.heads, head_dim
+                                          ).permute(2, 0, 3, 1, 4)
+            bias = self.bias_table[self.bias_index.reshape(-1)].reshape(n, n, self.heads)
+            attn = q @ k.transpose(-2, -1) * head_dim ** -0.5 + bias.permute(2, 0, 1)
+            h = (torch.softmax(attn, dim=-1) @ v).transpose(1, 2).reshape(-1, n, C)
+            x = x + self.unpartition(self.proj(h), x.shape)
+            return x + self.mlp(self.norm2(x))
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.mbconv = MBConv(cin, cout, stride)
+            self.block, self.grid = Attention(cout, False), Attention(cout, True)
+
+        def forward(self, x):
+            x = self.mbconv(x).permute(0, 2, 3, 1)
+            return self.grid(self.block(x)).permute(0, 3, 1, 2)
+
+    class MaxViT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, 64, 3, 2, 1), nn.BatchNorm2d(64), nn.GELU(),
+                nn.Conv2d(64, 64, 3, 1, 1))
+            self.stages = nn.Sequential(
+                Block(64, 64, 2), Block(64, 64, 1), Block(64, 128, 2), Block(128, 128, 1))
+            self.norm = nn.LayerNorm(128)
+            self.head = nn.Linear(128, cfg["classes"])
+
+        def forward(self, x):
+            x = self.stages(self.stem(x.reshape(-1, 3, size, size)))
+            return self.head(self.norm(x.mean(dim=(2, 3))))
+
+    return MaxViT()
 
 
 def _lstm(cfg):

@@ -5,7 +5,8 @@ weight gradient's Reshape look 5x dearer, do not count), summed per
 operator type, and per node with ``--nodes`` (with its shapes).
 
 Run: ``python benchmarks/profile_models.py [--model resnet18]
-[--system api] [--nodes 15]``. The profiler adds its own cost to every
+[--system api] [--nodes 15] [--threads N]``; the models are
+bench_models.py's and bench_small.py's. The profiler adds its own cost to every
 kernel: read the shares and the kernel counts, and take the speed from
 bench_models.py.
 """
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_models as bench  # noqa: E402
+import bench_small  # noqa: E402  (its import adds its models to bench.MODELS)
 
 
 def _node_medians(prefix):
@@ -55,11 +57,15 @@ def _shapes(described):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="resnet18", choices=[m for m in bench.MODELS if m != "encoder24"])
+    parser.add_argument("--model", default="resnet18", choices=[m for m in bench.MODELS if m != "encoder24"]
+                        + [m for m in bench_small.SMALL_MODELS if m not in bench.MODELS])
     parser.add_argument("--system", default="api", choices=["api", "estimator"])
     parser.add_argument("--nodes", type=int, default=0,
                         help="also list the slowest nodes")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="intra-op threads of the sessions (default: all cores)")
     args = parser.parse_args(argv)
+    bench.THREADS = args.threads or None
     import onnxtrain.runtime.fused as fused
     import onnxtrain.runtime.sessions as sessions
 
@@ -99,7 +105,7 @@ def main(argv=None):
         print(f"\n{'node':40} {'op':14} {'ms/step':>8}  shapes")
         for (_, node), (us, op, ins, outs) in sorted(
                 nodes.items(), key=lambda kv: -kv[1][0])[:args.nodes]:
-            print(f"{node[-40:]:40} {op[:14]:14} {us / 1e3:8.2f}  "
+            print(f"{node[-40:]:40} {op[:14]:14} {us / 1e3:8.3f}  "
                   f"{_shapes(ins)} -> {_shapes(outs)}")
 
 

@@ -101,16 +101,22 @@ def _reader_counts(graph):
     enclosing graph included), plus one for each graph output."""
     readers = {}
     for node in graph.node:
-        names = node_reads(node) if any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for a in node.attribute) else node.input
-        for name in names:
+        for name in _reads(node):
             readers[name] = readers.get(name, 0) + 1
     for output in graph.output:
         readers[output.name] = readers.get(output.name, 0) + 1
     for value in graph.input:
         readers.setdefault(value.name, 0)
     return readers
+
+
+def _reads(node):
+    """The names ``node`` reads, once per input slot (a Concat reading a
+    value twice counts twice), or once each for a node with subgraphs."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for a in node.attribute):
+        return node_reads(node)
+    return [name for name in node.input if name]
 
 
 def _remove_unread(graph, names, readers):
@@ -125,7 +131,7 @@ def _remove_unread(graph, names, readers):
         if i in dead or any(readers.get(o, 0) for o in node.output if o):
             continue
         dead.add(i)
-        for name in node_reads(node):
+        for name in _reads(node):
             readers[name] -= 1
             if not readers[name] and name in producer:
                 stack.append(producer[name])

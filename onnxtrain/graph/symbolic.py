@@ -13,7 +13,8 @@ attention layer, 960 in a 24-layer encoder).
 
 - the contents of small integer tensors that hold shapes (``Shape``,
   ``Gather``, ``Unsqueeze``, ``Squeeze``, ``Concat``, ``Cast``, constants),
-  as dims;
+  as dims, and the integer ``Add``, ``Sub``, ``Mul`` and ``Div`` of their
+  static dims (an exporter's ``H // window``);
 - for each ``Reshape`` whose target is known, the dims it produces: ``0``
   copies the input's dim, ``-1`` is the input's size divided by the other
   target dims, computed as a product of an integer and symbols, which
@@ -209,6 +210,39 @@ class _Refiner:
         to = next((a.i for a in node.attribute if a.name == "to"), None)
         if to in (6, 7):
             self._op_Identity(node)
+
+    def _arithmetic(self, node, apply):
+        """A broadcasting op's shape, and its values where both inputs are
+        tracked integers: ``apply`` on static dims, None elsewhere."""
+        shapes = [self.shape(i) for i in node.input if i]
+        if shapes and all(sh is not None for sh in shapes):
+            self._learn(node.output[0], broadcast_shapes(shapes))
+        if len(node.input) != 2:
+            return
+        a, b = self._value(node.input[0]), self._value(node.input[1])
+        if a is None or b is None:
+            return
+        (a_scalar, a), (b_scalar, b) = a, b
+        if len(a) != len(b) and 1 not in (len(a), len(b)):
+            return
+        n = max(len(a), len(b))
+        a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
+        self.values[node.output[0]] = (a_scalar and b_scalar, tuple(
+            apply(x, y) if isinstance(x, int) and isinstance(y, int) else None
+            for x, y in zip(a, b)))
+
+    def _op_Add(self, node):
+        self._arithmetic(node, lambda x, y: x + y)
+
+    def _op_Sub(self, node):
+        self._arithmetic(node, lambda x, y: x - y)
+
+    def _op_Mul(self, node):
+        self._arithmetic(node, lambda x, y: x * y)
+
+    def _op_Div(self, node):
+        # onnx's integer Div truncates: the floor for dims (non-negative)
+        self._arithmetic(node, lambda x, y: x // y if x >= 0 and y > 0 else None)
 
     def _op_MatMul(self, node):
         a, b = self.shape(node.input[0]), self.shape(node.input[1])

@@ -833,3 +833,29 @@ def test_max_pool_gradient_on_tiling_windows_matches_torch_with_ties(k, shape, d
     xt = torch.tensor(x, requires_grad=True)
     torch.nn.functional.max_pool2d(xt, k).backward(torch.tensor(gy))
     np.testing.assert_array_equal(grads["X"], xt.grad.numpy())
+
+
+@pytest.mark.parametrize("k, shape, dtype, tiled", [
+    (2, (2, 3, 4, 6), TensorProto.FLOAT, True),
+    (3, (1, 2, 6, 9), TensorProto.FLOAT, True),  # onnxruntime pools float only
+    (2, (2, 2, 5, 4), TensorProto.FLOAT, False),  # 5 rows: the last window is cut
+], ids=["k2", "k3", "untiled"])
+def test_average_pool_gradient_on_tiling_windows_matches_torch(k, shape, dtype, tiled):
+    """Windows tiling X take the Expand path (rules/pooling._tiled_average_pool):
+    each element gets its window's dY / (k k), as PyTorch's avg_pool2d."""
+    torch = pytest.importorskip("torch")
+    np_type = np.float32 if dtype == TensorProto.FLOAT else np.float64
+    x = RNG.normal(size=shape).astype(np_type)
+    out = [shape[0], shape[1], shape[2] // k, shape[3] // k]
+    model = _model([("AveragePool", ["X"], ["Y"], {"kernel_shape": [k, k],
+                                                    "strides": [k, k]})],
+                   {"X": (dtype, ["N", shape[1], shape[2], shape[3]])},
+                   {"Y": (dtype, ["N", shape[1], *out[2:]])}, {}, opset=17)
+    gm = build_gradient_models(model, ["X"])
+    ops = [n.op_type for n in gm.backward_model.graph.node]
+    assert ("ConvTranspose" not in ops) == tiled
+    gy = RNG.uniform(-1, 1, out).astype(np_type)
+    _, grads = split_gradients(gm, {"X": x}, {"Y": gy})
+    xt = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.avg_pool2d(xt, k).backward(torch.tensor(gy))
+    np.testing.assert_allclose(grads["X"], xt.grad.numpy(), rtol=1e-6, atol=1e-7)

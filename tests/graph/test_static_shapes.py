@@ -66,3 +66,54 @@ def test_a_shape_read_elsewhere_stays():
     assert ops == ["Shape", "Gather", "Reshape", "Transpose", "Cast"]
     X = np.ones((2, 4, 8), np.float32)
     assert run(session(folded), {"X": X})["T"] == 4.0
+
+
+def _window_model(window=2):
+    """x (N, H, W, C) viewed as (N, H // window, window, W // window,
+    window, C), the window counts computed from Shape as torch.onnx writes
+    ``H // window``: Gather, integer Div, Cast, Unsqueeze, Concat; and a
+    Sub and a Mul of dims feeding a second Reshape, (N, H * W - 0, C)."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    inits = [i64(f"k{k}", k) for k in range(4)] + [
+        i64("win", window), i64("zero", 0), i64("axis0", [0])]
+    nodes = [helper.make_node("Shape", ["X"], ["s"])]
+    for k in range(4):
+        nodes.append(helper.make_node("Gather", ["s", f"k{k}"], [f"d{k}"], axis=0))
+    nodes += [helper.make_node("Div", ["d1", "win"], ["h"]),
+              helper.make_node("Cast", ["h"], ["hc"], to=TensorProto.INT64),
+              helper.make_node("Div", ["d2", "win"], ["w"])]
+    for p in ["d0", "hc", "win", "w", "d3"]:
+        nodes.append(helper.make_node("Unsqueeze", [p, "axis0"], [p + "_1"]))
+    nodes += [helper.make_node("Concat", ["d0_1", "hc_1", "win_1", "w_1", "win_1", "d3_1"],
+                               ["target"], axis=0),
+              helper.make_node("Reshape", ["X", "target"], ["Y"]),
+              helper.make_node("Mul", ["d1", "d2"], ["hw"]),
+              helper.make_node("Sub", ["hw", "zero"], ["hw0"]),
+              helper.make_node("Unsqueeze", ["hw0", "axis0"], ["hw_1"]),
+              helper.make_node("Concat", ["d0_1", "hw_1", "d3_1"], ["flat"], axis=0),
+              helper.make_node("Reshape", ["X", "flat"], ["Z"])]
+    graph = helper.make_graph(
+        nodes, "windows", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                         ["N", 4, 6, 3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "YZ"], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_integer_arithmetic_of_dims_gives_the_target():
+    model = _window_model()
+    types = infer_value_types(model)
+    assert types["Y"][1] == ("N", 2, 2, 3, 2, 3) and types["Z"][1] == ("N", 24, 3)
+    folded, _ = fold_reshape_targets(model, types)
+    assert [n.op_type for n in folded.graph.node] == ["Reshape", "Reshape"]
+    targets = {i.name: numpy_helper.to_array(i) for i in folded.graph.initializer}
+    np.testing.assert_array_equal(targets[folded.graph.node[0].input[1]],
+                                  [-1, 2, 2, 3, 2, 3])
+    np.testing.assert_array_equal(targets[folded.graph.node[1].input[1]], [-1, 24, 3])
+    for batch in (1, 3):
+        X = np.random.default_rng(batch).normal(size=(batch, 4, 6, 3)).astype(np.float32)
+        expected, got = run(session(model), {"X": X}), run(session(folded), {"X": X})
+        for name in "YZ":
+            np.testing.assert_array_equal(got[name], expected[name])
+        assert expected["Y"].shape == (batch, 2, 2, 3, 2, 3)

@@ -12,6 +12,13 @@ With stride s, dilation d and padding (b, e) on every spatial axis:
   with stride d and dilation s, cropped to the kernel size;
 - dB is dY summed over every axis but the channels.
 
+A 2-D depthwise Conv (``group`` = input channels = output channels, one
+filter per channel) with static C, H, W takes dW tap by tap instead, in
+channels-last layout: dW[c, k] = sum over n, o of the tap's strided slice
+of Xpad (N, Ho, Wo, C) times dY (N, Ho, Wo, C), a Mul and a ReduceSum
+over the leading axes per tap (onnxruntime's grouped Conv runs the Conv
+form as one GEMM per channel over an im2col as large as the image).
+
 A 2-D Conv of one group without dilation and with static C, H, W takes
 dW as one GEMM instead, dY (M, N L) times the im2col rows or columns of X
 (``graph/conv_gemm.im2col_rows``, ``im2col_columns``), and at stride 1
@@ -115,18 +122,39 @@ def _conv(ctx, gy):
         gx = _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                    begins + ends)
         if gx is None:
-            full = ctx.op("ConvTranspose", gy, w, strides=strides,
-                          dilations=dilations, group=ctx.attr("group", 1),
-                          kernel_shape=kernel,
-                          output_padding=[s - 1 for s in strides])
-            gx = crop_spatial(ctx, full, begins, x, rank)
+            gx = _conv_input_grad_transpose(ctx, x, w, gy, kernel, strides, dilations,
+                                            begins, rank)
     if ctx.needs_grad[1]:
         gw = _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                     begins + ends)
         if gw is None:
+            gw = _depthwise_weight_grad(ctx, x, w, gy, kernel, strides, dilations,
+                                        begins + ends)
+        if gw is None:
             gw = _conv_weight_grad(ctx, x, gy, kernel, strides, dilations,
                                    begins + ends, rank)
     return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
+
+
+def _conv_input_grad_transpose(ctx, x, w, gy, kernel, strides, dilations, begins, rank):
+    """dX as the transposed convolution of dY with W. With static spatial
+    sizes, the crop is the ConvTranspose's own pads (it then writes only
+    the input's pixels); otherwise a Slice of the full output."""
+    attrs = dict(strides=strides, dilations=dilations, group=ctx.attr("group", 1),
+                 kernel_shape=kernel, output_padding=[s - 1 for s in strides])
+    x_shape, y_shape = ctx.shape(x), ctx.shape(ctx.node.output[0])
+    sizes = list(x_shape[2:]) if x_shape is not None else []
+    outs = list(y_shape[2:]) if y_shape is not None else []
+    if len(sizes) == len(outs) == rank - 2 and \
+            all(isinstance(v, int) for v in sizes + outs):
+        # the full output is s (O - 1) + (s - 1) + (k - 1) d + 1 long
+        ends = [s * o + (k - 1) * d - b - size
+                for s, o, k, d, b, size in zip(strides, outs, kernel, dilations,
+                                              begins, sizes)]
+        if min(ends) >= 0:
+            return ctx.op("ConvTranspose", gy, w, pads=list(begins) + ends, **attrs)
+    full = ctx.op("ConvTranspose", gy, w, **attrs)
+    return crop_spatial(ctx, full, begins, x, rank)
 
 
 #: Relative per-element costs (ns) that choose the form of a Conv's weight
@@ -186,6 +214,41 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     return ctx.op("Transpose", gw, perm=[0, 3, 1, 2])
 
 
+def _depthwise_weight_grad(ctx, x, w, gy, kernel, strides, dilations, pads):
+    """dW of a 2-D depthwise Conv with static C, H, W as a sum per tap in
+    channels-last layout (see the module's docstring); None for other
+    Convs."""
+    x_shape, w_shape = ctx.shape(x), ctx.shape(w)
+    if x_shape is None or w_shape is None or len(x_shape) != 4 or \
+            not all(isinstance(d, int) for d in list(x_shape[1:]) + list(w_shape)):
+        return None
+    n_channels, size = x_shape[1], x_shape[2:]
+    if ctx.attr("group", 1) != n_channels or list(w_shape[:2]) != [n_channels, 1]:
+        return None
+    out = [(size[i] + pads[i] + pads[i + 2] - dilations[i] * (kernel[i] - 1) - 1)
+           // strides[i] + 1 for i in range(2)]
+    if min(out) < 1:
+        return None
+    xt = ctx.op("Transpose", x, perm=[0, 2, 3, 1])
+    if any(pads):
+        xt = ctx.op("Pad", xt, ctx.g.int64s([0, pads[0], pads[1], 0,
+                                              0, pads[2], pads[3], 0]))
+    gt = ctx.op("Transpose", gy, perm=[0, 2, 3, 1])
+    axes, steps = ctx.g.int64s([1, 2]), ctx.g.int64s(list(strides))
+    taps = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            begin = [i * dilations[0], j * dilations[1]]
+            end = [b + s * (o - 1) + 1 for b, s, o in zip(begin, strides, out)]
+            tap = ctx.op("Slice", xt, ctx.g.int64s(begin), ctx.g.int64s(end), axes, steps)
+            taps.append(ctx.g.reduce_sum(ctx.op("Mul", tap, gt), [0, 1, 2], keepdims=0))
+    # (K C), taps major -> (C, 1, kh, kw)
+    gw = ctx.op("Reshape", ctx.op("Concat", *taps, axis=0),
+                ctx.g.int64s([kernel[0] * kernel[1], n_channels]))
+    return ctx.op("Reshape", ctx.op("Transpose", gw, perm=[1, 0]),
+                  ctx.g.int64s([n_channels, 1] + list(kernel)))
+
+
 def _static_2d(ctx, x, w, strides, dilations):
     """(x's static (C, H, W), w's shape) of a 2-D Conv of one group without
     dilation, with static channels, sizes and weight; None otherwise."""
@@ -226,9 +289,10 @@ def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
         return None
     if h * w_size >= _CONV_DX_MIN_PIXELS:
         wt = ctx.op("Transpose", w, perm=[1, 0, 2, 3])  # (C, M, kh, kw)
-        last = ctx.g.int64s([-1, -1])  # both spatial axes reversed
-        wt = ctx.op("Slice", wt, last, ctx.g.int64s([-2 ** 63, -2 ** 63]),
-                    ctx.g.int64s([2, 3]), last)
+        if kh * kw > 1:  # a 1x1 kernel is its own flip
+            last = ctx.g.int64s([-1, -1])  # both spatial axes reversed
+            wt = ctx.op("Slice", wt, last, ctx.g.int64s([-2 ** 63, -2 ** 63]),
+                        ctx.g.int64s([2, 3]), last)
         return ctx.op("Conv", gy, wt, kernel_shape=list(kernel), pads=flipped)
     # the taps of dY's rows in reverse order meet the weight unflipped
     rows = im2col_rows(ctx.g, gy, m_out, kernel, [1, 1], flipped, out, [h, w_size],

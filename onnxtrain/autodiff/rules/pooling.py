@@ -2,7 +2,8 @@
 AveragePool and LpPool (through the transpose of "sum every window": a
 ConvTranspose by a kernel of ones, the window counts and divisors taken from
 a Conv and an AveragePool of ones, so that padding, count_include_pad and
-ceil_mode follow onnxruntime's kernels)."""
+ceil_mode follow onnxruntime's kernels; on windows tiling the input, dY
+divided by the window's size and repeated over each window)."""
 import numpy as np
 from onnx import TensorProto
 
@@ -180,6 +181,9 @@ def _average_pool(ctx, gy):
     # y = window sum / divisor; the divisor (count_include_pad, ceil_mode)
     # is onnxruntime's own: AveragePool(ones) = counts / divisor
     x = ctx.inputs[0]
+    k = _tiling_window(ctx, x)
+    if k is not None:
+        return _tiled_average_pool(ctx, gy, x, k)
     geometry = _window_geometry(ctx, x)
     counts, ones_x = _window_counts(ctx, x, gy, geometry)
     ratio = ctx.op("AveragePool", ones_x, **ctx.attributes)
@@ -187,6 +191,22 @@ def _average_pool(ctx, gy):
     inverse = ctx.op("Where", ctx.op("Greater", counts, ctx.const(0)),
                      ctx.op("Div", ratio, safe), ctx.const(0))
     return _window_sum_adjoint(ctx, ctx.op("Mul", gy, inverse), x, geometry)
+
+
+def _tiled_average_pool(ctx, gy, x, k):
+    """AveragePool's gradient on windows tiling X (see _tiling_window: every
+    window holds k * k elements, none of them padding): each element gets
+    its window's dY / (k k). The columns are repeated by a product with a
+    constant 0/1 matrix (Wo, W) (one nonzero term per sum), the rows by an
+    Expand of whole rows: onnxruntime's Expand repeating single elements
+    is slower than the ConvTranspose of the general rule."""
+    h, w = ctx.shape(x)[2:]
+    share = ctx.op("Div", gy, ctx.const(k * k))
+    repeat = (np.arange(w)[None, :] // k == np.arange(w // k)[:, None]).astype(np.float64)
+    share = ctx.op("MatMul", share, ctx.const(repeat))  # (N, C, Ho, W)
+    share = ctx.op("Reshape", share, ctx.g.int64s([0, 0, h // k, 1, w]))
+    share = ctx.op("Expand", share, ctx.g.int64s([1, 1, 1, k, 1]))
+    return ctx.op("Reshape", share, ctx.g.int64s([0, 0, h, w]))
 
 
 @register_vjp("LpPool")
