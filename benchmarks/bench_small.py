@@ -48,6 +48,13 @@ drawn by numpy, softmax cross-entropy on 10 classes unless said):
   a linear head, batch 2, AdamW as swin-64b2;
 - encoder512: bench_models.py's BERT-like encoder (hidden 128, 2 layers,
   2 heads) at sequence length 512, batch 2, AdamW as above;
+- alexnet-64b2: an AlexNet-style net (Krizhevsky et al., 2012): an
+  11x11/4 convolution to 64 channels, a 5x5 to 192, three 3x3 (384, 256,
+  256), ReLUs, overlapping 3x3/2 max pools after the first two, then two
+  Dropout + 4096-unit linear layers with ReLU and a linear head on the
+  flattened 256x3x3 map, batch 2, SGD momentum as above (28.7M weights,
+  most in the linear layers; the dropout masks differ between systems, so
+  the warm losses do too);
 - lstm: a 2-layer bidirectional ``nn.LSTM`` (input 64, hidden 128) over 50
   time steps, the last step's output through a linear head, batch 8,
   sequences given as rows of 50 * 64 floats, SGD momentum as above.
@@ -81,6 +88,8 @@ SMALL_MODELS = {
     "encoder512": dict(batch=2, warmup=3, steps=20, classes=2, features=512,
                        layers=2, vocab=1000, **_ADAMW),
     # "size" marks float rows (bench_models.batches): sequences of 50 x 64
+    "alexnet-64b2": dict(batch=2, warmup=3, steps=20, classes=10, size=64,
+                         features=3 * 64 * 64, **_SGD),
     "lstm": dict(batch=8, warmup=3, steps=30, classes=10, size=50,
                  features=50 * 64, **_SGD),
 }
@@ -100,6 +109,8 @@ def small_torch_model(name):
         return _maxvit(SMALL_MODELS[name])
     if name.startswith("lstm"):
         return _lstm(SMALL_MODELS[name])
+    if name.startswith("alexnet"):
+        return _alexnet(SMALL_MODELS[name])
     return _bench_torch_model(name)
 
 
@@ -291,6 +302,32 @@ def _maxvit(cfg):
             return self.head(self.norm(x.mean(dim=(2, 3))))
 
     return MaxViT()
+
+
+def _alexnet(cfg):
+    from torch import nn
+    size = cfg["size"]
+
+    class AlexNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 64, 11, 4, 2), nn.ReLU(), nn.MaxPool2d(3, 2),
+                nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(), nn.MaxPool2d(3, 2),
+                nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(256, 256, 3, padding=1), nn.ReLU())
+            # 64x64 inputs leave a 3x3 map here
+            self.classifier = nn.Sequential(
+                nn.Dropout(), nn.Linear(256 * 3 * 3, 4096), nn.ReLU(),
+                nn.Dropout(), nn.Linear(4096, 4096), nn.ReLU(),
+                nn.Linear(4096, cfg["classes"]))
+
+        def forward(self, x):
+            x = self.features(x.reshape(-1, 3, size, size))
+            return self.classifier(x.flatten(1))
+
+    return AlexNet()
 
 
 def _lstm(cfg):
