@@ -22,6 +22,7 @@ the forms onnxruntime runs fastest.
 """
 from onnx import TensorProto
 
+from ...graph import conv_gemm
 from ...graph.conv_gemm import im2col_columns, im2col_rows, output_size
 from ..registry import register_vjp
 
@@ -129,28 +130,6 @@ def _conv(ctx, gy):
     return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
 
 
-#: Relative per-element costs (ns) that choose the form of a Conv's weight
-#: gradient: a Gather item, and a weight element moved by a transpose.
-#: Only their ratio matters.
-_GATHER_ITEM_NS, _TRANSPOSE_NS = 2.7, 0.93
-#: Batch assumed when the graph's is symbolic: a small one (a larger one
-#: only favours the columns form more).
-_ASSUMED_BATCH = 8
-
-
-def _columns_form(n_batch, n_channels, m_out, pixels):
-    """Whether the weight gradient uses :func:`im2col_columns` (Gather items
-    of N values, (C K) L of them, and no transpose of the weight) rather
-    than :func:`im2col_rows` (items of C values, N L K of them, and the
-    (M, K, C) product transposed to (M, C, K)). Dropping the common terms,
-    the columns cost ``_GATHER_ITEM_NS * L K (C - N)`` more in Gather items
-    and ``_TRANSPOSE_NS * M C K`` less in transpose: the columns win for
-    many channels or few input channels, the rows for wide maps of few
-    channels."""
-    n = n_batch if isinstance(n_batch, int) else _ASSUMED_BATCH
-    return _GATHER_ITEM_NS * pixels * (n_channels - n) < _TRANSPOSE_NS * m_out * n_channels
-
-
 def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     """dW of a 2-D Conv of one group, no dilation and static C, H, W as
     one GEMM, dW (M, C K) = dY (M, N L) @ im2col(X)^T (N L, C K); None
@@ -161,7 +140,9 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     The im2col is :func:`~onnxtrain.graph.conv_gemm.im2col_columns` (no
     transpose of the product) or
     :func:`~onnxtrain.graph.conv_gemm.im2col_rows`, whichever
-    :func:`_columns_form` finds cheaper."""
+    :func:`~onnxtrain.graph.conv_gemm.columns_form` finds cheaper (the
+    columns then also serve the forward of small maps:
+    :func:`~onnxtrain.graph.conv_gemm.convs_on_columns`)."""
     static = _static_2d(ctx, x, w, strides, dilations)
     if static is None:
         return None
@@ -170,7 +151,7 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     if min(out) < 1:
         return None
     m_out, n_channels = w_shape[0], w_shape[1]
-    if _columns_form(ctx.shape(x)[0], n_channels, m_out, out[0] * out[1]):
+    if conv_gemm.columns_form(ctx.shape(x)[0], n_channels, m_out, out[0] * out[1]):
         columns = im2col_columns(ctx.g, x, n_channels, kernel, strides, pads, size, out)
         # dY as (M, Ho Wo N), the columns' order
         g2 = ctx.op("Transpose", gy, perm=[1, 2, 3, 0])
