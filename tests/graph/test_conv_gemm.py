@@ -280,6 +280,8 @@ def test_conv_weight_gradient_as_one_gemm(case, form, monkeypatch):
     assert sum(node.op_type == "Transpose" and list(node.attribute[0].ints) == [0, 3, 1, 2]
                for node in backward.graph.node) == (form == "rows") + _stride_1(s), ops
     assert "Conv" not in ops and ("ConvTranspose" in ops) == (not _stride_1(s)), ops
+    # static sizes: ConvTranspose's pads crop dX (no border, no Slice)
+    assert "Slice" not in ops, ops
     x = np.random.default_rng(1).normal(size=(n, c, h, w)).astype(np.float32)
     feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     check_gradients(model, ["X", "W", "B"], dict(feeds, X=x), eps=0.5, tol=1e-4)
@@ -457,3 +459,34 @@ def test_forward_convs_on_the_weight_gradients_columns(size, first, second, shar
 def _torch_pads(pads):
     """ONNX (top, left, bottom, right) as torch's pad (left, right, top, bottom)."""
     return (pads[1], pads[3], pads[0], pads[2])
+
+
+@pytest.mark.parametrize("strides, dilations, pads, group, size", [
+    ([2, 3], [1, 1], [1, 0, 2, 1], 1, (9, 10)),   # output padding 1 and 2
+    ([2, 2], [2, 1], [2, 1, 0, 1], 2, (8, 7)),    # dilated, grouped
+    ([3, 2], [1, 2], [0, 0, 0, 0], 1, (7, 8)),    # no padding
+])
+def test_strided_conv_input_gradient_cropped_by_conv_transpose_pads(strides, dilations,
+                                                                    pads, group, size):
+    # static sizes: dX is one ConvTranspose whose pads and output padding
+    # give X's size (no crop after it); against central differences
+    from onnxtrain.autodiff import build_gradient_models
+    rng = np.random.default_rng(0)
+    c, m = 4, 6
+    w = numpy_helper.from_array(rng.normal(size=(m, c // group, 3, 3)).astype(np.float32), "W")
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], strides=strides, dilations=dilations,
+                            pads=pads, group=group)
+    out = [(size[i] + pads[i] + pads[i + 2] - dilations[i] * 2 - 1) // strides[i] + 1
+           for i in range(2)]
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("X", 1, ["N", c, *size])],
+        [helper.make_tensor_value_info("Y", 1, ["N", m, *out])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    nodes = build_gradient_models(model, ["X", "W"]).backward_model.graph.node
+    transposed = [n.output[0] for n in nodes if n.op_type == "ConvTranspose"]
+    assert len(transposed) == 1
+    assert not any(n.op_type == "Slice" and transposed[0] in n.input for n in nodes)
+    x = rng.normal(size=(2, c, *size)).astype(np.float32)
+    check_gradients(model, ["X", "W"], {"X": x, "W": numpy_helper.to_array(w)},
+                    eps=0.5, tol=1e-4)

@@ -116,11 +116,8 @@ def _conv(ctx, gy):
         gx = _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                    begins + ends)
         if gx is None:
-            full = ctx.op("ConvTranspose", gy, w, strides=strides,
-                          dilations=dilations, group=ctx.attr("group", 1),
-                          kernel_shape=kernel,
-                          output_padding=[s - 1 for s in strides])
-            gx = crop_spatial(ctx, full, begins, x, rank)
+            gx = _conv_input_grad_transposed(ctx, x, w, gy, kernel, strides, dilations,
+                                             begins, ends, rank)
     if ctx.needs_grad[1]:
         gw = _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                     begins + ends)
@@ -177,6 +174,32 @@ def _static_2d(ctx, x, w, strides, dilations):
             len(strides) != 2:
         return None
     return list(x_shape[1:]), list(w_shape)
+
+
+def _conv_input_grad_transposed(ctx, x, w, gy, kernel, strides, dilations, begins,
+                                ends, rank):
+    """dX as the transposed convolution of dY with W. With static spatial
+    sizes, ConvTranspose's own pads crop it to X (the output padding
+    ``H - ((Ho - 1) s + (k - 1) d + 1 - pads)``, below the stride, puts
+    back the rows the Conv's floor left out): no border computed, then
+    sliced off. Otherwise the full output (``output_padding = s - 1``),
+    cropped to X."""
+    group = ctx.attr("group", 1)
+    x_shape, y_shape = ctx.shape(x), ctx.shape(ctx.outputs[0])  # dY's shape
+    sizes = list(x_shape[2:]) if x_shape is not None else []
+    outs = list(y_shape[2:]) if y_shape is not None else []
+    if len(sizes) == len(outs) == len(kernel) and \
+            all(isinstance(v, int) for v in sizes + outs):
+        extra = [h - ((o - 1) * s + (k - 1) * d + 1 - b - e) for h, o, k, s, d, b, e in
+                 zip(sizes, outs, kernel, strides, dilations, begins, ends)]
+        if all(0 <= v < s for v, s in zip(extra, strides)):
+            return ctx.op("ConvTranspose", gy, w, strides=strides, dilations=dilations,
+                          group=group, kernel_shape=kernel, pads=begins + ends,
+                          output_padding=extra)
+    full = ctx.op("ConvTranspose", gy, w, strides=strides, dilations=dilations,
+                  group=group, kernel_shape=kernel,
+                  output_padding=[s - 1 for s in strides])
+    return crop_spatial(ctx, full, begins, x, rank)
 
 
 #: Input pixels (H W) from which the input gradient of a stride-1 Conv is
