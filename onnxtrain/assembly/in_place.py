@@ -421,6 +421,7 @@ def _route(g, outside, head, branches, in_place, finite):
                 continue
             if any(o in ancestors for o in node.output if o):
                 continue
+            node = _product_of_transpose(node, all_nodes, ancestors)
             rename = {o: branch.pass_through(g, o) for o in node.output if o}
             rename_values([n for n in all_nodes if n is not node], rename)
             for other in branches:
@@ -442,6 +443,25 @@ def _route(g, outside, head, branches, in_place, finite):
                and views & node_reads(other) for other in ordered):
             return None
     return ordered
+
+
+def _product_of_transpose(node, nodes, ancestors):
+    """The MatMul or Gemm that alone reads the output of the Transpose
+    ``node`` when its other inputs are among ``ancestors`` (the If's
+    ancestors: passing the product through then orders nothing new), else
+    ``node``. Passed through the If, the Transpose's output would have the
+    If's Identity as a second reader, and onnxruntime would no longer fold
+    the transpose into the product (a weight-sized Transpose per step)."""
+    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return node
+    readers = [n for n in nodes if node.output[0] in node_reads(n)]
+    if len(readers) != 1 or readers[0].op_type not in ("MatMul", "Gemm") or \
+            readers[0].domain not in ("", "ai.onnx"):
+        return node
+    product = readers[0]
+    if all(i in ancestors for i in product.input if i and i != node.output[0]):
+        return product
+    return node
 
 
 def _ancestor_names(nodes, names):

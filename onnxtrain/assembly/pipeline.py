@@ -30,7 +30,7 @@ from onnx import helper
 from ..autodiff import backward
 from ..graph import infer_value_types, make_model, opset_of
 from ..graph.broadcasts import avoid_slow_broadcasts
-from ..graph.conv_gemm import lower_small_convs
+from ..graph.conv_gemm import convs_on_columns, lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
 from ..graph.recurrent_lowering import lower_lstms
@@ -127,8 +127,12 @@ def reverse(prepared, wrt, outputs):
 
 def forward_nodes(prepared, bg):
     """The forward nodes of the reverse pass ``bg`` (with the optional
-    outputs its rules read named)."""
-    return list((bg.model or prepared.model).graph.node)
+    outputs its rules read named), the Convs of small maps computed on
+    their weight gradients' columns
+    (:func:`~onnxtrain.graph.conv_gemm.convs_on_columns`: their constants
+    join ``bg.builder``'s)."""
+    return list(convs_on_columns(list((bg.model or prepared.model).graph.node),
+                                 bg.builder, prepared.types, bg.wrt))
 
 
 def finish(nodes, initializers, inputs, outputs, name, like, ir_version=None,

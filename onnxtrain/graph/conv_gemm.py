@@ -41,7 +41,13 @@ gradient and weight gradient as one tiny GEMM per channel and image.
 :func:`im2col_rows` builds the same columns as rows, by one Gather of
 the padded input in (N, H, W, C) layout, for the weight gradient of the
 Convs left to onnxruntime (``autodiff/rules/conv.py``), where nothing
-differentiates them.
+differentiates them; :func:`im2col_columns` the same columns as
+(channel, tap) rows. Where the weight gradient takes the columns form
+(:func:`columns_form`) on a small map, :func:`convs_on_columns` runs the
+training graph's forward Conv as one GEMM on those same columns (after
+the reverse pass, which differentiated the Conv itself): onnxruntime's
+Conv builds its own columns and runs a GEMM per image only as wide as the
+map.
 """
 from __future__ import annotations
 
@@ -53,7 +59,8 @@ from .builder import GraphBuilder
 from .shapes import infer_value_types
 
 __all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "im2col_columns",
-           "output_size", "MAX_OUTPUT_PIXELS"]
+           "output_size", "columns_form", "convs_on_columns", "MAX_OUTPUT_PIXELS",
+           "MAX_SHARED_PIXELS"]
 
 #: Output sizes (Ho * Wo) up to which a Conv is lowered: above, onnxruntime's
 #: per-image GEMM is wide enough and the lowering stops paying (forward and
@@ -61,6 +68,19 @@ __all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "im2col_columns"
 MAX_OUTPUT_PIXELS = 16
 #: Largest gather matrix (H W x K Ho Wo elements) a lowering may store.
 MAX_GATHER_SIZE = 1 << 20
+#: Output sizes (Ho * Wo) up to which :func:`convs_on_columns` runs a Conv's
+#: forward on its weight gradient's columns: onnxruntime's per-image GEMM
+#: is as narrow as the map and scales poorly over threads there; on wider
+#: maps its Conv is as fast and the product's transpose to NCHW costs more.
+MAX_SHARED_PIXELS = 64
+
+#: Relative per-element costs (ns) that choose the form of a Conv's weight
+#: gradient: a Gather item, and a weight element moved by a transpose.
+#: Only their ratio matters.
+_GATHER_ITEM_NS, _TRANSPOSE_NS = 2.7, 0.93
+#: Batch assumed when the graph's is symbolic: a small one (a larger one
+#: only favours the columns form more).
+_ASSUMED_BATCH = 8
 
 
 def output_size(size, kernel, strides, pads):
@@ -68,6 +88,33 @@ def output_size(size, kernel, strides, pads):
     then ends, as the ``pads`` attribute)."""
     return [(size[i] + pads[i] + pads[i + 2] - kernel[i]) // strides[i] + 1
             for i in range(2)]
+
+
+def columns_form(n_batch, n_channels, m_out, pixels):
+    """Whether a Conv's weight gradient uses :func:`im2col_columns` (Gather
+    items of N values, (C K) L of them, and no transpose of the weight)
+    rather than :func:`im2col_rows` (items of C values, N L K of them, and
+    the (M, K, C) product transposed to (M, C, K)). Dropping the common
+    terms, the columns cost ``_GATHER_ITEM_NS * L K (C - N)`` more in Gather
+    items and ``_TRANSPOSE_NS * M C K`` less in transpose: the columns win
+    for many channels or few input channels, the rows for wide maps of few
+    channels.
+
+    Parameters
+    ----------
+    n_batch : int or str
+        N (a symbolic batch counts as ``_ASSUMED_BATCH``).
+    n_channels, m_out : int
+        Input and output channels.
+    pixels : int
+        Output pixels, Ho * Wo.
+
+    Returns
+    -------
+    bool
+    """
+    n = n_batch if isinstance(n_batch, int) else _ASSUMED_BATCH
+    return _GATHER_ITEM_NS * pixels * (n_channels - n) < _TRANSPOSE_NS * m_out * n_channels
 
 
 def _attrs(node):
@@ -342,3 +389,92 @@ def lower_small_convs(model, weights, types=None):
     new.graph.node.extend(nodes)
     new.graph.initializer.extend(g.initializers)
     return new
+
+
+def _columns_plan(node, types, weights):
+    """(C, M, kernel, strides, pads, (H, W), (Ho, Wo)) of a forward Conv
+    whose weight gradient took the columns form (the choice of
+    ``autodiff/rules/conv.py``: a 2-D Conv of one group, no dilation,
+    explicit or no padding, static C, H, W and weight, the weight among
+    ``weights``) on at most :data:`MAX_SHARED_PIXELS` output pixels, with
+    more than one tap (a 1x1 Conv needs no columns); None otherwise."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or \
+            len(node.input) < 2 or node.input[1] not in weights:
+        return None
+    attrs = _attrs(node)
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if attrs.get("group", 1) != 1 or any(d != 1 for d in attrs.get("dilations", [1, 1])) \
+            or auto_pad not in ("NOTSET", "VALID"):
+        return None
+    x_type, w_type = types.get(node.input[0]), types.get(node.input[1])
+    if x_type is None or w_type is None or x_type[1] is None or w_type[1] is None:
+        return None
+    shape, w_shape = list(x_type[1]), list(w_type[1])
+    if len(shape) != 4 or len(w_shape) != 4 or \
+            not all(isinstance(d, int) and d > 0 for d in shape[1:] + w_shape):
+        return None
+    m_out, n_channels, kernel = w_shape[0], w_shape[1], w_shape[2:]
+    strides = list(attrs.get("strides", [1, 1]))
+    pads = [0] * 4 if auto_pad == "VALID" else list(attrs.get("pads", [0] * 4))
+    if n_channels != shape[1] or kernel[0] * kernel[1] < 2 or len(strides) != 2:
+        return None
+    out = output_size(shape[2:], kernel, strides, pads)
+    pixels = out[0] * out[1]
+    if min(out) < 1 or pixels > MAX_SHARED_PIXELS or \
+            not columns_form(shape[0], n_channels, m_out, pixels):
+        return None
+    return n_channels, m_out, kernel, strides, pads, shape[2:], out
+
+
+def convs_on_columns(nodes, g, types, weights):
+    """The forward ``nodes`` of a training graph with each Conv whose
+    weight gradient the reverse pass took on :func:`im2col_columns` (see
+    :func:`_columns_plan`) computed from those columns: the weight as
+    (M, C K) times the columns (C K, Ho Wo N), then (M, Ho, Wo, N)
+    transposed to (N, M, Ho, Wo). The columns are built by the same call in
+    the same builder, so that common-subexpression elimination leaves one
+    copy, read by the forward product and by the weight gradient's.
+
+    Parameters
+    ----------
+    nodes : list of onnx.NodeProto
+        The forward nodes, in order (not modified).
+    g : GraphBuilder
+        The reverse pass's builder: the new nodes' constants are its own
+        (equal constants share a name); the new nodes are returned, not
+        left in ``g.nodes``.
+    types : dict
+        Types of the forward values.
+    weights : iterable of str
+        The trained weights.
+
+    Returns
+    -------
+    list of onnx.NodeProto
+        ``nodes`` itself when no Conv qualifies.
+    """
+    if g.opset < 11:  # Pad's pads an input
+        return nodes
+    weights = set(weights)
+    result, changed = [], False
+    for node in nodes:
+        plan = _columns_plan(node, types, weights)
+        if plan is None:
+            result.append(node)
+            continue
+        n_channels, m_out, kernel, strides, pads, size, out = plan
+        mark = len(g.nodes)
+        columns = im2col_columns(g, node.input[0], n_channels, kernel, strides, pads,
+                                 size, out)
+        w2 = g.op("Reshape", node.input[1],
+                  g.int64s([m_out, n_channels * kernel[0] * kernel[1]]))
+        y = g.op("MatMul", w2, columns)  # (M, Ho Wo N)
+        if len(node.input) > 2 and node.input[2]:
+            y = g.op("Add", y, g.unsqueeze(node.input[2], [1]))
+        y = g.op("Reshape", y, g.int64s([m_out, out[0], out[1], -1]))
+        g.op("Transpose", y, perm=[3, 0, 1, 2], outputs=[node.output[0]])
+        result.extend(g.nodes[mark:])
+        del g.nodes[mark:]
+        changed = True
+    return result if changed else nodes

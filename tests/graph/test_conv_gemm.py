@@ -260,9 +260,8 @@ def _stride_1(s):
 @pytest.mark.parametrize("case", WEIGHT_GEMM_CASES)
 def test_conv_weight_gradient_as_one_gemm(case, form, monkeypatch):
     from onnxtrain.autodiff import build_gradient_models
-    from onnxtrain.autodiff.rules import conv
     # both im2col forms of dW (the columns' needs no transpose of dW)
-    monkeypatch.setattr(conv, "_columns_form", lambda *args: form == "columns")
+    monkeypatch.setattr(conv_gemm, "columns_form", lambda *args: form == "columns")
     n, c, h, w, m, k, s, p = case
     # float32 (onnxruntime's CPU Conv has no float64 kernel): the Conv is
     # linear in each input, so central differences of a large step are
@@ -281,6 +280,8 @@ def test_conv_weight_gradient_as_one_gemm(case, form, monkeypatch):
     assert sum(node.op_type == "Transpose" and list(node.attribute[0].ints) == [0, 3, 1, 2]
                for node in backward.graph.node) == (form == "rows") + _stride_1(s), ops
     assert "Conv" not in ops and ("ConvTranspose" in ops) == (not _stride_1(s)), ops
+    # static sizes: ConvTranspose's pads crop dX (no border, no Slice)
+    assert "Slice" not in ops, ops
     x = np.random.default_rng(1).normal(size=(n, c, h, w)).astype(np.float32)
     feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     check_gradients(model, ["X", "W", "B"], dict(feeds, X=x), eps=0.5, tol=1e-4)
@@ -294,9 +295,8 @@ def test_conv_weight_gradient_as_one_gemm(case, form, monkeypatch):
     (8, 64, 64, 28 * 28, False),  # layer1 at 112x112: many pixels
     (8, 128, 128, 14 * 14, False)])
 def test_weight_gradient_form_choice(n, c, m, pixels, columns):
-    # the choices measured (conv.py, _columns_form)
-    from onnxtrain.autodiff.rules import conv
-    assert conv._columns_form(n, c, m, pixels) == columns
+    # the choices measured (conv_gemm.columns_form)
+    assert conv_gemm.columns_form(n, c, m, pixels) == columns
 
 
 @pytest.mark.parametrize("case", [c for c in WEIGHT_GEMM_CASES if _stride_1(c[6])]
@@ -361,5 +361,132 @@ def test_conv_gradients_as_gemms_with_uneven_geometry(pads, kernel, strides, aut
     assert ops.count("Gather") == (2 if strides == [1, 1] else 1), ops
     assert ("ConvTranspose" in ops) == (strides != [1, 1]), ops
     x = rng.normal(size=(2, 3, 7, 6)).astype(np.float32)
+    check_gradients(model, ["X", "W"], {"X": x, "W": numpy_helper.to_array(w)},
+                    eps=0.5, tol=1e-4)
+
+
+def _two_convs(n_ch, size, first, second):
+    """X (N, C, size, size) -> Conv -> Relu -> Conv, float32; ``first`` and
+    ``second``: (out channels, kernel, stride, pads, bias)."""
+    rng = np.random.default_rng(0)
+    nodes, inits, value, c, hw = [], [], "X", n_ch, size
+    for i, (m, k, s, pads, bias) in enumerate([first, second]):
+        hw = (hw + pads[0] + pads[2] - k) // s + 1  # square maps, pads alike
+        w = numpy_helper.from_array(
+            (rng.normal(size=(m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), f"W{i}")
+        inputs = [value, w.name]
+        inits.append(w)
+        if bias:
+            inits.append(numpy_helper.from_array(rng.normal(size=m).astype(np.float32),
+                                                 f"B{i}"))
+            inputs.append(f"B{i}")
+        nodes.append(helper.make_node("Conv", inputs, [f"C{i}"], strides=[s, s],
+                                      pads=pads, name=f"conv{i}"))
+        value, c = f"C{i}", m
+        if i == 0:
+            nodes.append(helper.make_node("Relu", [value], ["R0"]))
+            value = "R0"
+    graph = helper.make_graph(
+        nodes, "convs", [helper.make_tensor_value_info("X", 1, ["N", n_ch, size, size])],
+        [helper.make_tensor_value_info(value, 1, ["N", c, hw, hw])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("size, first, second, shared", [
+    # 3x3 stride 1 with a bias, then 3x3 stride 2 (both on 7x7 / 4x4 maps)
+    (7, (6, 3, 1, [1, 1, 1, 1], True), (5, 3, 2, [1, 1, 1, 1], False), 2),
+    # uneven pads; a 1x1 Conv keeps onnxruntime's kernel (no columns to share)
+    (6, (4, 3, 1, [0, 1, 1, 0], False), (3, 1, 1, [0, 0, 0, 0], True), 1),
+    # 9x9 outputs: above MAX_SHARED_PIXELS, Convs left as they are
+    (9, (4, 3, 1, [1, 1, 1, 1], True), (3, 3, 1, [1, 1, 1, 1], True), 0),
+])
+def test_forward_convs_on_the_weight_gradients_columns(size, first, second, shared,
+                                                       tmp_path, monkeypatch):
+    # the training model's forward reads the columns the weight gradient
+    # builds (one Gather for both); values and gradients as PyTorch's
+    torch = pytest.importorskip("torch")
+    import onnx
+    import onnxruntime as ort
+    import onnxtrain.onnxblock as onnxblock
+    from onnxtrain import artifacts
+    from onnxtrain.api.module import read_layout
+    from onnxtrain.onnxblock._training import TRAINING_METADATA
+    monkeypatch.setattr(conv_gemm, "columns_form", lambda *args: True)
+    monkeypatch.setattr(conv_gemm, "MAX_OUTPUT_PIXELS", 0)  # no lowering
+    n_ch, n = 3, 2
+    model = _two_convs(n_ch, size, first, second)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=list(inits), loss=onnxblock.loss.MSELoss(),
+        artifact_directory=tmp_path)
+    training = onnx.load(paths["training_model"])
+    layout = read_layout(training, TRAINING_METADATA, "training model")
+    ops = [node.op_type for node in training.graph.node]
+    assert ops.count("Conv") == 2 - shared, ops
+    # one Gather per Conv for dW's columns (shared with the forward when
+    # rewritten) and, at stride 1, one for the second Conv's dX (X has none)
+    assert ops.count("Gather") == 2 + (second[2] == 1), ops
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(n, n_ch, size, size)).astype(np.float32)
+    xt = torch.tensor(x, requires_grad=True)
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in inits.items()}
+    h = torch.relu(torch.nn.functional.conv2d(
+        torch.nn.functional.pad(xt, _torch_pads(first[3])), params["W0"], params.get("B0"),
+        stride=first[2]))
+    y = torch.nn.functional.conv2d(torch.nn.functional.pad(h, _torch_pads(second[3])),
+                                   params["W1"], params.get("B1"), stride=second[2])
+    target = rng.normal(size=tuple(y.shape)).astype(np.float32)
+    loss = torch.nn.functional.mse_loss(y, torch.tensor(target))
+    loss.backward()
+    feeds = dict(inits, lazy_reset_grad=np.array(True))
+    feeds[layout["user_inputs"][0]] = x
+    feeds[layout["user_inputs"][1]] = target
+    for buffer, name in zip(layout["buffers"], layout["trainable"]):
+        feeds[buffer] = np.zeros_like(inits[name])
+    sess = ort.InferenceSession(training.SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    result = dict(zip(names, sess.run(None, {i.name: feeds[i.name]
+                                             for i in sess.get_inputs()})))
+    np.testing.assert_allclose(result[names[0]], loss.item(), rtol=1e-5)
+    for grad, name in zip(layout["gradients"], layout["trainable"]):
+        np.testing.assert_allclose(result[grad], params[name].grad.numpy(),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def _torch_pads(pads):
+    """ONNX (top, left, bottom, right) as torch's pad (left, right, top, bottom)."""
+    return (pads[1], pads[3], pads[0], pads[2])
+
+
+@pytest.mark.parametrize("strides, dilations, pads, group, size", [
+    ([2, 3], [1, 1], [1, 0, 2, 1], 1, (9, 10)),   # output padding 1 and 2
+    ([2, 2], [2, 1], [2, 1, 0, 1], 2, (8, 7)),    # dilated, grouped
+    ([3, 2], [1, 2], [0, 0, 0, 0], 1, (7, 8)),    # no padding
+])
+def test_strided_conv_input_gradient_cropped_by_conv_transpose_pads(strides, dilations,
+                                                                    pads, group, size):
+    # static sizes: dX is one ConvTranspose whose pads and output padding
+    # give X's size (no crop after it); against central differences
+    from onnxtrain.autodiff import build_gradient_models
+    rng = np.random.default_rng(0)
+    c, m = 4, 6
+    w = numpy_helper.from_array(rng.normal(size=(m, c // group, 3, 3)).astype(np.float32), "W")
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], strides=strides, dilations=dilations,
+                            pads=pads, group=group)
+    out = [(size[i] + pads[i] + pads[i + 2] - dilations[i] * 2 - 1) // strides[i] + 1
+           for i in range(2)]
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("X", 1, ["N", c, *size])],
+        [helper.make_tensor_value_info("Y", 1, ["N", m, *out])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    nodes = build_gradient_models(model, ["X", "W"]).backward_model.graph.node
+    transposed = [n.output[0] for n in nodes if n.op_type == "ConvTranspose"]
+    assert len(transposed) == 1
+    assert not any(n.op_type == "Slice" and transposed[0] in n.input for n in nodes)
+    x = rng.normal(size=(2, c, *size)).astype(np.float32)
     check_gradients(model, ["X", "W"], {"X": x, "W": numpy_helper.to_array(w)},
                     eps=0.5, tol=1e-4)

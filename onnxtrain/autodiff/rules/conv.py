@@ -29,6 +29,7 @@ the forms onnxruntime runs fastest.
 """
 from onnx import TensorProto
 
+from ...graph import conv_gemm
 from ...graph.conv_gemm import im2col_columns, im2col_rows, output_size
 from ..registry import register_vjp
 
@@ -122,8 +123,8 @@ def _conv(ctx, gy):
         gx = _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                    begins + ends)
         if gx is None:
-            gx = _conv_input_grad_transpose(ctx, x, w, gy, kernel, strides, dilations,
-                                            begins, rank)
+            gx = _conv_input_grad_transposed(ctx, x, w, gy, kernel, strides, dilations,
+                                             begins, ends, rank)
     if ctx.needs_grad[1]:
         gw = _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations,
                                     begins + ends)
@@ -136,49 +137,6 @@ def _conv(ctx, gy):
     return (gx, gw, _bias_grad(ctx, gy, rank))[:len(ctx.inputs)]
 
 
-def _conv_input_grad_transpose(ctx, x, w, gy, kernel, strides, dilations, begins, rank):
-    """dX as the transposed convolution of dY with W. With static spatial
-    sizes, the crop is the ConvTranspose's own pads (it then writes only
-    the input's pixels); otherwise a Slice of the full output."""
-    attrs = dict(strides=strides, dilations=dilations, group=ctx.attr("group", 1),
-                 kernel_shape=kernel, output_padding=[s - 1 for s in strides])
-    x_shape, y_shape = ctx.shape(x), ctx.shape(ctx.node.output[0])
-    sizes = list(x_shape[2:]) if x_shape is not None else []
-    outs = list(y_shape[2:]) if y_shape is not None else []
-    if len(sizes) == len(outs) == rank - 2 and \
-            all(isinstance(v, int) for v in sizes + outs):
-        # the full output is s (O - 1) + (s - 1) + (k - 1) d + 1 long
-        ends = [s * o + (k - 1) * d - b - size
-                for s, o, k, d, b, size in zip(strides, outs, kernel, dilations,
-                                              begins, sizes)]
-        if min(ends) >= 0:
-            return ctx.op("ConvTranspose", gy, w, pads=list(begins) + ends, **attrs)
-    full = ctx.op("ConvTranspose", gy, w, **attrs)
-    return crop_spatial(ctx, full, begins, x, rank)
-
-
-#: Relative per-element costs (ns) that choose the form of a Conv's weight
-#: gradient: a Gather item, and a weight element moved by a transpose.
-#: Only their ratio matters.
-_GATHER_ITEM_NS, _TRANSPOSE_NS = 2.7, 0.93
-#: Batch assumed when the graph's is symbolic: a small one (a larger one
-#: only favours the columns form more).
-_ASSUMED_BATCH = 8
-
-
-def _columns_form(n_batch, n_channels, m_out, pixels):
-    """Whether the weight gradient uses :func:`im2col_columns` (Gather items
-    of N values, (C K) L of them, and no transpose of the weight) rather
-    than :func:`im2col_rows` (items of C values, N L K of them, and the
-    (M, K, C) product transposed to (M, C, K)). Dropping the common terms,
-    the columns cost ``_GATHER_ITEM_NS * L K (C - N)`` more in Gather items
-    and ``_TRANSPOSE_NS * M C K`` less in transpose: the columns win for
-    many channels or few input channels, the rows for wide maps of few
-    channels."""
-    n = n_batch if isinstance(n_batch, int) else _ASSUMED_BATCH
-    return _GATHER_ITEM_NS * pixels * (n_channels - n) < _TRANSPOSE_NS * m_out * n_channels
-
-
 def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     """dW of a 2-D Conv of one group, no dilation and static C, H, W as
     one GEMM, dW (M, C K) = dY (M, N L) @ im2col(X)^T (N L, C K); None
@@ -189,7 +147,9 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     The im2col is :func:`~onnxtrain.graph.conv_gemm.im2col_columns` (no
     transpose of the product) or
     :func:`~onnxtrain.graph.conv_gemm.im2col_rows`, whichever
-    :func:`_columns_form` finds cheaper."""
+    :func:`~onnxtrain.graph.conv_gemm.columns_form` finds cheaper (the
+    columns then also serve the forward of small maps:
+    :func:`~onnxtrain.graph.conv_gemm.convs_on_columns`)."""
     static = _static_2d(ctx, x, w, strides, dilations)
     if static is None:
         return None
@@ -198,7 +158,7 @@ def _conv_weight_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     if min(out) < 1:
         return None
     m_out, n_channels = w_shape[0], w_shape[1]
-    if _columns_form(ctx.shape(x)[0], n_channels, m_out, out[0] * out[1]):
+    if conv_gemm.columns_form(ctx.shape(x)[0], n_channels, m_out, out[0] * out[1]):
         columns = im2col_columns(ctx.g, x, n_channels, kernel, strides, pads, size, out)
         # dY as (M, Ho Wo N), the columns' order
         g2 = ctx.op("Transpose", gy, perm=[1, 2, 3, 0])
@@ -259,6 +219,32 @@ def _static_2d(ctx, x, w, strides, dilations):
             len(strides) != 2:
         return None
     return list(x_shape[1:]), list(w_shape)
+
+
+def _conv_input_grad_transposed(ctx, x, w, gy, kernel, strides, dilations, begins,
+                                ends, rank):
+    """dX as the transposed convolution of dY with W. With static spatial
+    sizes, ConvTranspose's own pads crop it to X (the output padding
+    ``H - ((Ho - 1) s + (k - 1) d + 1 - pads)``, below the stride, puts
+    back the rows the Conv's floor left out): no border computed, then
+    sliced off. Otherwise the full output (``output_padding = s - 1``),
+    cropped to X."""
+    group = ctx.attr("group", 1)
+    x_shape, y_shape = ctx.shape(x), ctx.shape(ctx.outputs[0])  # dY's shape
+    sizes = list(x_shape[2:]) if x_shape is not None else []
+    outs = list(y_shape[2:]) if y_shape is not None else []
+    if len(sizes) == len(outs) == len(kernel) and \
+            all(isinstance(v, int) for v in sizes + outs):
+        extra = [h - ((o - 1) * s + (k - 1) * d + 1 - b - e) for h, o, k, s, d, b, e in
+                 zip(sizes, outs, kernel, strides, dilations, begins, ends)]
+        if all(0 <= v < s for v, s in zip(extra, strides)):
+            return ctx.op("ConvTranspose", gy, w, strides=strides, dilations=dilations,
+                          group=group, kernel_shape=kernel, pads=begins + ends,
+                          output_padding=extra)
+    full = ctx.op("ConvTranspose", gy, w, strides=strides, dilations=dilations,
+                  group=group, kernel_shape=kernel,
+                  output_padding=[s - 1 for s in strides])
+    return crop_spatial(ctx, full, begins, x, rank)
 
 
 #: Input pixels (H W) from which the input gradient of a stride-1 Conv is
