@@ -31,6 +31,10 @@ ELEMENTWISE_WRITERS = frozenset({
     "Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Sqrt", "Abs",
     "Sign"})
 
+#: Ops that may write into the memory of an input they do not read, when
+#: every reader of that input runs before them.
+_PRODUCT_WRITERS = frozenset({"Gemm"})
+
 
 def writes_after_reads(graph, pairs):
     """The ``(input, output)`` pairs of ``graph`` whose output may be written
@@ -45,12 +49,12 @@ def writes_after_reads(graph, pairs):
     Returns
     -------
     set of (str, str)
-        The pairs where the node writing the output and every node reading
-        the input (in their subgraphs too) are main-graph, standard-domain
-        :data:`ELEMENTWISE_WRITERS` nodes, every reader is the writer or one
-        of its ancestors, and the input is not also a graph output. Shapes
-        are not checked: the caller binds the input's own buffer, whose
-        shape is the output's.
+        The pairs where every node reading the input (in their subgraphs
+        too) is a main-graph, standard-domain :data:`ELEMENTWISE_WRITERS`
+        node, the node writing the output is one too or a Gemm not reading
+        the input, every reader is the writer or one of its ancestors, and
+        the input is not also a graph output. Shapes are not checked: the
+        caller binds the input's own buffer, whose shape is the output's.
     """
     producer, readers, reads = {}, {}, []
     for index, node in enumerate(graph.node):
@@ -66,7 +70,9 @@ def writes_after_reads(graph, pairs):
         if writer is None or target not in graph_outputs:
             continue
         if source in graph_outputs or not all(
-                _elementwise(graph.node[i]) for i in [writer] + readers.get(source, [])):
+                _elementwise(graph.node[i]) for i in readers.get(source, [])) or not (
+                _elementwise(graph.node[writer]) or
+                _product_not_reading(graph.node[writer], reads[writer], source)):
             continue
         ancestors = _ancestors(reads, producer, writer)
         if all(r == writer or r in ancestors for r in readers.get(source, ())):
@@ -77,6 +83,14 @@ def writes_after_reads(graph, pairs):
 def _elementwise(node):
     return node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE_WRITERS \
         and not any(att.type in (att.GRAPH, att.GRAPHS) for att in node.attribute)
+
+
+def _product_not_reading(node, reads, source):
+    """Whether ``node`` is a Gemm that does not read ``source`` itself (the
+    artifacts' accumulating weight gradient ``Gemm(A, B, Where(lazy, 0,
+    buffer))``): it writes its output only, its C an ancestor's tensor."""
+    return node.domain in ("", "ai.onnx") and node.op_type in _PRODUCT_WRITERS \
+        and source not in reads
 
 
 def _ancestors(reads, producer, index):

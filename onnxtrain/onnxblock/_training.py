@@ -162,19 +162,64 @@ def _inference_mode(nodes):
 
 
 def _accumulate(g, trainable, grad_names, types):
-    """Where(lazy_reset_grad, grad, buffer + grad) for each name;
-    ``types``: name -> (elem_type, shape) of the buffers."""
+    """Where(lazy_reset_grad, grad, buffer + grad) for each name, or a
+    gradient's own Gemm adding ``Where(lazy_reset_grad, 0, buffer)`` as its
+    C (:func:`_fold_into_gemm`); ``types``: name -> (elem_type, shape) of
+    the buffers."""
     lazy = g.reserve(LAZY_RESET_GRAD)
-    buffers, outputs = [], []
+    gemms = _foldable_gemms(g, grad_names)
+    buffers, outputs, masks = [], [], {}
     for param, grad in zip(trainable, grad_names):
         buffer = g.reserve(buffer_name(param))
         out = g.reserve(accumulated_name(param))
-        g.op("Where", lazy, grad, g.op("Add", buffer, grad), outputs=[out])
         elem, shape = types[param]
+        if grad in gemms:
+            _fold_into_gemm(g, gemms[grad], lazy, buffer, out, elem)
+            masks[id(gemms[grad])] = g.nodes.pop()  # placed before its Gemm below
+        else:
+            g.op("Where", lazy, grad, g.op("Add", buffer, grad), outputs=[out])
         buffers.append(tensor_value_info(buffer, elem, shape))
         outputs.append(tensor_value_info(out, elem, shape))
+    if masks:
+        nodes = list(g.nodes)
+        del g.nodes[:]
+        for node in nodes:
+            if id(node) in masks:
+                g.nodes.append(masks[id(node)])
+            g.nodes.append(node)
     lazy_vi = helper.make_tensor_value_info(lazy, onnx.TensorProto.BOOL, [])
     return buffers, lazy_vi, outputs
+
+
+def _foldable_gemms(g, grad_names):
+    """Gradient name -> the Gemm node of ``g`` writing it, for the gradients
+    written by a Gemm without C and read by no other node (a weight
+    gradient ``dY^T X``)."""
+    wanted = set(grad_names)
+    found, reads = {}, {}
+    for node in g.nodes:
+        for name in node.input:
+            reads[name] = reads.get(name, 0) + 1
+        if node.op_type == "Gemm" and node.domain in ("", "ai.onnx") and \
+                (len(node.input) == 2 or node.input[2:] == [""]) and \
+                node.output[0] in wanted:
+            found[node.output[0]] = node
+    return {name: node for name, node in found.items() if name not in reads
+            and grad_names.count(name) == 1}
+
+
+def _fold_into_gemm(g, gemm, lazy, buffer, out, elem):
+    """``gemm`` (its output a gradient) made to write the accumulated
+    gradient ``out``: ``alpha A B + Where(lazy, 0, buffer)``. One node per
+    gradient less than an Add and a Where after the Gemm; the product
+    added to zeros is the product itself, so an overwriting call gives the
+    gradient exactly (api/_plain_step.py drops C again)."""
+    del gemm.input[2:]
+    gemm.input.append(g.op("Where", lazy, g.const(0, elem), buffer))
+    for att in gemm.attribute:
+        if att.name == "beta":
+            att.f = 1.0
+    gemm.output[0] = out
 
 
 def _gradient_nodes(prepared, wrt, loss, buffer_types):
