@@ -59,10 +59,16 @@ def without_accumulation(model, layout, unreshape=False):
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
     folded = _folded_gemms(graph, lazy, set(buffers), outputs, uses)
-    if not lazy or folded is None or len(selects) + len(folded) != len(buffers):
+    groups = _groups(graph, lazy, set(buffers), outputs, uses, producers)
+    if not lazy or folded is None or groups is None or len(selects) + len(folded) + \
+            sum(len(pairs) for _, pairs in groups) != len(buffers):
         return None
     inner = set().union(*map(subgraph_outer_reads, graph.node))
     drop, rename, copies = {id(mask) for mask in folded.values()}, {}, []
+    pairs = []  # (gradient, output)
+    for nodes, group in groups:
+        drop.update(map(id, nodes))
+        pairs.extend(group)
     for where in selects:
         grad, added, out = where.input[1], where.input[2], where.output[0]
         add = producers.get(added)
@@ -70,6 +76,8 @@ def without_accumulation(model, layout, unreshape=False):
                 grad not in add.input or not set(add.input) & set(buffers):
             return None
         drop.update((id(where), id(add)))
+        pairs.append((grad, out))
+    for grad, out in pairs:
         if grad in producers and grad not in outputs and grad not in rename \
                 and grad not in inner:
             rename[grad] = out  # the gradient's node writes the output
@@ -122,6 +130,37 @@ def _folded_gemms(graph, lazy, buffers, outputs, uses):
                 not _is_zero(inits, producers, node.input[1]):
             return None
         found[id(gemm)] = node
+    return found
+
+
+def _groups(graph, lazy, buffers, outputs, uses, producers):
+    """[(nodes, [(gradient, output)])] for the vectors accumulated together
+    (``onnxblock._training._accumulate_together``): ``Split(Where(lazy, G,
+    Add(B, G)))`` with G a Concat of the gradients and B one of the
+    buffers, the Split writing the outputs. None when such a Split does
+    not read exactly that."""
+    found = []
+    for split in graph.node:
+        where = producers.get(split.input[0]) if split.op_type == "Split" else None
+        if where is None or where.op_type != "Where" or where.input[0] != lazy:
+            continue
+        if not set(split.output) <= outputs:
+            return None
+        add, grads = producers.get(where.input[2]), producers.get(where.input[1])
+        stacked = None if add is None or add.op_type != "Add" or \
+            where.input[1] not in add.input else \
+            producers.get(add.input[0] if add.input[1] == where.input[1] else add.input[1])
+        if grads is None or stacked is None or \
+                not grads.op_type == stacked.op_type == "Concat" or \
+                len(grads.input) != len(split.output) or \
+                not set(stacked.input) <= buffers or \
+                len(set(stacked.input)) != len(stacked.input) or \
+                uses.get(split.input[0]) != 1 or uses.get(where.input[2]) != 1 or \
+                uses.get(add.input[0] if add.input[1] == where.input[1] else add.input[1]) != 1 or \
+                uses.get(where.input[1]) != 2:
+            return None
+        found.append(([split, where, add, grads, stacked],
+                      list(zip(grads.input, split.output))))
     return found
 
 

@@ -32,8 +32,12 @@ ELEMENTWISE_WRITERS = frozenset({
     "Sign"})
 
 #: Ops that may write into the memory of an input they do not read, when
-#: every reader of that input runs before them.
-_PRODUCT_WRITERS = frozenset({"Gemm"})
+#: every reader of that input runs before them (the artifacts' accumulating
+#: weight gradients and vectors accumulated together).
+_WRITERS_NOT_READING = frozenset({"Gemm", "Split"})
+#: Readers copying the input into a new tensor, no element-wise kernel:
+#: fine when they run before the writer.
+_COPYING_READERS = frozenset({"Concat"})
 
 
 def writes_after_reads(graph, pairs):
@@ -51,8 +55,8 @@ def writes_after_reads(graph, pairs):
     set of (str, str)
         The pairs where every node reading the input (in their subgraphs
         too) is a main-graph, standard-domain :data:`ELEMENTWISE_WRITERS`
-        node, the node writing the output is one too or a Gemm not reading
-        the input, every reader is the writer or one of its ancestors, and
+        node or a Concat, the node writing the output is an element-wise
+        one too or a Gemm or Split not reading the input, every reader is the writer or one of its ancestors, and
         the input is not also a graph output. Shapes are not checked: the
         caller binds the input's own buffer, whose shape is the output's.
     """
@@ -70,9 +74,10 @@ def writes_after_reads(graph, pairs):
         if writer is None or target not in graph_outputs:
             continue
         if source in graph_outputs or not all(
-                _elementwise(graph.node[i]) for i in readers.get(source, [])) or not (
+                _elementwise(graph.node[i], _COPYING_READERS)
+                for i in readers.get(source, [])) or not (
                 _elementwise(graph.node[writer]) or
-                _product_not_reading(graph.node[writer], reads[writer], source)):
+                _writes_without_reading(graph.node[writer], reads[writer], source)):
             continue
         ancestors = _ancestors(reads, producer, writer)
         if all(r == writer or r in ancestors for r in readers.get(source, ())):
@@ -80,16 +85,18 @@ def writes_after_reads(graph, pairs):
     return safe
 
 
-def _elementwise(node):
-    return node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE_WRITERS \
+def _elementwise(node, also=frozenset()):
+    return node.domain in ("", "ai.onnx") and (
+        node.op_type in ELEMENTWISE_WRITERS or node.op_type in also) \
         and not any(att.type in (att.GRAPH, att.GRAPHS) for att in node.attribute)
 
 
-def _product_not_reading(node, reads, source):
-    """Whether ``node`` is a Gemm that does not read ``source`` itself (the
-    artifacts' accumulating weight gradient ``Gemm(A, B, Where(lazy, 0,
-    buffer))``): it writes its output only, its C an ancestor's tensor."""
-    return node.domain in ("", "ai.onnx") and node.op_type in _PRODUCT_WRITERS \
+def _writes_without_reading(node, reads, source):
+    """Whether ``node`` is a Gemm or Split that does not read ``source``
+    itself (``Gemm(A, B, Where(lazy, 0, buffer))``, ``Split`` of the
+    concatenated accumulated vectors): it only writes, its inputs an
+    ancestor's tensors."""
+    return node.domain in ("", "ai.onnx") and node.op_type in _WRITERS_NOT_READING \
         and source not in reads
 
 

@@ -1,6 +1,7 @@
 """Weight gradients written by a Gemm accumulate in that Gemm: its C is
-``Where(lazy_reset_grad, 0, buffer)`` (onnxblock/_training.py), dropped by
-the api's plain model (api/_plain_step.py)."""
+``Where(lazy_reset_grad, 0, buffer)``; vectors accumulate together,
+concatenated (onnxblock/_training.py); the api's plain model drops both
+(api/_plain_step.py)."""
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -71,20 +72,24 @@ def test_weight_gradients_accumulate_in_their_gemm(tmp_path):
         mask = producers[gemm.input[2]]
         assert mask.op_type == "Where" and mask.input[0] == lazy
         assert mask.input[2] == buffers[name]
-    for name in ["b1", "b2"]:  # the biases' ReduceSum: Where(lazy, g, buffer + g)
-        assert producers[grads[name]].op_type == "Where"
+    # the biases accumulate together: Split(Where(lazy, G, B + G))
+    split = producers[grads["b1"]]
+    assert split.op_type == "Split" and producers[grads["b2"]] is split
+    assert producers[split.input[0]].op_type == "Where"
     x, t = RNG.standard_normal((5, 3)), RNG.standard_normal((5, 2))
     expected = _torch_grads(x, t)
     feeds = dict(INITS, X=x, **{layout["user_inputs"][1]: t})
     for name in INITS:
         feeds[buffers[name]] = RNG.standard_normal(INITS[name].shape)
     feeds[buffers["W1"]][0, 0] = np.nan  # never read when overwriting
+    feeds[buffers["b2"]][1] = np.nan
     feeds[lazy] = np.array(True)
     overwritten = _run(training, feeds)
     for name in INITS:
         np.testing.assert_allclose(overwritten[grads[name]], expected[name],
                                    rtol=1e-12, atol=1e-14)
     feeds[buffers["W1"]][0, 0] = 0.5
+    feeds[buffers["b2"]][1] = -0.25
     feeds[lazy] = np.array(False)
     added = _run(training, feeds)
     for name in INITS:
@@ -94,7 +99,7 @@ def test_weight_gradients_accumulate_in_their_gemm(tmp_path):
     # the plain model drops the masks and the Gemms' C, same gradients
     plain = without_accumulation(training, layout)
     onnx.checker.check_model(plain)
-    assert not any(n.op_type == "Where" for n in plain.graph.node)
+    assert not any(n.op_type in ("Where", "Split", "Concat") for n in plain.graph.node)
     assert all(len(n.input) == 2 for n in plain.graph.node if n.op_type == "Gemm"
                and n.output[0] in grads.values())
     light = _run(plain, feeds)
@@ -112,9 +117,10 @@ def test_module_accumulates_and_resets_gemm_gradients(tmp_path):
     x2, t2 = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 2))
     g1, g2 = _torch_grads(x1, t1), _torch_grads(x2, t2)
     module(x1, t1)
-    first = state.parameters["W1"]._grad
+    first = {name: state.parameters[name]._grad for name in INITS}
     module(x2, t2)  # accumulates: the training model with its Gemms' C
-    assert state.parameters["W1"]._grad is first  # written over its buffer
+    for name in INITS:  # written over its buffer
+        assert state.parameters[name]._grad is first[name]
     for name in INITS:
         np.testing.assert_allclose(state.parameters[name].grad, g1[name] + g2[name],
                                    rtol=1e-12, atol=1e-14)
