@@ -147,17 +147,17 @@ def _groups(graph, lazy, buffers, outputs, uses, producers):
         if not set(split.output) <= outputs:
             return None
         add, grads = producers.get(where.input[2]), producers.get(where.input[1])
-        stacked = None if add is None or add.op_type != "Add" or \
-            where.input[1] not in add.input else \
-            producers.get(add.input[0] if add.input[1] == where.input[1] else add.input[1])
+        if add is None or add.op_type != "Add" or where.input[1] not in add.input:
+            return None
+        other = add.input[0] if add.input[1] == where.input[1] else add.input[1]
+        stacked = producers.get(other)
         if grads is None or stacked is None or \
                 not grads.op_type == stacked.op_type == "Concat" or \
                 len(grads.input) != len(split.output) or \
                 not set(stacked.input) <= buffers or \
                 len(set(stacked.input)) != len(stacked.input) or \
                 uses.get(split.input[0]) != 1 or uses.get(where.input[2]) != 1 or \
-                uses.get(add.input[0] if add.input[1] == where.input[1] else add.input[1]) != 1 or \
-                uses.get(where.input[1]) != 2:
+                uses.get(other) != 1 or uses.get(where.input[1]) != 2:
             return None
         found.append(([split, where, add, grads, stacked],
                       list(zip(grads.input, split.output))))

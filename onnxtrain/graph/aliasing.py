@@ -56,9 +56,10 @@ def writes_after_reads(graph, pairs):
         The pairs where every node reading the input (in their subgraphs
         too) is a main-graph, standard-domain :data:`ELEMENTWISE_WRITERS`
         node or a Concat, the node writing the output is an element-wise
-        one too or a Gemm or Split not reading the input, every reader is the writer or one of its ancestors, and
-        the input is not also a graph output. Shapes are not checked: the
-        caller binds the input's own buffer, whose shape is the output's.
+        one too or a Gemm or Split not reading the input, every reader is
+        the writer or one of its ancestors, and the input is not also a
+        graph output. Shapes are not checked: the caller binds the input's
+        own buffer, whose shape is the output's.
     """
     producer, readers, reads = {}, {}, []
     for index, node in enumerate(graph.node):
