@@ -5,10 +5,13 @@ overwrite the gradients (the first call, and every call after
 The training model of ``generate_artifacts`` ends each gradient with
 ``Where(lazy_reset_grad, grad, buffer + grad)``: a call that overwrites
 still reads the buffer, adds it and selects, three passes over every
-gradient. The variant built here drops those nodes and names the gradient
-itself as the output (no copy), and has neither the buffer inputs nor the
-``lazy_reset_grad`` input; everything else is the same graph, so its
-outputs equal the training model's for ``lazy_reset_grad=True``.
+gradient; a gradient written by a Gemm (a weight gradient) is written
+accumulated by that Gemm, its C being ``Where(lazy_reset_grad, 0,
+buffer)``. The variant built here drops those nodes (and those C inputs)
+and names the gradient itself as the output (no copy), and has neither the
+buffer inputs nor the ``lazy_reset_grad`` input; everything else is the
+same graph, so its outputs equal the training model's for
+``lazy_reset_grad=True``.
 
 On the CPU, a gradient ending in a Reshape of a product used nowhere else
 (a Conv's weight gradient: a GEMM's (M, C K) result reshaped to the
@@ -51,14 +54,21 @@ def without_accumulation(model, layout, unreshape=False):
             producers[name] = node
     selects = [n for n in graph.node if n.op_type == "Where" and n.input[0] == lazy
                and n.output[0] in outputs]
-    if not lazy or len(selects) != len(buffers):
-        return None
     uses = {}
     for node in graph.node:
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
+    folded = _folded_gemms(graph, lazy, set(buffers), outputs, uses)
+    groups = _groups(graph, lazy, set(buffers), outputs, uses, producers)
+    if not lazy or folded is None or groups is None or len(selects) + len(folded) + \
+            sum(len(pairs) for _, pairs in groups) != len(buffers):
+        return None
     inner = set().union(*map(subgraph_outer_reads, graph.node))
-    drop, rename, copies = set(), {}, []
+    drop, rename, copies = {id(mask) for mask in folded.values()}, {}, []
+    pairs = []  # (gradient, output)
+    for nodes, group in groups:
+        drop.update(map(id, nodes))
+        pairs.extend(group)
     for where in selects:
         grad, added, out = where.input[1], where.input[2], where.output[0]
         add = producers.get(added)
@@ -66,6 +76,8 @@ def without_accumulation(model, layout, unreshape=False):
                 grad not in add.input or not set(add.input) & set(buffers):
             return None
         drop.update((id(where), id(add)))
+        pairs.append((grad, out))
+    for grad, out in pairs:
         if grad in producers and grad not in outputs and grad not in rename \
                 and grad not in inner:
             rename[grad] = out  # the gradient's node writes the output
@@ -79,6 +91,8 @@ def without_accumulation(model, layout, unreshape=False):
             continue
         copy = new.graph.node.add()
         copy.CopyFrom(node)
+        if id(node) in folded:
+            del copy.input[2:]  # C: the masked buffer, zeros in this variant
         for i, name in enumerate(copy.input):
             copy.input[i] = rename.get(name, name)
         for i, name in enumerate(copy.output):
@@ -91,6 +105,74 @@ def without_accumulation(model, layout, unreshape=False):
     del new.graph.input[:]
     new.graph.input.extend(kept)
     return _unreshape(new, set(layout["gradients"])) if unreshape else new
+
+
+def _folded_gemms(graph, lazy, buffers, outputs, uses):
+    """id(Gemm) -> its C's node, for the Gemms writing an accumulated
+    gradient themselves (``onnxblock._training._fold_into_gemm``): C is
+    ``Where(lazy, 0, buffer)`` read by that Gemm only. None when a Where
+    reads ``lazy`` and a buffer otherwise (a pattern not known here)."""
+    producers, readers = {}, {}
+    for node in graph.node:
+        for name in node.output:
+            producers[name] = node
+        if len(node.input) == 3 and node.op_type == "Gemm":
+            readers[node.input[2]] = node
+    inits = {i.name: i for i in graph.initializer}
+    found = {}
+    for node in graph.node:
+        if node.op_type != "Where" or node.input[0] != lazy or \
+                node.input[2] not in buffers:
+            continue
+        gemm = readers.get(node.output[0])
+        if gemm is None or gemm.output[0] not in outputs or \
+                uses.get(node.output[0]) != 1 or uses.get(node.input[2]) != 1 or \
+                not _is_zero(inits, producers, node.input[1]):
+            return None
+        found[id(gemm)] = node
+    return found
+
+
+def _groups(graph, lazy, buffers, outputs, uses, producers):
+    """[(nodes, [(gradient, output)])] for the vectors accumulated together
+    (``onnxblock._training._accumulate_together``): ``Split(Where(lazy, G,
+    Add(B, G)))`` with G a Concat of the gradients and B one of the
+    buffers, the Split writing the outputs. None when such a Split does
+    not read exactly that."""
+    found = []
+    for split in graph.node:
+        where = producers.get(split.input[0]) if split.op_type == "Split" else None
+        if where is None or where.op_type != "Where" or where.input[0] != lazy:
+            continue
+        if not set(split.output) <= outputs:
+            return None
+        add, grads = producers.get(where.input[2]), producers.get(where.input[1])
+        if add is None or add.op_type != "Add" or where.input[1] not in add.input:
+            return None
+        other = add.input[0] if add.input[1] == where.input[1] else add.input[1]
+        stacked = producers.get(other)
+        if grads is None or stacked is None or \
+                not grads.op_type == stacked.op_type == "Concat" or \
+                len(grads.input) != len(split.output) or \
+                not set(stacked.input) <= buffers or \
+                len(set(stacked.input)) != len(stacked.input) or \
+                uses.get(split.input[0]) != 1 or uses.get(where.input[2]) != 1 or \
+                uses.get(other) != 1 or uses.get(where.input[1]) != 2:
+            return None
+        found.append(([split, where, add, grads, stacked],
+                      list(zip(grads.input, split.output))))
+    return found
+
+
+def _is_zero(inits, producers, name):
+    """Whether ``name`` is a constant (an initializer or a Constant node)
+    whose every element is 0."""
+    tensor = inits.get(name)
+    if tensor is None and name in producers and producers[name].op_type == "Constant":
+        tensor = next((a.t for a in producers[name].attribute if a.name == "value"), None)
+    if tensor is None:
+        return False
+    return not np.any(onnx.numpy_helper.to_array(tensor))
 
 
 def _unreshape(model, gradients):

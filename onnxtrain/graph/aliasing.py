@@ -31,6 +31,14 @@ ELEMENTWISE_WRITERS = frozenset({
     "Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Sqrt", "Abs",
     "Sign"})
 
+#: Ops that may write into the memory of an input they do not read, when
+#: every reader of that input runs before them (the artifacts' accumulating
+#: weight gradients and vectors accumulated together).
+_WRITERS_NOT_READING = frozenset({"Gemm", "Split"})
+#: Readers copying the input into a new tensor, no element-wise kernel:
+#: fine when they run before the writer.
+_COPYING_READERS = frozenset({"Concat"})
+
 
 def writes_after_reads(graph, pairs):
     """The ``(input, output)`` pairs of ``graph`` whose output may be written
@@ -45,12 +53,13 @@ def writes_after_reads(graph, pairs):
     Returns
     -------
     set of (str, str)
-        The pairs where the node writing the output and every node reading
-        the input (in their subgraphs too) are main-graph, standard-domain
-        :data:`ELEMENTWISE_WRITERS` nodes, every reader is the writer or one
-        of its ancestors, and the input is not also a graph output. Shapes
-        are not checked: the caller binds the input's own buffer, whose
-        shape is the output's.
+        The pairs where every node reading the input (in their subgraphs
+        too) is a main-graph, standard-domain :data:`ELEMENTWISE_WRITERS`
+        node or a Concat, the node writing the output is an element-wise
+        one too or a Gemm or Split not reading the input, every reader is
+        the writer or one of its ancestors, and the input is not also a
+        graph output. Shapes are not checked: the caller binds the input's
+        own buffer, whose shape is the output's.
     """
     producer, readers, reads = {}, {}, []
     for index, node in enumerate(graph.node):
@@ -66,7 +75,10 @@ def writes_after_reads(graph, pairs):
         if writer is None or target not in graph_outputs:
             continue
         if source in graph_outputs or not all(
-                _elementwise(graph.node[i]) for i in [writer] + readers.get(source, [])):
+                _elementwise(graph.node[i], _COPYING_READERS)
+                for i in readers.get(source, [])) or not (
+                _elementwise(graph.node[writer]) or
+                _writes_without_reading(graph.node[writer], reads[writer], source)):
             continue
         ancestors = _ancestors(reads, producer, writer)
         if all(r == writer or r in ancestors for r in readers.get(source, ())):
@@ -74,9 +86,19 @@ def writes_after_reads(graph, pairs):
     return safe
 
 
-def _elementwise(node):
-    return node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE_WRITERS \
+def _elementwise(node, also=frozenset()):
+    return node.domain in ("", "ai.onnx") and (
+        node.op_type in ELEMENTWISE_WRITERS or node.op_type in also) \
         and not any(att.type in (att.GRAPH, att.GRAPHS) for att in node.attribute)
+
+
+def _writes_without_reading(node, reads, source):
+    """Whether ``node`` is a Gemm or Split that does not read ``source``
+    itself (``Gemm(A, B, Where(lazy, 0, buffer))``, ``Split`` of the
+    concatenated accumulated vectors): it only writes, its inputs an
+    ancestor's tensors."""
+    return node.domain in ("", "ai.onnx") and node.op_type in _WRITERS_NOT_READING \
+        and source not in reads
 
 
 def _ancestors(reads, producer, index):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -162,19 +163,100 @@ def _inference_mode(nodes):
 
 
 def _accumulate(g, trainable, grad_names, types):
-    """Where(lazy_reset_grad, grad, buffer + grad) for each name;
-    ``types``: name -> (elem_type, shape) of the buffers."""
+    """Where(lazy_reset_grad, grad, buffer + grad) for each name, or a
+    gradient's own Gemm adding ``Where(lazy_reset_grad, 0, buffer)`` as its
+    C (:func:`_fold_into_gemm`); ``types``: name -> (elem_type, shape) of
+    the buffers."""
     lazy = g.reserve(LAZY_RESET_GRAD)
-    buffers, outputs = [], []
+    gemms = _foldable_gemms(g, grad_names)
+    buffers, outputs, masks, small = [], [], {}, {}
     for param, grad in zip(trainable, grad_names):
         buffer = g.reserve(buffer_name(param))
         out = g.reserve(accumulated_name(param))
-        g.op("Where", lazy, grad, g.op("Add", buffer, grad), outputs=[out])
         elem, shape = types[param]
+        if grad in gemms:
+            _fold_into_gemm(g, gemms[grad], lazy, buffer, out, elem)
+            masks[id(gemms[grad])] = g.nodes.pop()  # placed before its Gemm below
+        elif _small_vector(shape):
+            small.setdefault(elem, []).append((grad, buffer, out, shape[0]))
+        else:
+            g.op("Where", lazy, grad, g.op("Add", buffer, grad), outputs=[out])
         buffers.append(tensor_value_info(buffer, elem, shape))
         outputs.append(tensor_value_info(out, elem, shape))
+    for group in small.values():
+        _accumulate_together(g, lazy, group)
+    if masks:
+        nodes = list(g.nodes)
+        del g.nodes[:]
+        for node in nodes:
+            if id(node) in masks:
+                g.nodes.append(masks[id(node)])
+            g.nodes.append(node)
     lazy_vi = helper.make_tensor_value_info(lazy, onnx.TensorProto.BOOL, [])
     return buffers, lazy_vi, outputs
+
+
+#: Gradients of at most this many elements, vectors (biases, normalization
+#: scales), accumulate together (:func:`_accumulate_together`).
+_SMALL_GRADIENT_SIZE = 1 << 16
+
+
+def _small_vector(shape):
+    return shape is not None and len(shape) == 1 and isinstance(shape[0], int) \
+        and 0 < shape[0] <= _SMALL_GRADIENT_SIZE
+
+
+def _accumulate_together(g, lazy, group):
+    """``group`` of (gradient, buffer, output, size) vectors of one element
+    type accumulated as one vector: ``Split(Where(lazy, G, B + G))`` with
+    G and B the concatenated gradients and buffers. Five nodes instead of
+    two per gradient (a transformer has ten such vectors per layer), the
+    same values: the copies cost little on vectors."""
+    if len(group) == 1:
+        grad, buffer, out, _ = group[0]
+        g.op("Where", lazy, grad, g.op("Add", buffer, grad), outputs=[out])
+        return
+    grads = g.op("Concat", *[grad for grad, _, _, _ in group], axis=0)
+    stacked = g.op("Concat", *[buffer for _, buffer, _, _ in group], axis=0)
+    total = g.op("Where", lazy, grads, g.op("Add", stacked, grads))
+    sizes = [size for _, _, _, size in group]
+    outs = [out for _, _, out, _ in group]
+    if g.opset >= 13:
+        g.op("Split", total, g.const(np.array(sizes, np.int64), onnx.TensorProto.INT64),
+             axis=0, outputs=outs)
+    else:
+        g.op("Split", total, axis=0, split=sizes, outputs=outs)
+
+
+def _foldable_gemms(g, grad_names):
+    """Gradient name -> the Gemm node of ``g`` writing it, for the gradients
+    written by a Gemm without C and read by no other node (a weight
+    gradient ``dY^T X``)."""
+    wanted = set(grad_names)
+    found, reads = {}, {}
+    for node in g.nodes:
+        for name in node.input:
+            reads[name] = reads.get(name, 0) + 1
+        if node.op_type == "Gemm" and node.domain in ("", "ai.onnx") and \
+                (len(node.input) == 2 or node.input[2:] == [""]) and \
+                node.output[0] in wanted:
+            found[node.output[0]] = node
+    return {name: node for name, node in found.items() if name not in reads
+            and grad_names.count(name) == 1}
+
+
+def _fold_into_gemm(g, gemm, lazy, buffer, out, elem):
+    """``gemm`` (its output a gradient) made to write the accumulated
+    gradient ``out``: ``alpha A B + Where(lazy, 0, buffer)``. One node per
+    gradient less than an Add and a Where after the Gemm; the product
+    added to zeros is the product itself, so an overwriting call gives the
+    gradient exactly (api/_plain_step.py drops C again)."""
+    del gemm.input[2:]
+    gemm.input.append(g.op("Where", lazy, g.const(0, elem), buffer))
+    for att in gemm.attribute:
+        if att.name == "beta":
+            att.f = 1.0
+    gemm.output[0] = out
 
 
 def _gradient_nodes(prepared, wrt, loss, buffer_types):

@@ -29,6 +29,23 @@ def test_elementwise_update_whose_other_reads_come_first_is_in_place():
     assert writes_after_reads(graph, [("w", "w.updated")]) == {("w", "w.updated")}
 
 
+def test_gemm_writing_over_a_buffer_it_reads_through_a_where_is_in_place():
+    # the artifacts' accumulating weight gradient: Gemm(A, B, Where(c, 0, w))
+    graph = _graph([helper.make_node("Where", ["c", "z", "w"], ["masked"]),
+                    helper.make_node("Gemm", ["g", "m", "masked"], ["w.updated"])])
+    assert writes_after_reads(graph, [("w", "w.updated")]) == {("w", "w.updated")}
+    # vectors accumulated together: Split(Where(c, G, Concat(w, m) + G))
+    graph = _graph([helper.make_node("Concat", ["w", "m"], ["wm"], axis=0),
+                    helper.make_node("Add", ["wm", "g"], ["s"]),
+                    helper.make_node("Split", ["s"], ["w.updated", "m.updated"],
+                                     axis=0)], ["w.updated", "m.updated"])
+    assert writes_after_reads(graph, [("w", "w.updated"), ("m", "m.updated")]) == {
+        ("w", "w.updated"), ("m", "m.updated")}
+    # a Gemm reading w itself may read it after writing part of its output
+    graph = _graph([helper.make_node("Gemm", ["g", "m", "w"], ["w.updated"])])
+    assert writes_after_reads(graph, [("w", "w.updated")]) == set()
+
+
 @pytest.mark.parametrize("nodes", [
     # another output reads w and need not run before the update
     [helper.make_node("Sub", ["w", "g"], ["w.updated"]),

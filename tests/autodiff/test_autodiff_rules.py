@@ -730,15 +730,17 @@ def test_array_feature_extractor_gradient(shape, indices):
 @pytest.mark.parametrize("opset, message", [
     (7, "differentiates opset 8 and newer"),
     # Softmax's gradient zeroes the NaNs of a row of -inf with IsNaN, born
-    # at opset 9
+    # at opset 9 (scores with something added: a mask may be)
     (8, "The gradient of Softmax node 'Y_node': IsNaN does not exist at opset 8 "
         "(it needs opset >= 9); upgrade the model with "
         "onnx.version_converter.convert_version(model, 9)")])
 def test_old_opsets_are_refused_with_what_to_upgrade(opset, message):
-    model = _model([("MatMul", ["X", "W"], ["Z"], {}), ("Softmax", ["Z"], ["Y"], {})],
+    model = _model([("MatMul", ["X", "W"], ["Z"], {}), ("Add", ["Z", "B"], ["S"], {}),
+                    ("Softmax", ["S"], ["Y"], {})],
                    {"X": (TensorProto.FLOAT, ["N", 3])},
                    {"Y": (TensorProto.FLOAT, ["N", 2])},
-                   {"W": np.ones((3, 2), np.float32)}, opset=opset)
+                   {"W": np.ones((3, 2), np.float32), "B": np.zeros(2, np.float32)},
+                   opset=opset)
     with pytest.raises(ValueError, match=re.escape(message)):
         build_gradient_models(model, ["W"])
 

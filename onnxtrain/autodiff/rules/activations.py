@@ -1,6 +1,8 @@
 """VJP rules of activations and normalizing activations (softmax family)."""
 import math
 
+import numpy as np
+
 from ..registry import register_vjp
 
 
@@ -50,10 +52,28 @@ def _nan_as_zero(ctx, y):
     return ctx.op("Where", ctx.op("IsNaN", y), ctx.const(0), y)
 
 
+def _unmasked_product(ctx, x):
+    """Whether ``x`` is a MatMul or Gemm, or one times (or divided by) a
+    finite constant: attention scores with no mask added. A row of them is
+    NaN or infinite only if the forward pass already overflowed (nothing
+    then masks the row; PyTorch's gradient is NaN there too), so their
+    softmax's gradient needs no NaN guard, two passes over the scores."""
+    node = ctx.g.producer(x)
+    if node is not None and node.op_type in ("Mul", "Div") and node.domain in ("", "ai.onnx"):
+        value = ctx.constant_value(node.input[1])
+        if value is None or not np.all(np.isfinite(value)) or value.size != 1:
+            return False
+        node = ctx.g.producer(node.input[0])
+    return node is not None and node.op_type in ("MatMul", "Gemm") and \
+        node.domain in ("", "ai.onnx")
+
+
 @register_vjp("Softmax")
 def _softmax(ctx, gy):
     # dx = y * (gy - sum(gy * y, axes))
-    y = _nan_as_zero(ctx, ctx.outputs[0])
+    y = ctx.outputs[0]
+    if not _unmasked_product(ctx, ctx.inputs[0]):
+        y = _nan_as_zero(ctx, y)
     dot = ctx.g.reduce_sum(ctx.op("Mul", gy, y), _softmax_axes(ctx), keepdims=1)
     return ctx.op("Mul", y, ctx.op("Sub", gy, dot))
 
