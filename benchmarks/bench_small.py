@@ -57,7 +57,9 @@ drawn by numpy, softmax cross-entropy on 10 classes unless said):
   the warm losses do too);
 - lstm: a 2-layer bidirectional ``nn.LSTM`` (input 64, hidden 128) over 50
   time steps, the last step's output through a linear head, batch 8,
-  sequences given as rows of 50 * 64 floats, SGD momentum as above.
+  sequences given as rows of 50 * 64 floats, SGD momentum as above;
+- gru: the same with a 2-layer bidirectional ``nn.GRU`` (input 64, hidden
+  128).
 """
 from __future__ import annotations
 
@@ -92,6 +94,8 @@ SMALL_MODELS = {
                          features=3 * 64 * 64, **_SGD),
     "lstm": dict(batch=8, warmup=3, steps=30, classes=10, size=50,
                  features=50 * 64, **_SGD),
+    "gru": dict(batch=8, warmup=3, steps=30, classes=10, size=50,
+                features=50 * 64, **_SGD),
 }
 DEFAULT_SYSTEMS = ["torch", "estimator", "torch-plain", "api"]
 
@@ -107,8 +111,8 @@ def small_torch_model(name):
         return _swin(SMALL_MODELS[name])
     if name.startswith("maxvit"):
         return _maxvit(SMALL_MODELS[name])
-    if name.startswith("lstm"):
-        return _lstm(SMALL_MODELS[name])
+    if name.startswith(("lstm", "gru")):
+        return _lstm(SMALL_MODELS[name], gru=name.startswith("gru"))
     if name.startswith("alexnet"):
         return _alexnet(SMALL_MODELS[name])
     return _bench_torch_model(name)
@@ -330,15 +334,16 @@ def _alexnet(cfg):
     return AlexNet()
 
 
-def _lstm(cfg):
+def _lstm(cfg, gru=False):
     from torch import nn
     steps = cfg["size"]
+    layer = nn.GRU if gru else nn.LSTM
 
     class LSTM(nn.Module):
         def __init__(self):
             super().__init__()
-            self.lstm = nn.LSTM(64, 128, num_layers=2, bidirectional=True,
-                                batch_first=True)
+            self.lstm = layer(64, 128, num_layers=2, bidirectional=True,
+                              batch_first=True)
             self.head = nn.Linear(256, cfg["classes"])
 
         def forward(self, x):
@@ -349,13 +354,14 @@ def _lstm(cfg):
 
 
 def small_export(name, path):
-    """bench_models.export; for the LSTM, whose exporter writes the weights
-    into initializers of its own (gates reordered, biases joined), the
+    """bench_models.export; for the LSTM and the GRU, whose exporter writes
+    the weights into initializers of its own (gates reordered, biases
+    joined), the
     names of the graph's float initializers instead of the module's."""
     try:
         return _bench_export(name, path)
     except RuntimeError:
-        if not name.startswith("lstm"):
+        if not name.startswith(("lstm", "gru")):
             raise
     import onnx
     onx = onnx.load(path)

@@ -4,7 +4,7 @@ pass, finish.
 - :func:`prepare`: the running statistics' updates
   (:mod:`onnxtrain.graph.training_mode`), small-output Convs of trained
   weights lowered to one product (:mod:`onnxtrain.graph.conv_gemm`),
-  LSTMs of trained weights as Scans emitting their gates
+  LSTMs and GRUs of trained weights as Scans emitting their gates
   (:mod:`onnxtrain.graph.recurrent_lowering`), Dropouts that copy their input removed, Reshape targets known at build
   time written as constants (:mod:`onnxtrain.graph.static_shapes`), and
   the model's types inferred once per rewrite that adds values;
@@ -33,7 +33,7 @@ from ..graph.broadcasts import avoid_slow_broadcasts
 from ..graph.conv_gemm import convs_on_columns, lower_small_convs
 from ..graph.cse import eliminate_common_subexpressions
 from ..graph.identities import remove_identity_dropouts
-from ..graph.recurrent_lowering import lower_lstms
+from ..graph.recurrent_lowering import lower_recurrent
 from ..graph.static_shapes import fold_reshape_targets
 from ..graph.training_mode import with_running_statistics_updates
 
@@ -73,7 +73,7 @@ def prepare(model, wrt, types=None, statistics=None, drop_identity_dropouts=Fals
     model : onnx.ModelProto
         Not modified.
     wrt : list of str
-        The trained weights (their small-output Convs and their LSTMs are
+        The trained weights (their small-output Convs, LSTMs and GRUs are
         lowered).
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types` if known.
@@ -98,7 +98,7 @@ def prepare(model, wrt, types=None, statistics=None, drop_identity_dropouts=Fals
         owned = True
         if buffers:  # values the model lacked
             types = infer_value_types(model)
-    for lower in (lower_small_convs, lower_lstms):
+    for lower in (lower_small_convs, lower_recurrent):
         lowered = lower(model, wrt, types)
         if lowered is not model:  # values of its own
             model, types, owned = lowered, infer_value_types(lowered), True

@@ -22,6 +22,15 @@ reverse pass gives it the direct LSTM gradient, which reads those outputs
 instead of recomputing them (:mod:`onnxtrain.autodiff.rules.recurrent`).
 The directions' outputs are stacked into the node's Y, Y_h and Y_c; the
 values are the kernel's up to rounding.
+
+A GRU as torch exports it (``linear_before_reset``, the specification's
+activations, no clip, sequence_lens nor layout) is lowered likewise: the
+input projection ``X W^T + Wb`` in one Gemm, and a Scan per direction
+whose step is one Gemm ``h R^T + Rb``, the sigmoid of z and r, the
+candidate ``n = tanh(x_n + r . rec_n)`` and ``H = n + z (H_prev - n)``;
+it emits, besides the state and Y, the sigmoids of (z, r), n and
+``rec_n = H_prev Rh^T + Rbh``; it is marked :data:`GRU_SCAN_DOC`.
+:func:`lower_recurrent` lowers both (the training graphs' preparation).
 """
 from __future__ import annotations
 
@@ -32,12 +41,19 @@ from .builder import GraphBuilder
 from .scopes import node_reads
 from .shapes import infer_value_types
 
-__all__ = ["LSTM_SCAN_DOC", "LSTM_SCAN_OUTPUTS", "is_default_lstm", "lower_lstms"]
+__all__ = ["GRU_SCAN_DOC", "GRU_SCAN_OUTPUTS", "LSTM_SCAN_DOC",
+           "LSTM_SCAN_OUTPUTS", "is_default_gru", "is_default_lstm",
+           "lower_lstms", "lower_recurrent"]
 
 #: doc_string of the Scan of one lowered LSTM direction.
 LSTM_SCAN_DOC = "onnxtrain: one LSTM direction, gates emitted"
 #: The outputs of that Scan: the final states, then the scan outputs.
 LSTM_SCAN_OUTPUTS = ("h_last", "c_last", "y", "ifo", "c_gate", "tanh_c", "c_prev")
+#: doc_string of the Scan of one lowered GRU direction.
+GRU_SCAN_DOC = "onnxtrain: one GRU direction, gates emitted"
+#: The outputs of that Scan: the final state, then the scan outputs (the
+#: sigmoids of z and r, the candidate n, the recurrent product's n part).
+GRU_SCAN_OUTPUTS = ("h_last", "y", "zr", "n", "rec_n")
 
 
 def _attr(node, name, default=None):
@@ -77,6 +93,22 @@ def is_default_lstm(node, opset):
             and not _attr(node, "activation_beta")
             and all(a.lower() == b for a, b in zip(
                 names, ["sigmoid", "tanh", "tanh"] * 2)))
+
+
+def is_default_gru(node, opset):
+    """Whether ``node`` is a GRU as torch exports it: linear_before_reset,
+    the specification's activations, no clip, sequence_lens nor layout,
+    at opset 13 or later."""
+    if node.op_type != "GRU" or node.domain not in ("", "ai.onnx") or opset < 13:
+        return False
+    inputs = list(node.input) + [""] * 6
+    names = [n.decode() if isinstance(n, bytes) else n
+             for n in _attr(node, "activations", [])]
+    return (_attr(node, "linear_before_reset", 0) == 1 and not inputs[4]
+            and _attr(node, "clip") is None and not _attr(node, "layout", 0)
+            and not _attr(node, "activation_alpha")
+            and not _attr(node, "activation_beta")
+            and all(a.lower() == b for a, b in zip(names, ["sigmoid", "tanh"] * 2)))
 
 
 def _depends_on(nodes, weights):
@@ -175,8 +207,95 @@ def _lower(g, node, dtype, hidden, size):
             g.op("Concat", *parts, axis=axis, outputs=[name])
 
 
+def _gru_step_body(g, dtype, hidden, r, rb):
+    """The Scan body of one GRU step (``r``, ``rb``: the direction's R and
+    Rb, outer; ``rb`` may be None)."""
+    sg = GraphBuilder(g.opset, value_types=g.types, prefix="gru_step_")
+    sg._used = g._used  # noqa: SLF001 - one namespace for all scopes
+    h_in, x_t = sg.unique_name("h_in"), sg.unique_name("x_t")
+    rec = sg.op("Gemm", h_in, r, *([rb] if rb else []), transB=1)
+    sizes = sg.int64s([2 * hidden, hidden])
+    rec_zr, rec_n = sg.op("Split", rec, sizes, axis=1, n_outputs=2)
+    x_zr, x_n = sg.op("Split", x_t, sizes, axis=1, n_outputs=2)
+    zr = sg.op("Sigmoid", sg.op("Add", x_zr, rec_zr))
+    attrs = {"num_outputs": 2} if sg.opset >= 18 else {}
+    z, r_gate = sg.op("Split", zr, axis=1, n_outputs=2, **attrs)
+    n = sg.op("Tanh", sg.op("Add", x_n, sg.op("Mul", r_gate, rec_n)))
+    # H = (1 - z) n + z H_prev
+    h = sg.op("Add", n, sg.op("Mul", z, sg.op("Sub", h_in, n)))
+    outs = [h, sg.op("Identity", h), zr, n, rec_n]
+    widths = [hidden, hidden, 2 * hidden, hidden, hidden]
+    vis = [helper.make_tensor_value_info(n_, dtype, (None, w))
+           for n_, w in ((h_in, hidden), (x_t, 3 * hidden))]
+    out_vis = [helper.make_tensor_value_info(n_, dtype, (None, w))
+               for n_, w in zip(outs, widths)]
+    return sg.make_graph("gru_step", vis, out_vis)
+
+
+def _lower_gru(g, node, dtype, hidden, size):
+    """Emit the lowering of the GRU ``node`` into ``g``."""
+    inputs = list(node.input) + [""] * 6
+    x, w, r, b, h0 = (inputs[k] for k in (0, 1, 2, 3, 5))
+    direction = _attr(node, "direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    n_dirs = 2 if direction == "bidirectional" else 1
+    flat_x = g.op("Reshape", x, g.int64s([-1, size]))
+    dims = g.op("Slice", g.shape_of(x), g.int64s([0]), g.int64s([2]))
+    steps_shape = g.op("Concat", dims, g.int64s([3 * hidden]), axis=0)
+    ys, hs = [], []
+    per_dir = [_directions(g, v, n_dirs) if v else [None] * n_dirs
+               for v in (w, r, b, h0)]
+    for d, (w_d, r_d, b_d, h0_d) in enumerate(zip(*per_dir)):
+        wb = rb = None
+        if b_d:
+            wb, rb = g.op("Split", b_d, axis=0, n_outputs=2,
+                          **({"num_outputs": 2} if g.opset >= 18 else {}))
+        xw = g.op("Reshape", g.op("Gemm", flat_x, w_d, *([wb] if wb else []),
+                                  transB=1), steps_shape)
+        if not h0_d:
+            shape = g.op("Concat", g.op("Slice", dims, g.int64s([1]),
+                                        g.int64s([2])),
+                         g.int64s([hidden]), axis=0)
+            h0_d = g.op("Expand", g.const(0, dtype), shape)
+        reverse = int(direction == "reverse" or d == 1)
+        outs = g.op("Scan", h0_d, xw,
+                    body=_gru_step_body(g, dtype, hidden, r_d, rb),
+                    n_outputs=len(GRU_SCAN_OUTPUTS), num_scan_inputs=1,
+                    scan_input_directions=[reverse],
+                    scan_output_directions=[reverse] * 4)
+        g.nodes[-1].doc_string = GRU_SCAN_DOC
+        hs.append(outs[0])
+        ys.append(outs[1])
+    outputs = list(node.output) + [""] * 2
+    for name, parts, axis in zip(outputs[:2], (ys, hs), (1, 0)):
+        if not name:
+            continue
+        parts = [g.unsqueeze(p, [axis]) for p in parts]
+        if len(parts) == 1:
+            g.op("Identity", parts[0], outputs=[name])
+        else:
+            g.op("Concat", *parts, axis=axis, outputs=[name])
+
+
 def lower_lstms(model, weights, types=None):
-    """``model`` with its default LSTMs computed from a weight of
+    """``model`` with its default LSTMs lowered (:func:`lower_recurrent`
+    restricted to LSTMs).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+    weights : iterable of str
+    types : dict, default=None
+
+    Returns
+    -------
+    onnx.ModelProto
+    """
+    return lower_recurrent(model, weights, types, ops=("LSTM",))
+
+
+def lower_recurrent(model, weights, types=None, ops=("LSTM", "GRU")):
+    """``model`` with its default LSTMs and GRUs computed from a weight of
     ``weights`` written as Scans emitting their gates (see the module
     doc); ``model`` itself when none qualifies.
 
@@ -188,8 +307,10 @@ def lower_lstms(model, weights, types=None):
         keeps onnxruntime's kernel).
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types` when the
-        caller has them (else inferred here, only when an LSTM may
+        caller has them (else inferred here, only when a node may
         qualify).
+    ops : tuple of str, default=("LSTM", "GRU")
+        The operators lowered.
 
     Returns
     -------
@@ -199,7 +320,12 @@ def lower_lstms(model, weights, types=None):
     graph = model.graph
     opset = next((o.version for o in model.opset_import
                   if o.domain in ("", "ai.onnx")), 0)
-    if not any(is_default_lstm(n, opset) for n in graph.node):
+    checks = {"LSTM": (is_default_lstm, _lower), "GRU": (is_default_gru, _lower_gru)}
+    checks = {op: checks[op] for op in ops}
+
+    def qualifies(node):
+        return node.op_type in checks and checks[node.op_type][0](node, opset)
+    if not any(qualifies(n) for n in graph.node):
         return model
     types = infer_value_types(model) if types is None else types
     reached = _depends_on(graph.node, weights)
@@ -209,7 +335,7 @@ def lower_lstms(model, weights, types=None):
     g = GraphBuilder(opset, used_names=used, value_types=dict(types))
     nodes, lowered = [], False
     for node in graph.node:
-        if not is_default_lstm(node, opset):
+        if not qualifies(node):
             nodes.append(node)
             continue
         sizes = _static_sizes(node, types)
@@ -218,7 +344,7 @@ def lower_lstms(model, weights, types=None):
                 or not reached & {i for i in node.input if i}):
             nodes.append(node)
             continue
-        _lower(g, node, dtype, *sizes)
+        checks[node.op_type][1](g, node, dtype, *sizes)
         nodes.extend(g.nodes)
         g.nodes.clear()
         lowered = True

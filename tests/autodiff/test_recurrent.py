@@ -20,7 +20,7 @@ from gradcheck import (check_model, expansion_model, numeric_gradient,
                        relative_error, run, session, split_gradients)
 from onnxtrain.autodiff import build_gradient_models
 from onnxtrain.autodiff.rules.recurrent import expand
-from onnxtrain.graph.recurrent_lowering import lower_lstms
+from onnxtrain.graph.recurrent_lowering import lower_lstms, lower_recurrent
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 OPTIONAL = ("B", "L", "H0", "C0", "P")
@@ -379,3 +379,83 @@ def test_lstm_on_constant_weights_keeps_the_kernel():
     assert lower_lstms(model, ["not_a_name"]) is model
     clipped = _model("LSTM", inputs=("B",), clip=0.5)
     assert lower_lstms(clipped, ["W"]) is clipped
+
+
+# GRUs as torch exports them (linear_before_reset) lowered the same way: one
+# Scan per direction emitting z, r, the candidate n and the recurrent
+# product's n part, whose gradient is one backward Scan reading them
+GRU_CASES = [
+    ({"direction": "bidirectional"}, ("B", "H0"), ["Y", "Y_h"]),
+    ({"direction": "reverse"}, ("B",), ["Y"]),
+    ({}, (), ["Y_h"]),
+    ({"direction": "bidirectional"}, ("H0",), ["Y_h"]),
+]
+
+
+def _gru(dtype, inputs, hidden=2, y=True, **attrs):
+    model = _model("GRU", dtype, inputs=inputs, symbolic=True, hidden=hidden,
+                   linear_before_reset=1, **attrs)
+    if not y:  # Y not computed
+        model.graph.node[0].output[0] = ""
+        del model.graph.output[0]
+    return model
+
+
+def _lowered_gru(model):
+    lowered = lower_recurrent(model, [i.name for i in model.graph.input])
+    assert "GRU" not in [n.op_type for n in lowered.graph.node]
+    return lowered
+
+
+@pytest.mark.parametrize("attrs, inputs, outputs", GRU_CASES)
+def test_lowered_gru_matches_onnxruntime_kernel(attrs, inputs, outputs):
+    model = _gru(np.float32, inputs, hidden=3, y="Y" in outputs, **attrs)
+    lowered = _lowered_gru(model)
+    check_model(lowered)
+    directions = 2 if attrs.get("direction") == "bidirectional" else 1
+    assert _scan_count(lowered) == directions
+    for t, n in ((4, 2), (1, 3)):
+        feeds = _feeds(model, np.float32, seed=t, t=t, n=n)
+        expected = session(model).run(None, feeds)
+        got = session(lowered).run(None, feeds)
+        assert len(got) == len(expected)
+        for e, a in zip(expected, got):
+            np.testing.assert_allclose(a, e, atol=1e-6)
+
+
+@pytest.mark.parametrize("attrs, inputs, outputs", GRU_CASES)
+def test_lowered_gru_gradient_matches_finite_differences_float64(
+        attrs, inputs, outputs):
+    model = _gru(np.float64, inputs, **attrs)
+    wrt = [i.name for i in model.graph.input]
+    gm = build_gradient_models(_lowered_gru(model), wrt, outputs=outputs)
+    check_model(gm.backward_model)
+    # the backward Scan of each direction only, nothing recomputed
+    directions = 2 if attrs.get("direction") == "bidirectional" else 1
+    assert _scan_count(gm.backward_model) == directions
+    assert not {"Sigmoid", "Tanh"} & {n.op_type for n in gm.backward_model.graph.node}
+    reference = session(expansion_model(model, expand))
+    forward_session = session(gm.forward_model)
+    for t, n in ((3, 2), (5, 1)):
+        feeds = _feeds(model, np.float64, seed=t, t=t, n=n)
+        forward = run(forward_session, feeds)
+        rng = np.random.default_rng(t)
+        grad_outputs = {o: rng.normal(size=forward[o].shape) for o in outputs}
+        grads = _backward_gradients(gm, feeds, grad_outputs, forward)
+        for w in wrt:
+            expected = numeric_gradient(reference, feeds, w, grad_outputs)
+            assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+
+
+def test_gru_outside_the_lowering_keeps_the_kernel():
+    # without linear_before_reset, with clip or sequence_lens, or on
+    # constant weights, onnxruntime's GRU kernel stays
+    for model, weights in (
+            (_model("GRU", inputs=("B",)), ["W"]),
+            (_model("GRU", inputs=("B",), linear_before_reset=1, clip=0.5), ["W"]),
+            (_model("GRU", inputs=("B", "L"), linear_before_reset=1), ["W"]),
+            (_model("GRU", inputs=("B",), linear_before_reset=1), [])):
+        assert lower_recurrent(model, weights) is model
+    # lower_lstms leaves GRUs alone
+    gru = _model("GRU", inputs=("B",), linear_before_reset=1)
+    assert lower_lstms(gru, ["W"]) is gru

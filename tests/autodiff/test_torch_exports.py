@@ -4,8 +4,9 @@ Small networks are exported with ``torch.onnx.export`` (TorchScript
 exporter, training mode, symbolic batch size): a CNN (Conv,
 BatchNormalization in training mode, Relu, MaxPool, Dropout, Flatten, Gemm),
 a transformer block (Gather embedding, LayerNormalization, MatMul,
-Softmax, Erf GELU) and a 2-layer bidirectional LSTM through the training
-graphs' preparation (its LSTMs lowered to Scans emitting their gates). The
+Softmax, Erf GELU) and 2-layer bidirectional LSTM and GRU through the
+training graphs' preparation (their nodes lowered to Scans emitting their
+gates). The
 vector-Jacobian product of one step computed by
 onnxtrain's split gradient models must match torch autograd's; Dropout's
 mask is the one onnxruntime drew in the forward run, applied in torch too.
@@ -196,6 +197,35 @@ def test_lstm_prepared_for_training_matches_torch_autograd():
     prepared = prepare(model, list(weights))
     ops = [n.op_type for n in prepared.model.graph.node]
     assert "LSTM" not in ops and ops.count("Scan") == 4
+    grad_y = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float32)
+    _, forward, grads = _onnx_vjp(prepared.model, weights, {"x": x.numpy()}, grad_y)
+    _assert_matches_torch(net, net(x), grad_y, forward, grads)
+
+
+class TwoLayerGRU(torch.nn.Module):
+    """A bidirectional 2-layer GRU, batch first, its last step's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = torch.nn.GRU(3, 4, num_layers=2, bidirectional=True,
+                                batch_first=True)
+
+    def forward(self, x):
+        return self.gru(x)[0][:, -1]
+
+
+def test_gru_prepared_for_training_matches_torch_autograd():
+    # torch exports GRUs with linear_before_reset: the preparation lowers
+    # them to Scans emitting their gates (onnxtrain.graph.recurrent_lowering)
+    from onnxtrain.assembly.pipeline import prepare
+    torch.manual_seed(0)
+    net = TwoLayerGRU()
+    x = torch.randn(2, 5, 3)
+    model = _export(net, x, "x")
+    weights = _parameters(net)
+    prepared = prepare(model, list(weights))
+    ops = [n.op_type for n in prepared.model.graph.node]
+    assert "GRU" not in ops and ops.count("Scan") == 4
     grad_y = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float32)
     _, forward, grads = _onnx_vjp(prepared.model, weights, {"x": x.numpy()}, grad_y)
     _assert_matches_torch(net, net(x), grad_y, forward, grads)

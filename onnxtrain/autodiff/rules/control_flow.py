@@ -57,7 +57,7 @@ from ..backward import _accumulate, fold_output_identities, implicit_inputs
 from ..expansion import (differentiate_nodes, outer_reads, prune_unread,
                          record_types, sub_builder)
 from ..registry import register_vjp
-from .recurrent import is_lstm_scan, lstm_scan_vjp
+from .recurrent import gru_scan_vjp, is_gru_scan, is_lstm_scan, lstm_scan_vjp
 
 
 def _recomputed(ctx, sg, graph, what):
@@ -467,6 +467,8 @@ def _scan(ctx, *grad_outputs):
     those whose input ran forward)."""
     if is_lstm_scan(ctx, grad_outputs):  # an LSTM direction emitting its gates
         return lstm_scan_vjp(ctx, *grad_outputs)
+    if is_gru_scan(ctx, grad_outputs):  # a GRU direction emitting its gates
+        return gru_scan_vjp(ctx, *grad_outputs)
     lay = _ScanLayout(ctx)
     types = _scan_input_types(ctx, lay)
     g, n_state, first = ctx.g, lay.n_state, lay.first

@@ -33,7 +33,10 @@ runs one backward Scan per direction. In a training graph such an LSTM is
 lowered to one Scan per direction emitting its gates
 (:mod:`onnxtrain.graph.recurrent_lowering`); :func:`lstm_scan_vjp`, the
 rule of that Scan, reads them and runs the same backward Scan, with no
-recomputation.
+recomputation. A GRU with ``linear_before_reset`` (what torch exports) is
+lowered too; :func:`gru_scan_vjp` reads its gates and runs one backward
+Scan carrying dh (6 nodes per step); the GRU node itself keeps the
+expansion's gradient.
 
 Directions are stacked on axis 1 of ``Y`` and axis 0 of ``Y_h``/``Y_c``;
 ``layout=1`` transposes batch and time in and out. Sequence length and
@@ -50,7 +53,8 @@ opset 11 (``Range``).
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from ...graph.recurrent_lowering import (LSTM_SCAN_DOC, LSTM_SCAN_OUTPUTS,
+from ...graph.recurrent_lowering import (GRU_SCAN_DOC, GRU_SCAN_OUTPUTS,
+                                         LSTM_SCAN_DOC, LSTM_SCAN_OUTPUTS,
                                          is_default_lstm)
 from ..expansion import (differentiate_expansion, outer_reads, record_types,
                          sub_builder)
@@ -722,6 +726,118 @@ def is_lstm_scan(ctx, grad_outputs):
             and len(node.output) == len(LSTM_SCAN_OUTPUTS)
             and len(ctx.implicit_inputs) == 1 and _scan_hidden(node) > 0
             and not any(grad_outputs[3:]))
+
+
+def _gru_backward_scan(ctx, dtype, hidden, r, gy, gyh, coef, z, h0, reverse):
+    """The gradients of the recurrent products ``H_t-1 R^T + Rb`` (T, B,
+    3H), of the hidden states (T, B, H) and of the initial state; the
+    steps run against the direction's order."""
+    g, sg = ctx.g, sub_builder(ctx)
+    names = [sg.unique_name(n) for n in ("dh_in", "coef_t", "z_t")]
+    sizes = [hidden, 3 * hidden, hidden]
+    if gy is not None:
+        names.append(sg.unique_name("gy_t"))
+        sizes.append(hidden)
+    for name, size in zip(names, sizes):
+        sg.set_type(name, dtype, (None, size))
+    dh_in, coef_t, z_t = names[:3]
+    dh = sg.op("Add", dh_in, names[3]) if gy is not None else sg.op("Identity", dh_in)
+    drec = sg.op("Mul", sg.op("Concat", dh, dh, dh, axis=1), coef_t)
+    dh_prev = sg.op("Add", sg.op("MatMul", drec, r), sg.op("Mul", dh, z_t))
+    outs = [dh_prev, drec, dh]
+    vi = [helper.make_tensor_value_info(n, dtype, (None, s))
+          for n, s in zip(names, sizes)]
+    out = [helper.make_tensor_value_info(n, dtype, (None, s))
+           for n, s in zip(outs, (hidden, 3 * hidden, hidden))]
+    body = sg.make_graph("gru_backward", vi, out)
+    dh_init = gyh if gyh is not None else g.zeros_like(h0, dtype)
+    scans = [coef, z] + ([gy] if gy is not None else [])
+    backwards = 0 if reverse else 1
+    dh0, drec_all, dh_all = g.op(
+        "Scan", dh_init, *scans, body=body, n_outputs=3,
+        num_scan_inputs=len(scans),
+        scan_input_directions=[backwards] * len(scans),
+        scan_output_directions=[backwards] * 2)
+    return drec_all, dh_all, dh0
+
+
+def gru_scan_vjp(ctx, *grad_outputs):
+    """Gradient of the Scan of one GRU direction that
+    :func:`~onnxtrain.graph.recurrent_lowering.lower_recurrent` wrote: its
+    scan outputs give z, r, the candidate n and ``H_t-1 Rh^T + Rbh`` of
+    every step, so the gradient is one backward Scan (no recomputation).
+    Inputs: h0 and the input projection of every step; R and Rb (when the
+    GRU has B), read by the body's Gemm, are the implicit inputs.
+
+    Parameters
+    ----------
+    ctx : VJPContext
+        Context of the Scan (:func:`is_gru_scan`).
+    *grad_outputs : str or None
+        Gradients of its outputs (those of the final state and of Y; the
+        gates' have none).
+
+    Returns
+    -------
+    tuple of (str or None)
+        Gradients of h0, the projection, then of the implicit inputs.
+    """
+    g, dtype = ctx.g, ctx.dtype
+    h0 = ctx.inputs[0]
+    _, y, zr, n, rec_n = ctx.outputs
+    hidden = _scan_hidden(ctx.node)
+    reverse = bool(_scan_ints(ctx.node, "scan_input_directions")[0])
+    gemm = _body_gemm(ctx.node)
+    r = gemm.input[1]
+    one = g.const(1, dtype)
+    h_prev = _shift(g, h0, y, reverse)
+    z, r_gate = _split(g, zr, 2, 2)
+    # H = n + z (H_prev - n), n = tanh(x_n + r . rec_n): dn = dH (1 - z),
+    # d pre-activation of n = dn (1 - n^2)
+    cn = g.op("Mul", g.op("Sub", one, z), g.op("Sub", one, g.op("Mul", n, n)))
+    dsig = g.op("Mul", zr, g.op("Sub", one, zr))
+    coef = g.op("Concat", g.op("Mul", g.op("Concat", g.op("Sub", h_prev, n),
+                                             g.op("Mul", cn, rec_n), axis=2),
+                               dsig),
+                g.op("Mul", cn, r_gate), axis=2)
+    drec, dh_all, dh0 = _gru_backward_scan(ctx, dtype, hidden, r, grad_outputs[1],
+                                           grad_outputs[0], coef, z, h0, reverse)
+    drec_zr, _ = g.op("Split", drec, g.int64s([2 * hidden, hidden]), axis=2,
+                      n_outputs=2)
+    dxw = g.op("Concat", drec_zr, g.op("Mul", dh_all, cn), axis=2)
+    result = [v if need else None for v, need in zip((dh0, dxw), ctx.needs_grad)]
+    flat = g.op("Reshape", drec, g.int64s([-1, 3 * hidden]))
+    implicit = []
+    for name, need in zip(ctx.implicit_inputs, ctx.implicit_needs_grad):
+        if not need:
+            implicit.append(None)
+        elif name == r:
+            implicit.append(g.op(
+                "Gemm", flat, g.op("Reshape", h_prev, g.int64s([-1, hidden])),
+                transA=1))
+        else:  # Rb
+            implicit.append(g.reduce_sum(flat, [0], keepdims=0))
+    return tuple(result) + tuple(implicit)
+
+
+def _body_gemm(node):
+    body = next(a.g for a in node.attribute if a.name == "body")
+    return next(n for n in body.node if n.op_type == "Gemm")
+
+
+def is_gru_scan(ctx, grad_outputs):
+    """Whether the Scan of ``ctx`` is one GRU direction written by
+    :func:`~onnxtrain.graph.recurrent_lowering.lower_recurrent`, as it
+    wrote it (two inputs, five outputs, R and Rb the body Gemm's outer
+    inputs and the only implicit inputs) and with no gradient reaching its
+    gates (which only the gradient reads)."""
+    node = ctx.node
+    if not (node.doc_string == GRU_SCAN_DOC and len(node.input) == 2
+            and len(node.output) == len(GRU_SCAN_OUTPUTS)
+            and _scan_hidden(node) > 0 and not any(grad_outputs[2:])):
+        return False
+    gemm = _body_gemm(node)
+    return set(ctx.implicit_inputs) == set(gemm.input[1:])
 
 
 def _recurrent_or_direct_vjp(ctx, *grad_outputs):
