@@ -28,7 +28,7 @@ import math
 import numpy as np
 from onnx import helper, numpy_helper
 
-from .builder import SMALL_SPATIAL_SIZE, GraphBuilder, opset_of
+from .builder import SMALL_SPATIAL_SIZE, GraphBuilder, opset_of, with_nodes
 from .shapes import infer_value_types
 from .symbolic import broadcast_shapes
 
@@ -145,12 +145,7 @@ def avoid_slow_broadcasts(model, types=None, keep=(), forward_types=None):
         changed = True
     if not changed:
         return model
-    new = type(model)()
-    new.CopyFrom(model)
-    del new.graph.node[:]
-    new.graph.node.extend(nodes)
-    new.graph.initializer.extend(new_inits)
-    return new
+    return with_nodes(model, nodes, new_inits)
 
 
 def _narrowed_axes(node, types, inits, overridable=()):

@@ -462,6 +462,18 @@ def make_model(graph, opset_imports, ir_version=None, producer="onnxtrain"):
     return model
 
 
+def with_nodes(model, nodes, initializers=()):
+    """A copy of ``model`` whose graph runs ``nodes`` (in that order) and
+    also holds ``initializers``: the end of a rewrite that replaced some
+    nodes by others (``model`` is not modified)."""
+    new = type(model)()
+    new.CopyFrom(model)
+    del new.graph.node[:]
+    new.graph.node.extend(nodes)
+    new.graph.initializer.extend(initializers)
+    return new
+
+
 def constant_node_value(node):
     """numpy value of a Constant node (None for sparse or string values)."""
     for att in node.attribute:

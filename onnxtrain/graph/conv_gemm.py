@@ -52,10 +52,9 @@ map.
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import helper
 
-from .builder import GraphBuilder
+from .builder import GraphBuilder, with_nodes
 from .shapes import infer_value_types
 
 __all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "im2col_columns",
@@ -383,12 +382,7 @@ def lower_small_convs(model, weights, types=None):
         lowered = True
     if not lowered:
         return model
-    new = onnx.ModelProto()
-    new.CopyFrom(model)
-    del new.graph.node[:]
-    new.graph.node.extend(nodes)
-    new.graph.initializer.extend(g.initializers)
-    return new
+    return with_nodes(model, nodes, g.initializers)
 
 
 def _columns_plan(node, types, weights):

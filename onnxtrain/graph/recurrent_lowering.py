@@ -34,10 +34,9 @@ it emits, besides the state and Y, the sigmoids of (z, r), n and
 """
 from __future__ import annotations
 
-import onnx
 from onnx import TensorProto, helper
 
-from .builder import GraphBuilder
+from .builder import GraphBuilder, with_nodes
 from .scopes import node_reads
 from .shapes import infer_value_types
 
@@ -350,9 +349,4 @@ def lower_recurrent(model, weights, types=None, ops=("LSTM", "GRU")):
         lowered = True
     if not lowered:
         return model
-    new = onnx.ModelProto()
-    new.CopyFrom(model)
-    del new.graph.node[:]
-    new.graph.node.extend(nodes)
-    new.graph.initializer.extend(g.initializers)
-    return new
+    return with_nodes(model, nodes, g.initializers)
