@@ -55,6 +55,7 @@ import numpy as np
 from onnx import helper
 
 from .builder import GraphBuilder, with_nodes
+from .scopes import graph_names
 from .shapes import infer_value_types
 
 __all__ = ["lower_small_convs", "gather_matrix", "im2col_rows", "im2col_columns",
@@ -363,9 +364,7 @@ def lower_small_convs(model, weights, types=None):
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 13:  # Pad and Slice with inputs, Unsqueeze axes as an input
         return model
-    used = {n for node in graph.node for n in list(node.output) + [node.name]}
-    used |= {i.name for i in graph.input} | set(inits) | {o.name for o in graph.output}
-    g = GraphBuilder(opset, used_names=used)
+    g = GraphBuilder(opset, used_names=graph_names(graph))
     nodes, lowered = [], False
     for node in graph.node:
         plan = _plan(node, types, weights, inits)

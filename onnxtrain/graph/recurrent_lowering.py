@@ -37,7 +37,7 @@ from __future__ import annotations
 from onnx import TensorProto, helper
 
 from .builder import GraphBuilder, with_nodes
-from .scopes import node_reads
+from .scopes import graph_names, node_reads
 from .shapes import infer_value_types
 
 __all__ = ["GRU_SCAN_DOC", "GRU_SCAN_OUTPUTS", "LSTM_SCAN_DOC",
@@ -195,15 +195,7 @@ def _lower(g, node, dtype, hidden, size):
         hs.append(outs[0])
         cs.append(outs[1])
         ys.append(outs[2])
-    outputs = list(node.output) + [""] * 3
-    for name, parts, axis in zip(outputs[:3], (ys, hs, cs), (1, 0, 0)):
-        if not name:
-            continue
-        parts = [g.unsqueeze(p, [axis]) for p in parts]
-        if len(parts) == 1:
-            g.op("Identity", parts[0], outputs=[name])
-        else:
-            g.op("Concat", *parts, axis=axis, outputs=[name])
+    _stack_directions(g, node, (ys, hs, cs))
 
 
 def _gru_step_body(g, dtype, hidden, r, rb):
@@ -265,10 +257,18 @@ def _lower_gru(g, node, dtype, hidden, size):
         g.nodes[-1].doc_string = GRU_SCAN_DOC
         hs.append(outs[0])
         ys.append(outs[1])
-    outputs = list(node.output) + [""] * 2
-    for name, parts, axis in zip(outputs[:2], (ys, hs), (1, 0)):
+    _stack_directions(g, node, (ys, hs))
+
+
+def _stack_directions(g, node, per_output):
+    """Write ``node``'s outputs (Y, then the final states) from the
+    directions' values ``per_output``: Y stacks them on axis 1 (T, D, N,
+    H), a final state on axis 0 (D, N, H); unnamed outputs are skipped."""
+    outputs = list(node.output) + [""] * len(per_output)
+    for index, (name, parts) in enumerate(zip(outputs, per_output)):
         if not name:
             continue
+        axis = 1 if index == 0 else 0
         parts = [g.unsqueeze(p, [axis]) for p in parts]
         if len(parts) == 1:
             g.op("Identity", parts[0], outputs=[name])
@@ -328,10 +328,7 @@ def lower_recurrent(model, weights, types=None, ops=("LSTM", "GRU")):
         return model
     types = infer_value_types(model) if types is None else types
     reached = _depends_on(graph.node, weights)
-    used = {n for node in graph.node for n in list(node.output) + [node.name]}
-    used |= {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    used |= {o.name for o in graph.output}
-    g = GraphBuilder(opset, used_names=used, value_types=dict(types))
+    g = GraphBuilder(opset, used_names=graph_names(graph), value_types=dict(types))
     nodes, lowered = [], False
     for node in graph.node:
         if not qualifies(node):

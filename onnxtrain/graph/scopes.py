@@ -31,6 +31,15 @@ def subgraph_outer_reads(node):
     return names
 
 
+def graph_names(graph):
+    """Every name ``graph`` uses at its top level (node names and outputs,
+    inputs, initializers, outputs): those a rewrite adding nodes must not
+    take."""
+    used = {n for node in graph.node for n in list(node.output) + [node.name]}
+    used |= {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    return used | {o.name for o in graph.output}
+
+
 def node_reads(node):
     """set of str: ``node``'s non-empty inputs and
     :func:`subgraph_outer_reads`."""
