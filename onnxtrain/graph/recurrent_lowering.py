@@ -154,20 +154,38 @@ def _step_body(g, dtype, hidden, r):
     return sg.make_graph("lstm_step", vis, out_vis)
 
 
-def _lower(g, node, dtype, hidden, size):
-    """Emit the lowering of the LSTM ``node`` into ``g``."""
+def _setup(g, node, dtype, width, hidden, size, positions):
+    """The start both lowerings share: the direction attribute, X as rows
+    (T N, size), the shape (T, N, ``width``) of the input projection, a
+    maker of the zero initial state (N, ``hidden``; emitted once, when first
+    asked) and, for each input at ``positions``, its per-direction slices
+    (None where the input is absent)."""
     inputs = list(node.input) + [""] * 8
-    x, w, r, b, h0, c0 = (inputs[k] for k in (0, 1, 2, 3, 5, 6))
+    x = inputs[0]
     direction = _attr(node, "direction", b"forward")
     direction = direction.decode() if isinstance(direction, bytes) else direction
     n_dirs = 2 if direction == "bidirectional" else 1
     flat_x = g.op("Reshape", x, g.int64s([-1, size]))
     dims = g.op("Slice", g.shape_of(x), g.int64s([0]), g.int64s([2]))
-    steps_shape = g.op("Concat", dims, g.int64s([4 * hidden]), axis=0)
-    zeros = None
+    steps_shape = g.op("Concat", dims, g.int64s([width]), axis=0)
+    zeros = []
+
+    def zero_state():
+        if not zeros:
+            shape = g.op("Concat", g.op("Slice", dims, g.int64s([1]), g.int64s([2])),
+                         g.int64s([hidden]), axis=0)
+            zeros.append(g.op("Expand", g.const(0, dtype), shape))
+        return zeros[0]
+    per_dir = [_directions(g, inputs[k], n_dirs) if inputs[k] else [None] * n_dirs
+               for k in positions]
+    return direction, flat_x, steps_shape, zero_state, per_dir
+
+
+def _lower(g, node, dtype, hidden, size):
+    """Emit the lowering of the LSTM ``node`` into ``g``."""
+    direction, flat_x, steps_shape, zero_state, per_dir = _setup(
+        g, node, dtype, 4 * hidden, hidden, size, (1, 2, 3, 5, 6))
     ys, hs, cs = [], [], []
-    per_dir = [_directions(g, v, n_dirs) if v else [None] * n_dirs
-               for v in (w, r, b, h0, c0)]
     for d, (w_d, r_d, b_d, h0_d, c0_d) in enumerate(zip(*per_dir)):
         bias = None
         if b_d:
@@ -175,17 +193,7 @@ def _lower(g, node, dtype, hidden, size):
                           **({"num_outputs": 2} if g.opset >= 18 else {}))
             bias = g.op("Add", wb, rb)
         xw = g.op("Reshape", g.op("Gemm", flat_x, w_d, bias, transB=1), steps_shape)
-        states = []
-        for s in (h0_d, c0_d):
-            if s:
-                states.append(s)
-            else:
-                if zeros is None:
-                    shape = g.op("Concat", g.op("Slice", dims, g.int64s([1]),
-                                                g.int64s([2])),
-                                 g.int64s([hidden]), axis=0)
-                    zeros = g.op("Expand", g.const(0, dtype), shape)
-                states.append(zeros)
+        states = [s or zero_state() for s in (h0_d, c0_d)]
         reverse = int(direction == "reverse" or d == 1)
         outs = g.op("Scan", *states, xw, body=_step_body(g, dtype, hidden, r_d),
                     n_outputs=len(LSTM_SCAN_OUTPUTS), num_scan_inputs=1,
@@ -225,17 +233,9 @@ def _gru_step_body(g, dtype, hidden, r, rb):
 
 def _lower_gru(g, node, dtype, hidden, size):
     """Emit the lowering of the GRU ``node`` into ``g``."""
-    inputs = list(node.input) + [""] * 6
-    x, w, r, b, h0 = (inputs[k] for k in (0, 1, 2, 3, 5))
-    direction = _attr(node, "direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
-    n_dirs = 2 if direction == "bidirectional" else 1
-    flat_x = g.op("Reshape", x, g.int64s([-1, size]))
-    dims = g.op("Slice", g.shape_of(x), g.int64s([0]), g.int64s([2]))
-    steps_shape = g.op("Concat", dims, g.int64s([3 * hidden]), axis=0)
+    direction, flat_x, steps_shape, zero_state, per_dir = _setup(
+        g, node, dtype, 3 * hidden, hidden, size, (1, 2, 3, 5))
     ys, hs = [], []
-    per_dir = [_directions(g, v, n_dirs) if v else [None] * n_dirs
-               for v in (w, r, b, h0)]
     for d, (w_d, r_d, b_d, h0_d) in enumerate(zip(*per_dir)):
         wb = rb = None
         if b_d:
@@ -243,11 +243,7 @@ def _lower_gru(g, node, dtype, hidden, size):
                           **({"num_outputs": 2} if g.opset >= 18 else {}))
         xw = g.op("Reshape", g.op("Gemm", flat_x, w_d, *([wb] if wb else []),
                                   transB=1), steps_shape)
-        if not h0_d:
-            shape = g.op("Concat", g.op("Slice", dims, g.int64s([1]),
-                                        g.int64s([2])),
-                         g.int64s([hidden]), axis=0)
-            h0_d = g.op("Expand", g.const(0, dtype), shape)
+        h0_d = h0_d or zero_state()
         reverse = int(direction == "reverse" or d == 1)
         outs = g.op("Scan", h0_d, xw,
                     body=_gru_step_body(g, dtype, hidden, r_d, rb),
