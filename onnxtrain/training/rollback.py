@@ -11,6 +11,7 @@ state stay in memory, the copy is read back only after a divergence.
 from __future__ import annotations
 
 import tempfile
+import warnings
 import weakref
 
 import numpy as np
@@ -121,6 +122,7 @@ class WeightsCopy:
         self._file = None
         self._close = None
         self._nbytes = None
+        self._no_file = False
 
     def keep(self, weights):
         """Copy ``weights`` (OrtValues) when every value is finite.
@@ -130,11 +132,17 @@ class WeightsCopy:
         bool
             False (nothing written: the last copy is left as it was) when a
             value is not finite.
+
+        Warns
+        -----
+        RuntimeWarning
+            The file could not be written (no room in the temporary
+            directory, say): this copy and the next ones stay in memory.
         """
         if self._nbytes is None:  # a runner's weights keep their shapes and types
             self._nbytes = sum(int(np.prod(w.shape())) * ortvalue_dtype(w).itemsize
                                for w in weights)
-        if self._nbytes < ROLLBACK_FILE_MIN_BYTES:
+        if self._nbytes < ROLLBACK_FILE_MIN_BYTES or self._no_file:
             values = [w.numpy() for w in weights]  # views on the CPU
             if not all(all_finite(v) for v in values):
                 return False
@@ -146,10 +154,18 @@ class WeightsCopy:
         # leaves the last one whole (on a GPU, two transfers of each)
         if not all(all_finite(w.numpy()) for w in weights):
             return False
-        file = self._open()
-        file.seek(0)
-        for w in weights:
-            _write_all(file, w.numpy())
+        try:
+            file = self._open()
+            file.seek(0)
+            for w in weights:
+                _write_all(file, w.numpy())
+        except OSError as exc:
+            self.close()
+            self._no_file = True
+            warnings.warn(f"The copy of the weights a divergence goes back to "
+                          f"stays in memory: its temporary file failed ({exc}).",
+                          RuntimeWarning)
+            return self.keep(weights)
         self.arrays, self.in_file = None, True
         return True
 

@@ -116,6 +116,24 @@ def test_file_copy_round_trip(monkeypatch, cpu):
     assert kept._file is None
 
 
+def test_a_failing_file_leaves_the_copy_in_memory(monkeypatch):
+    monkeypatch.setattr(rollback, "ROLLBACK_FILE_MIN_BYTES", 0)
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3)]
+    weights = _ortvalues(arrays)
+    kept = WeightsCopy(True)
+
+    def full(file, array):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(rollback, "_write_all", full)
+    with pytest.warns(RuntimeWarning, match="stays in memory.*No space left"):
+        assert kept.keep(weights)
+    assert not kept.in_file and kept._file is None
+    assert kept.keep(weights) and not kept.in_file  # no second try, no warning
+    weights[0].numpy()[...] = 0
+    kept.restore(weights)
+    assert_array_equal(weights[0].numpy(), arrays[0])
+
+
 def test_in_memory_below_the_threshold(monkeypatch):
     monkeypatch.setattr(rollback, "ROLLBACK_FILE_MIN_BYTES", 1 << 30)
     arrays = [np.arange(6, dtype=np.float32).reshape(2, 3)]
