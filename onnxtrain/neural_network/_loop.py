@@ -193,7 +193,7 @@ class MLPEpochLoop(TrainingRun):
         stopping restores its best weights."""
         kept = self.finite_weights
         if kept is not None:
-            self.runner.set_weights(kept[0])
+            kept[0].restore(self.runner.engine.weights)
         self.rolled_back(kept)
         self.finite_weights = None
         self.diverged = float(loss)

@@ -280,7 +280,9 @@ class FitState:
     def __getstate__(self):
         state = self.__dict__.copy()
         runner = state.pop("runner", None)
-        state["hooks"] = None
+        # the roll-back copy belongs to the runner (its file is never
+        # pickled); a copy pickled during a fit goes on from its weights
+        state["hooks"] = state["finite_weights"] = None
         if runner is not None:
             state["pickled"] = {"weights": runner.engine.get_weights(),
                                 "state": runner.get_state(),
@@ -598,7 +600,8 @@ class TrainingRun(FitState):
         """Copy the weights an epoch starts from, the weights after
         ``epochs`` epochs, when every value is finite: a divergence goes back
         to them (see :meth:`non_finite`; the runner's
-        ``finite_weights_copy`` makes the copy, one at a time)."""
+        ``finite_weights_copy`` makes the copy, in memory or in a temporary
+        file: :mod:`onnxtrain.training.rollback`)."""
         arrays = self.runner.finite_weights_copy()
         if arrays is not None:
             self.finite_weights = (arrays, epochs)
@@ -623,7 +626,7 @@ class TrainingRun(FitState):
             which = ("the weights of the best validation score "
                      f"({self.best_validation_score:.6g}) are kept")
         elif kept is not None:
-            self.runner.set_weights(kept[0])
+            kept[0].restore(self.runner.engine.weights)
             self.rolled_back(kept)
             which = ("the last finite weights are kept: " + (
                 f"those at the end of epoch {kept[1]}, the last whose loss "

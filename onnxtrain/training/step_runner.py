@@ -18,8 +18,8 @@ from ..optim.initializers import bias_weights
 from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
 from ..runtime.devices import parse_device
-from ..runtime.engine import copy_arrays
 from ..runtime.threads import session_threads
+from .rollback import WeightsCopy
 
 __all__ = ["StepRunner", "final_activation", "step_graphs", "feature_arrays"]
 
@@ -189,6 +189,10 @@ class StepRunner:
         (:mod:`onnxtrain.graph.training_mode`): every training step updates
         ``buffers`` (OrtValues, in this order); predictions run the
         inference graph on them.
+    finite_copy : WeightsCopy
+        The weights a divergence rolls back to
+        (:meth:`finite_weights_copy`), kept from one fit to the next (its
+        arrays or its file are reused).
     """
 
     def __init__(self, model, weights, device, loss_models, update_model,
@@ -240,34 +244,29 @@ class StepRunner:
         self.fused_spec = fused_spec
         self._fused = {}
         self._parameter_bytes = None
-        self._finite_copy = None
+        self.finite_copy = WeightsCopy(device.type == "cpu")
         self._weight_dtype = _sample_weight_dtype(
             model, self.engine.input_names, self.buffer_names, loss_models)
         self.reset_state()
 
     # ------------------------------------------------------------- state
     def finite_weights_copy(self):
-        """A copy of the weights when every value is finite, else None.
+        """Keep a copy of the weights when every value is finite.
 
-        The divergence rollback of :mod:`onnxtrain.training.loop` keeps one
-        at every epoch. Each weight is read once (on a GPU, one transfer to
-        the host); on the CPU the copy goes into the arrays of the last
-        one, kept between fits (new arrays have their pages faulted in and
-        zeroed, a copy into the old ones does not).
+        The divergence rollback of :class:`~onnxtrain.training.run.TrainingRun`
+        keeps one at every epoch, in :attr:`finite_copy` (a
+        :class:`~onnxtrain.training.rollback.WeightsCopy`: in memory, or in
+        a temporary file from
+        :data:`~onnxtrain.training.rollback.ROLLBACK_FILE_MIN_BYTES` on),
+        whose ``restore`` puts it back into the weights.
 
         Returns
         -------
-        list of numpy.ndarray or None
-            In ``weights_to_train`` order; the arrays of the previous copy
-            are left as they were when None is returned.
+        WeightsCopy or None
+            None when a value is not finite; the previous copy is then left
+            as it was.
         """
-        values = [w.numpy() for w in self.engine.weights]  # views on the CPU
-        if not all(np.isfinite(v).all() for v in values):
-            return None
-        if self.device.type == "cpu":
-            values = copy_arrays(values, self._finite_copy)
-        self._finite_copy = values
-        return values
+        return self.finite_copy if self.finite_copy.keep(self.engine.weights) else None
 
     def set_weights(self, weights):
         """Replace the weights: :meth:`ForwardBackwardEngine.set_weights

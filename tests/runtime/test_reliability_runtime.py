@@ -459,15 +459,15 @@ class TestDivergence:
         X, y = regression(n=100, scale=10)
         est = diverging(path, 1, exc=False)
         est.partial_fit(X, y)
-        arrays = est._trainer._finite_copy
+        arrays = est._trainer.finite_copy.arrays
         assert arrays is not None and est._run.finite_weights is None
         est.partial_fit(X, y)
-        assert est._trainer._finite_copy is arrays
+        assert est._trainer.finite_copy.arrays is arrays
         est.partial_fit(X, y)
         start = [w.copy() for w in est.get_state()]
         with pytest.warns(ConvergenceWarning, match="end of epoch 3"):
             est.partial_fit(X, y)  # the loss becomes infinite in epoch 4
-        assert est._trainer._finite_copy is arrays
+        assert est._trainer.finite_copy.arrays is arrays
         for a, b in zip(est.get_state(), start, strict=True):
             assert_allclose(a, b, rtol=0)
 
@@ -477,21 +477,22 @@ class TestDivergence:
         X, y = regression(n=100, scale=10)
         est = diverging("fused", 1).fit(X, y)
         trainer = est._trainer
-        first = trainer.finite_weights_copy()
+        copy = trainer.finite_weights_copy()
+        first = copy.arrays
         kept = [a.copy() for a in first]
         assert_allclose(first[0], est.get_state()[0], rtol=0)
         weights = est.get_state()
         weights[0] = np.full_like(weights[0], np.nan)
         trainer.set_weights(weights)
         assert trainer.finite_weights_copy() is None
-        assert trainer._finite_copy is first
+        assert trainer.finite_copy.arrays is first
         for a, b in zip(first, kept, strict=True):
             assert_allclose(a, b, rtol=0)
         weights[0] = kept[0] + 1
         trainer.set_weights(weights)
-        second = trainer.finite_weights_copy()
-        assert second is first  # the same arrays, new values
-        assert_allclose(second[0], kept[0] + 1, rtol=0)
+        assert trainer.finite_weights_copy() is copy
+        assert copy.arrays is first  # the same arrays, new values
+        assert_allclose(first[0], kept[0] + 1, rtol=0)
 
     def test_raising_keeps_them_too(self):
         X, y = regression(n=100, scale=10)
