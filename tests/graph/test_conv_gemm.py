@@ -490,3 +490,38 @@ def test_strided_conv_input_gradient_cropped_by_conv_transpose_pads(strides, dil
     x = rng.normal(size=(2, c, *size)).astype(np.float32)
     check_gradients(model, ["X", "W"], {"X": x, "W": numpy_helper.to_array(w)},
                     eps=0.5, tol=1e-4)
+
+
+@pytest.mark.parametrize("kernel, pads", [((3, 3), [1, 1, 1, 1]), ((3, 2), [2, 0, 0, 1]),
+                                          ((1, 3), [0, 1, 0, 1])])
+def test_conv_input_gradient_flips_the_weight_by_a_product(kernel, pads, monkeypatch):
+    # the flipped weight of dX's Conv comes from a product by the anti-identity
+    # (no Slice of negative steps); non-square kernels and uneven pads would
+    # give wrong gradients if the taps or the pads were reversed wrongly
+    import torch
+    from onnxtrain.autodiff import build_gradient_models
+    from onnxtrain.autodiff.rules import conv
+    monkeypatch.setattr(conv, "_CONV_DX_MIN_PIXELS", 1)
+    n, c, h, w, m = 2, 3, 6, 5, 4
+    model = _model(c, h, w, m, kernel, 1, pads, True, dtype=np.float32)
+    backward = build_gradient_models(model, ["X", "W", "B"]).backward_model
+    ops = [node.op_type for node in backward.graph.node]
+    assert "Slice" not in ops and ops.count("Conv") == 1, ops
+    consts = {i.name: numpy_helper.to_array(i) for i in backward.graph.initializer}
+    taps = kernel[0] * kernel[1]
+    flips = [node for node in backward.graph.node if node.op_type == "MatMul"
+             and node.input[1] in consts and consts[node.input[1]].shape == (taps, taps)]
+    assert len(flips) == 1
+    np.testing.assert_array_equal(consts[flips[0].input[1]], np.eye(taps)[::-1])
+    x = np.random.default_rng(1).normal(size=(n, c, h, w)).astype(np.float32)
+    feeds = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    check_gradients(model, ["X", "W", "B"], dict(feeds, X=x), eps=0.5, tol=1e-4)
+    # dX against PyTorch's
+    wt = torch.tensor(feeds["W"], dtype=torch.float64)
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    padded = torch.nn.functional.pad(xt, [pads[1], pads[3], pads[0], pads[2]])
+    y = torch.nn.functional.conv2d(padded, wt)
+    gy = np.random.default_rng(2).normal(size=tuple(y.shape)).astype(np.float32)
+    y.backward(torch.tensor(gy, dtype=torch.float64))
+    got = run(session(backward), dict(feeds, X=x, Y_grad=gy))
+    np.testing.assert_allclose(got["X_grad"], xt.grad.numpy(), rtol=1e-4, atol=1e-4)

@@ -27,6 +27,7 @@ weight (what ConvTranspose computes): one GEMM on the im2col rows of dY
 for small images, onnxruntime's Conv for large ones. The same sums, in
 the forms onnxruntime runs fastest.
 """
+import numpy as np
 from onnx import TensorProto
 
 from ...graph import conv_gemm
@@ -274,12 +275,8 @@ def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     if min(flipped) < 0 or min(out) < 1:
         return None
     if h * w_size >= _CONV_DX_MIN_PIXELS:
-        wt = ctx.op("Transpose", w, perm=[1, 0, 2, 3])  # (C, M, kh, kw)
-        if kh * kw > 1:  # a 1x1 kernel is its own flip
-            last = ctx.g.int64s([-1, -1])  # both spatial axes reversed
-            wt = ctx.op("Slice", wt, last, ctx.g.int64s([-2 ** 63, -2 ** 63]),
-                        ctx.g.int64s([2, 3]), last)
-        return ctx.op("Conv", gy, wt, kernel_shape=list(kernel), pads=flipped)
+        return ctx.op("Conv", gy, _flipped_transposed_weight(ctx, w, m_out, n_channels, kh, kw),
+                      kernel_shape=list(kernel), pads=flipped)
     # the taps of dY's rows in reverse order meet the weight unflipped
     rows = im2col_rows(ctx.g, gy, m_out, kernel, [1, 1], flipped, out, [h, w_size],
                        flip=True)
@@ -288,6 +285,31 @@ def _conv_input_grad_gemm(ctx, x, w, gy, kernel, strides, dilations, pads):
     gx = ctx.op("Reshape", ctx.op("MatMul", rows, wt),
                 ctx.g.int64s([-1, h, w_size, n_channels]))
     return ctx.op("Transpose", gx, perm=[0, 3, 1, 2])
+
+
+def _flipped_transposed_weight(ctx, w, m_out, n_channels, kh, kw):
+    """W (M, C, kh, kw) as (C, M, kh, kw) with both spatial axes reversed,
+    the weight of the Conv computing dX.
+
+    Reversing both spatial axes reverses the kh kw taps in row-major
+    order: in float and double, a product of W as (M C, kh kw) by the
+    constant anti-identity, exact (one product by 1, the others by 0;
+    an inf or NaN weight spreads NaN over its taps) and run by
+    onnxruntime's GEMM on every thread, where its Slice with negative steps
+    copies element by element on one thread (several times slower); the
+    Slice for the other types."""
+    taps = kh * kw
+    if taps == 1:  # a 1x1 kernel is its own flip
+        return ctx.op("Transpose", w, perm=[1, 0, 2, 3])
+    if ctx.dtype not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+        last = ctx.g.int64s([-1, -1])  # both spatial axes reversed
+        return ctx.op("Slice", ctx.op("Transpose", w, perm=[1, 0, 2, 3]), last,
+                      ctx.g.int64s([-2 ** 63, -2 ** 63]), ctx.g.int64s([2, 3]), last)
+    wt = ctx.op("Reshape", w, ctx.g.int64s([m_out * n_channels, taps]))
+    wt = ctx.op("MatMul", wt, ctx.const(np.eye(taps)[::-1].copy()))
+    wt = ctx.op("Reshape", wt, ctx.g.int64s([m_out, n_channels, kh, kw]))
+    wt = ctx.op("Transpose", wt, perm=[1, 0, 2, 3])
+    return wt
 
 
 def _conv_transpose_pads(ctx, x, kernel, strides, dilations):
