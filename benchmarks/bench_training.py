@@ -33,7 +33,12 @@ gradient, which no system computes). The GEMM rate is measured twice:
 by numpy (its BLAS) and by onnxruntime's MatMul (the kernels onnxtrain's
 steps run, on as many threads as its sessions), so that the second bound
 tells how close a path runs to its own kernels' speed, whatever the BLAS
-numpy ships with.
+numpy ships with. A third line, ``bound (products)``, times the step's own
+matrix products (the same shapes and transpositions, each an onnxruntime
+Gemm, all in one graph, on the same threads): the steps per second of a
+step that would do nothing else, which the GEMM rate of 1024^3 products
+overstates for narrow layers (an output of 10 columns, a batch of 256 rows
+as the inner dimension of the weight gradients).
 
 ``--threads N`` runs PyTorch and onnxtrain on N threads (default: every
 core): one thread compares the work each system does, which a machine
@@ -288,6 +293,42 @@ def ort_gemm_gflops():
     return 2 * 1024 ** 3 / best / 1e9
 
 
+def products_steps_per_second(name, n_features, n_out):
+    """Steps per second of a graph holding only the matrix products of
+    one step of workload ``name`` (forward, weight gradients, input
+    gradients but the first layer's: the FLOPs of :func:`step_flops`),
+    each an onnxruntime Gemm with the transposition the backward pass
+    gives it, on the threads of ``--threads`` (best of 20 runs)."""
+    import onnxruntime
+    from onnx import TensorProto, helper
+    w = WORKLOADS[name]
+    layers = [n_features, *w["hidden"], n_out]
+    shapes, nodes, outputs = {}, [], []
+    for i, (a, b) in enumerate(zip(layers, layers[1:])):
+        x, weight, dy = f"x{i}", f"w{i}", f"dy{i}"
+        shapes.update({x: [w["batch"], a], weight: [a, b], dy: [w["batch"], b]})
+        nodes.append(helper.make_node("Gemm", [x, weight], [f"y{i}"]))
+        nodes.append(helper.make_node("Gemm", [x, dy], [f"dw{i}"], transA=1))
+        outputs += [f"y{i}", f"dw{i}"]
+        if i:
+            nodes.append(helper.make_node("Gemm", [dy, weight], [f"dx{i}"], transB=1))
+            outputs.append(f"dx{i}")
+    graph = helper.make_graph(
+        nodes, "products",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = onnxruntime.SessionOptions()
+    if THREADS:
+        options.intra_op_num_threads = THREADS
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    rng = np.random.RandomState(0)
+    feeds = {n: rng.rand(*s).astype(np.float32) for n, s in shapes.items()}
+    session.run(None, feeds)
+    return 1 / min(_time(lambda: session.run(None, feeds)) for _ in range(20))
+
+
 def _time(fn):
     start = time.perf_counter()
     fn()
@@ -355,7 +396,9 @@ def main(argv=None):
         n_out = 1 if WORKLOADS[name]["task"] == "regression" else len(np.unique(y))
         flops = step_flops(name, X.shape[1], n_out)
         print(f"{name:4} {'compute bound':16} {gflops * 1e9 / flops:9.0f}")
-        print(f"{name:4} {'bound (ort)':16} {ort_gflops * 1e9 / flops:9.0f}\n")
+        print(f"{name:4} {'bound (ort)':16} {ort_gflops * 1e9 / flops:9.0f}")
+        print(f"{name:4} {'bound (products)':16} "
+              f"{products_steps_per_second(name, X.shape[1], n_out):9.0f}\n")
 
 
 if __name__ == "__main__":
