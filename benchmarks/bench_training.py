@@ -272,21 +272,28 @@ def gemm_gflops():
     return 2 * 1024 ** 3 / best / 1e9
 
 
+def _cpu_session(graph):
+    """An onnxruntime CPU session of ``graph`` (opset 17) on the threads of
+    ``--threads`` (or every core)."""
+    import onnxruntime
+    from onnx import helper
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = onnxruntime.SessionOptions()
+    if THREADS:
+        options.intra_op_num_threads = THREADS
+    return onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                        providers=["CPUExecutionProvider"])
+
+
 def ort_gemm_gflops():
     """float32 GEMM throughput of onnxruntime's MatMul (1024^3, the
     threads of ``--threads`` or every core), GFLOP/s."""
-    import onnxruntime
     from onnx import TensorProto, helper
     x = helper.make_tensor_value_info("a", TensorProto.FLOAT, [1024, 1024])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 1024])
     graph = helper.make_graph([helper.make_node("MatMul", ["a", "a"], ["y"])],
                               "gemm", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    options = onnxruntime.SessionOptions()
-    if THREADS:
-        options.intra_op_num_threads = THREADS
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
+    session = _cpu_session(graph)
     a = {"a": np.random.rand(1024, 1024).astype(np.float32)}
     session.run(None, a)
     best = min(_time(lambda: session.run(None, a)) for _ in range(5))
@@ -299,7 +306,6 @@ def products_steps_per_second(name, n_features, n_out):
     gradients but the first layer's: the FLOPs of :func:`step_flops`),
     each an onnxruntime Gemm with the transposition the backward pass
     gives it, on the threads of ``--threads`` (best of 20 runs)."""
-    import onnxruntime
     from onnx import TensorProto, helper
     w = WORKLOADS[name]
     layers = [n_features, *w["hidden"], n_out]
@@ -317,12 +323,7 @@ def products_steps_per_second(name, n_features, n_out):
         nodes, "products",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items()],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    options = onnxruntime.SessionOptions()
-    if THREADS:
-        options.intra_op_num_threads = THREADS
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
+    session = _cpu_session(graph)
     rng = np.random.RandomState(0)
     feeds = {n: rng.rand(*s).astype(np.float32) for n, s in shapes.items()}
     session.run(None, feeds)
