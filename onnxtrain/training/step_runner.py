@@ -48,6 +48,22 @@ def _without_initializer_inputs(model):
     return new
 
 
+def _without_trained_values(model, weights, values=None):
+    """``model`` without the values of the trained ``weights`` (of more
+    than :data:`~onnxtrain.graph.builder.LIGHT_MIN_ELEMENTS` elements), and
+    ``name -> TensorProto`` of those values: the rewrites of the build copy
+    the model without them, the engine reads them once. ``values``: those
+    ``model`` lacks already; the initializers not trained get theirs back
+    (the rewrites and the sessions read them)."""
+    model, held = split_weight_values(model)
+    values = {**held, **(values or {})}
+    trained = set(weights)
+    constants = {n: t for n, t in values.items() if n not in trained}
+    if constants:
+        model = with_initializer_values(model, constants)
+    return model, {n: t for n, t in values.items() if n in trained}
+
+
 def step_graphs(model, weights, types, loss, update_rule, penalty,
                 weight_input="weight"):
     """Build the update rule's graph and the loss graphs of a fit.
@@ -204,15 +220,7 @@ class StepRunner:
     def __init__(self, model, weights, device, loss_models, update_model,
                  learning_rate, weight_input="weight", fused_spec=None,
                  types=None, values=None):
-        # the rewrites below copy the model: they copy it without the
-        # weights' values, which go to the engine only (read once)
-        model, held = split_weight_values(model)
-        values = {**held, **(values or {})}
-        trained = set(weights)
-        constants = {n: t for n, t in values.items() if n not in trained}
-        if constants:  # read by the rewrites and the sessions
-            model = with_initializer_values(model, constants)
-        values = {n: t for n, t in values.items() if n in trained}
+        model, values = _without_trained_values(model, weights, values)
         model = _without_initializer_inputs(model)
         device = parse_device(device)
         # the one preparation of the fit's graphs (running statistics'
