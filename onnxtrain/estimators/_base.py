@@ -29,6 +29,7 @@ from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import (elem_type_to_numpy, infer_value_types, opset_of,
                      without_initializer_values)
 from ..graph._small import full_repr
+from ..graph.builder import split_weight_values
 from ..graph.identities import remove_identity_dropouts
 from ..losses.learning_losses import resolve_learning_loss
 from ..losses.penalties import resolve_learning_penalty
@@ -225,17 +226,23 @@ class BaseOrtGradientEstimator(BaseEstimator):
     def _training_model(self, values=False):
         """The graph trained, cached while ``model_onnx`` stays the same.
 
-        Once a runner holds the trained weights on the device, the cache
-        keeps the graph without their values (the rewritten full model is
-        not kept either: :meth:`get_trained_onnx` rebuilds it).
-        ``values=True`` gives the graph with them, rebuilt from
-        ``model_onnx`` when they were dropped (a new runner starting from
-        the graph's weights)."""
+        The graph is built from ``model_onnx`` without the values of its
+        float weights (:func:`~onnxtrain.graph.builder.split_weight_values`):
+        the rewrites copy value-less protos, and the values stay those of
+        the loaded model (the caller's own ModelProto, or the one read from
+        the path), which the cache references until a runner holds the
+        trained weights on the device; it then keeps the graph without the
+        values of those (the rewritten full model is not kept either:
+        :meth:`get_trained_onnx` rebuilds it). ``values=True`` gives
+        ``(graph, name -> TensorProto)``, rebuilt from ``model_onnx`` when
+        the values were dropped (a new runner starting from the graph's
+        weights)."""
         cached = getattr(self, "_model_cache", None)
         same = cached is not None and cached[0] is self.model_onnx
-        if not same or (values and cached[3]):
-            _, training = self._make_training_model(
-                load_checked_model(self.model_onnx, "model_onnx"))
+        if not same or (values and cached[3] is None):
+            source = load_checked_model(self.model_onnx, "model_onnx")
+            light, held = split_weight_values(source)
+            _, training = self._make_training_model(light)
             ours = training is not self.model_onnx  # else the caller's, not edited
             # Dropouts that copy their input (probability 0, as exporters
             # write them) leave the graph trained, as they leave the
@@ -246,10 +253,10 @@ class BaseOrtGradientEstimator(BaseEstimator):
             # what it keeps (rewrite._keep_output), the Dropouts removed in
             # place aside (a serialization and a parse less at the peak of
             # the fit's build)
-            # (model_onnx, graph, its inferred types, weight values dropped)
+            # (model_onnx, graph, its inferred types, values: None once dropped)
             cached = self._model_cache = (self.model_onnx, training,
-                                          cached[2] if same else {}, False)
-        return cached[1]
+                                          cached[2] if same else {}, held)
+        return (cached[1], cached[3]) if values else cached[1]
 
     def _training_types(self):
         """:func:`~onnxtrain.graph.infer_value_types` of the graph trained,
@@ -303,14 +310,15 @@ class BaseOrtGradientEstimator(BaseEstimator):
         """A step runner for ``run`` on the graph's weights (see
         :meth:`_training_model`), which then keeps the graph without their
         values."""
-        runner = StepRunner(self._training_model(values=True), self.weights_to_train_,
+        model, values = self._training_model(values=True)
+        runner = StepRunner(model, self.weights_to_train_,
                             self.device, run.loss_models, run.update_rule.axpy_onnx_,
                             run.update_rule, _weight_input(self), run.fused_spec,
-                            types=self._training_types())
+                            types=self._training_types(), values=values)
         cached = self._model_cache
-        if not cached[3] and cached[1] is not cached[0]:
+        if cached[3] is not None and cached[1] is not cached[0]:
             self._model_cache = (cached[0], without_initializer_values(
-                cached[1], self.weights_to_train_), cached[2], True)
+                cached[1], self.weights_to_train_), cached[2], None)
         return runner
 
     def _model_changed(self):

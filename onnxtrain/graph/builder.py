@@ -527,6 +527,71 @@ def without_initializer_values(model, names):
     return light
 
 
+#: Float initializers of more elements than this cross a fit's build
+#: without their values (:func:`split_weight_values`); smaller ones (the
+#: scalars the rewrites read) keep them.
+LIGHT_MIN_ELEMENTS = 64
+
+
+def split_weight_values(model, min_elements=LIGHT_MIN_ELEMENTS):
+    """``model`` without the values of its float initializers of more than
+    ``min_elements`` elements, and those initializers: a build's rewrites
+    then copy value-less protos, and the values are read once, where they
+    are needed (:func:`with_initializer_values`, an engine's weights).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    min_elements : int, default=LIGHT_MIN_ELEMENTS
+
+    Returns
+    -------
+    light : onnx.ModelProto
+        ``model`` itself when no initializer holds such values, else a
+        copy (:func:`without_initializer_values`).
+    values : dict
+        ``name -> onnx.TensorProto``: ``model``'s own initializers, not
+        copies (they keep ``model``'s memory alive, none of their own).
+    """
+    values = {t.name: t for t in model.graph.initializer
+              if t.data_type in FLOAT_TYPES and _holds_values(t)
+              and int(np.prod(t.dims)) > min_elements}
+    if not values:
+        return model, {}
+    return without_initializer_values(model, values), values
+
+
+def _holds_values(tensor):
+    return any(tensor.HasField(f) if f == "raw_data" else len(getattr(tensor, f))
+               for f in VALUE_FIELDS) or tensor.data_location == TensorProto.EXTERNAL
+
+
+def with_initializer_values(model, tensors):
+    """A copy of ``model`` whose initializers named in ``tensors`` are copies
+    of those tensors (their values back in a model that
+    :func:`split_weight_values` left without them).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    tensors : dict
+        ``name -> onnx.TensorProto``; names that are not initializers of
+        ``model`` are ignored.
+
+    Returns
+    -------
+    onnx.ModelProto
+    """
+    full = onnx.ModelProto()
+    copy_fields(full, model, skip=("graph",))
+    copy_fields(full.graph, model.graph, skip=("initializer",))
+    full.graph.initializer.extend(tensors.get(init.name, init)
+                                  for init in model.graph.initializer)
+    return full
+
+
 def copy_fields(target, source, skip=()):
     """Copy every field set in the protobuf message ``source`` but those
     named in ``skip`` into ``target``, an empty message of the same type:

@@ -60,6 +60,11 @@ def copy_arrays(values, out=None):
     return [v.copy() for v in values]
 
 
+def _array(value):
+    """numpy value of a TensorProto (or an array, as it is)."""
+    return value if isinstance(value, np.ndarray) else numpy_helper.to_array(value)
+
+
 class OnnxcustomModelNames:
     """The names onnxcustom's TrainingAgent wrapper reads the models by:
     ``cls_type_`` (the object itself, which holds them), ``_trained_onnx``
@@ -108,6 +113,11 @@ class ForwardBackwardEngine(OnnxcustomModelNames):
         True when the caller built ``model_onnx`` from a model it checked
         with :func:`onnxtrain.runtime.checks.load_checked_model` (the estimators):
         the engine does not check it again.
+    values : dict, default=None
+        ``name -> onnx.TensorProto or numpy.ndarray``: the initial values of
+        weights that ``model_onnx`` holds without them
+        (:func:`onnxtrain.graph.builder.split_weight_values`), read once
+        into ``weights`` and not kept; the model's own values otherwise.
 
     Attributes
     ----------
@@ -145,7 +155,8 @@ class ForwardBackwardEngine(OnnxcustomModelNames):
     """
 
     def __init__(self, model_onnx, weights_to_train=None, device="cpu",
-                 outputs=None, types=None, gradient_models=None, *, checked=False):
+                 outputs=None, types=None, gradient_models=None, *, checked=False,
+                 values=None):
         self.device = parse_device(device)
         # a model the caller derived from one it checked is not checked again
         # (the check serializes the whole model)
@@ -173,10 +184,11 @@ class ForwardBackwardEngine(OnnxcustomModelNames):
         # one-thread rule of small fused steps (FusedRunner)
         self._requested_threads = requested_session_threads()
         inits = {i.name: i for i in model.graph.initializer}
+        inits.update(values or {})
         # copies of their own (numpy_helper gives read-only views), which
-        # a fused step may update in place (StepRunner)
-        self.weights = [to_ortvalue(numpy_helper.to_array(inits[w]), self.device,
-                                    owned=True) for w in self.weights_to_train]
+        # a fused step may update in place (StepRunner); one at a time
+        self.weights = [to_ortvalue(_array(inits[w]), self.device, owned=True)
+                        for w in self.weights_to_train]
         self._saved = None
 
     @property

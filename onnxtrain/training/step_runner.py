@@ -14,6 +14,7 @@ from ..assembly.pipeline import prepare
 from ..assembly.training_graphs import (LossGraphs, TrainingGraphs, final_activation,
                                         small_graph_opset)
 from ..graph import elem_type_to_numpy, without_initializer_values
+from ..graph.builder import split_weight_values, with_initializer_values
 from ..optim.initializers import bias_weights
 from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
@@ -45,6 +46,22 @@ def _without_initializer_inputs(model):
     del new.graph.input[:]
     new.graph.input.extend(inputs)
     return new
+
+
+def _without_trained_values(model, weights, values=None):
+    """``model`` without the values of the trained ``weights`` (of more
+    than :data:`~onnxtrain.graph.builder.LIGHT_MIN_ELEMENTS` elements), and
+    ``name -> TensorProto`` of those values: the rewrites of the build copy
+    the model without them, the engine reads them once. ``values``: those
+    ``model`` lacks already; the initializers not trained get theirs back
+    (the rewrites and the sessions read them)."""
+    model, held = split_weight_values(model)
+    values = {**held, **(values or {})}
+    trained = set(weights)
+    constants = {n: t for n, t in values.items() if n not in trained}
+    if constants:
+        model = with_initializer_values(model, constants)
+    return model, {n: t for n, t in values.items() if n in trained}
 
 
 def step_graphs(model, weights, types, loss, update_rule, penalty,
@@ -173,6 +190,11 @@ class StepRunner:
     types : dict, default=None
         ``model``'s :func:`~onnxtrain.graph.infer_value_types`, passed down
         to the graph builders (no shape inference of the model again).
+    values : dict, default=None
+        ``name -> onnx.TensorProto``: the values of initializers ``model``
+        holds without them (:func:`onnxtrain.graph.builder.split_weight_values`
+        of the caller's model); read once, never copied into a model but
+        for the initializers not trained.
 
     Notes
     -----
@@ -197,7 +219,8 @@ class StepRunner:
 
     def __init__(self, model, weights, device, loss_models, update_model,
                  learning_rate, weight_input="weight", fused_spec=None,
-                 types=None):
+                 types=None, values=None):
+        model, values = _without_trained_values(model, weights, values)
         model = _without_initializer_inputs(model)
         device = parse_device(device)
         # the one preparation of the fit's graphs (running statistics'
@@ -219,7 +242,8 @@ class StepRunner:
             prepared.model, weights, device, outputs, types=prepared.types,
             gradient_models=lambda engine_model: graphs_box[0].split(engine_model,
                                                                      outputs),
-            checked=True)
+            checked=True, values=values)
+        del values
         # the models kept build graphs where the trained weights are inputs:
         # their values (now in engine.weights) left out
         model = without_initializer_values(prepared.model, self.engine.weights_to_train)

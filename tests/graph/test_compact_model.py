@@ -176,3 +176,26 @@ def test_running_statistics_copy_keeps_every_other_field():
             "y", updated_name("mean"), updated_name("var")]
         np.testing.assert_array_equal(initial["var"], np.ones(2, np.float32))
         assert new.SerializeToString().endswith(b"\xa0\x06\x05")
+
+
+def test_split_weight_values_and_back_give_the_same_model():
+    """The float initializers of more than ``min_elements`` elements leave
+    without their values (the others, the integer ones, keep them); the
+    values are the model's own tensors, and putting them back gives the
+    model byte for byte; the model is not modified."""
+    from onnxtrain.graph.builder import split_weight_values, with_initializer_values
+    model = _linear_model(np.float32)
+    model.graph.initializer.append(
+        numpy_helper.from_array(np.arange(20, dtype=np.int64), "I"))
+    data = model.SerializeToString()
+    light, values = split_weight_values(model, min_elements=4)
+    assert sorted(values) == ["W"]  # B: 4 elements; I: integers
+    assert values["W"] is model.graph.initializer[0]
+    by_name = {i.name: i for i in light.graph.initializer}
+    assert not by_name["W"].raw_data and list(by_name["W"].dims) == [3, 4]
+    np.testing.assert_array_equal(numpy_helper.to_array(by_name["B"]), np.ones(4))
+    np.testing.assert_array_equal(numpy_helper.to_array(by_name["I"]), np.arange(20))
+    assert with_initializer_values(light, values).SerializeToString() == data
+    assert model.SerializeToString() == data
+    # nothing to leave out: the model itself
+    assert split_weight_values(model, min_elements=12) == (model, {})
