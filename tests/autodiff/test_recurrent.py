@@ -322,20 +322,9 @@ def test_lstm_outside_the_direct_gradient_takes_the_expansion(attrs):
 # LSTMs of a training graph lowered to one Scan per direction emitting its
 # gates (onnxtrain.graph.recurrent_lowering), whose gradient is the direct
 # one's backward Scan alone
-def _lowered(model):
-    lowered = lower_lstms(model, [i.name for i in model.graph.input])
-    ops = [n.op_type for n in lowered.graph.node]
-    assert "LSTM" not in ops
-    return lowered
-
-
-@pytest.mark.parametrize("attrs, inputs, outputs", DIRECT_CASES + [
-    ({"direction": "bidirectional"}, (), ["Y_h"]),
-    ({"direction": "reverse"}, ("B", "H0"), ["Y", "Y_c"]),
-])
-def test_lowered_lstm_matches_onnxruntime_kernel(attrs, inputs, outputs):
-    model = _model("LSTM", inputs=inputs, symbolic=True, hidden=3, **attrs)
-    lowered = _lowered(model)
+def _check_lowered_forward(model, lowered, attrs):
+    """``lowered`` (one Scan per direction) computes what onnxruntime's
+    kernel computes for ``model``, float32."""
     check_model(lowered)
     directions = 2 if attrs.get("direction") == "bidirectional" else 1
     assert _scan_count(lowered) == directions
@@ -343,19 +332,18 @@ def test_lowered_lstm_matches_onnxruntime_kernel(attrs, inputs, outputs):
         feeds = _feeds(model, np.float32, seed=t, t=t, n=n)
         expected = session(model).run(None, feeds)
         got = session(lowered).run(None, feeds)
+        assert len(got) == len(expected)
         for e, a in zip(expected, got):
             np.testing.assert_allclose(a, e, atol=1e-6)
 
 
-@pytest.mark.parametrize("attrs, inputs, outputs", DIRECT_CASES)
-def test_lowered_lstm_gradient_matches_finite_differences_float64(
-        attrs, inputs, outputs):
-    model = _model("LSTM", np.float64, inputs=inputs, symbolic=True, **attrs)
+def _check_lowered_gradient(model, lowered, attrs, outputs):
+    """The gradient of ``lowered`` (float64) equals finite differences of
+    ``model``'s expansion, and its backward pass is one Scan per direction
+    recomputing no gate (the gates come from the forward Scan's outputs)."""
     wrt = [i.name for i in model.graph.input]
-    gm = build_gradient_models(_lowered(model), wrt, outputs=outputs)
+    gm = build_gradient_models(lowered, wrt, outputs=outputs)
     check_model(gm.backward_model)
-    # the backward Scan of each direction only: the gates come from the
-    # forward Scan's outputs, nothing is recomputed
     directions = 2 if attrs.get("direction") == "bidirectional" else 1
     assert _scan_count(gm.backward_model) == directions
     assert not {"Sigmoid", "Tanh"} & {n.op_type for n in gm.backward_model.graph.node}
@@ -370,6 +358,29 @@ def test_lowered_lstm_gradient_matches_finite_differences_float64(
         for w in wrt:
             expected = numeric_gradient(reference, feeds, w, grad_outputs)
             assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+
+
+def _lowered(model):
+    lowered = lower_lstms(model, [i.name for i in model.graph.input])
+    ops = [n.op_type for n in lowered.graph.node]
+    assert "LSTM" not in ops
+    return lowered
+
+
+@pytest.mark.parametrize("attrs, inputs, outputs", DIRECT_CASES + [
+    ({"direction": "bidirectional"}, (), ["Y_h"]),
+    ({"direction": "reverse"}, ("B", "H0"), ["Y", "Y_c"]),
+])
+def test_lowered_lstm_matches_onnxruntime_kernel(attrs, inputs, outputs):
+    model = _model("LSTM", inputs=inputs, symbolic=True, hidden=3, **attrs)
+    _check_lowered_forward(model, _lowered(model), attrs)
+
+
+@pytest.mark.parametrize("attrs, inputs, outputs", DIRECT_CASES)
+def test_lowered_lstm_gradient_matches_finite_differences_float64(
+        attrs, inputs, outputs):
+    model = _model("LSTM", np.float64, inputs=inputs, symbolic=True, **attrs)
+    _check_lowered_gradient(model, _lowered(model), attrs, outputs)
 
 
 def test_lstm_on_constant_weights_keeps_the_kernel():
@@ -410,41 +421,14 @@ def _lowered_gru(model):
 @pytest.mark.parametrize("attrs, inputs, outputs", GRU_CASES)
 def test_lowered_gru_matches_onnxruntime_kernel(attrs, inputs, outputs):
     model = _gru(np.float32, inputs, hidden=3, y="Y" in outputs, **attrs)
-    lowered = _lowered_gru(model)
-    check_model(lowered)
-    directions = 2 if attrs.get("direction") == "bidirectional" else 1
-    assert _scan_count(lowered) == directions
-    for t, n in ((4, 2), (1, 3)):
-        feeds = _feeds(model, np.float32, seed=t, t=t, n=n)
-        expected = session(model).run(None, feeds)
-        got = session(lowered).run(None, feeds)
-        assert len(got) == len(expected)
-        for e, a in zip(expected, got):
-            np.testing.assert_allclose(a, e, atol=1e-6)
+    _check_lowered_forward(model, _lowered_gru(model), attrs)
 
 
 @pytest.mark.parametrize("attrs, inputs, outputs", GRU_CASES)
 def test_lowered_gru_gradient_matches_finite_differences_float64(
         attrs, inputs, outputs):
     model = _gru(np.float64, inputs, **attrs)
-    wrt = [i.name for i in model.graph.input]
-    gm = build_gradient_models(_lowered_gru(model), wrt, outputs=outputs)
-    check_model(gm.backward_model)
-    # the backward Scan of each direction only, nothing recomputed
-    directions = 2 if attrs.get("direction") == "bidirectional" else 1
-    assert _scan_count(gm.backward_model) == directions
-    assert not {"Sigmoid", "Tanh"} & {n.op_type for n in gm.backward_model.graph.node}
-    reference = session(expansion_model(model, expand))
-    forward_session = session(gm.forward_model)
-    for t, n in ((3, 2), (5, 1)):
-        feeds = _feeds(model, np.float64, seed=t, t=t, n=n)
-        forward = run(forward_session, feeds)
-        rng = np.random.default_rng(t)
-        grad_outputs = {o: rng.normal(size=forward[o].shape) for o in outputs}
-        grads = _backward_gradients(gm, feeds, grad_outputs, forward)
-        for w in wrt:
-            expected = numeric_gradient(reference, feeds, w, grad_outputs)
-            assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+    _check_lowered_gradient(model, _lowered_gru(model), attrs, outputs)
 
 
 def test_gru_outside_the_lowering_keeps_the_kernel():
