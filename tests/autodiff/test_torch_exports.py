@@ -173,59 +173,32 @@ def test_sgd_with_onnxtrain_gradients_lowers_the_loss():
     assert all(b <= a + 1e-6 for a, b in zip(losses, losses[1:])), losses
 
 
-class TwoLayerLSTM(torch.nn.Module):
-    """A bidirectional 2-layer LSTM, batch first, its last step's output."""
+class TwoLayerRecurrent(torch.nn.Module):
+    """A bidirectional 2-layer LSTM or GRU, batch first, its last step's
+    output."""
 
-    def __init__(self):
+    def __init__(self, layer):
         super().__init__()
-        self.lstm = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True,
-                                  batch_first=True)
+        self.rnn = layer(3, 4, num_layers=2, bidirectional=True, batch_first=True)
 
     def forward(self, x):
-        return self.lstm(x)[0][:, -1]
+        return self.rnn(x)[0][:, -1]
 
 
-def test_lstm_prepared_for_training_matches_torch_autograd():
-    # the training graphs' preparation lowers the exported LSTM nodes to
-    # Scans emitting their gates (onnxtrain.graph.recurrent_lowering)
+@pytest.mark.parametrize("op, layer", [("LSTM", torch.nn.LSTM), ("GRU", torch.nn.GRU)])
+def test_recurrent_prepared_for_training_matches_torch_autograd(op, layer):
+    # the training graphs' preparation lowers the exported LSTM and GRU
+    # nodes (torch's GRU: linear_before_reset) to Scans emitting their
+    # gates (onnxtrain.graph.recurrent_lowering)
     from onnxtrain.assembly.pipeline import prepare
     torch.manual_seed(0)
-    net = TwoLayerLSTM()
+    net = TwoLayerRecurrent(layer)
     x = torch.randn(2, 5, 3)
     model = _export(net, x, "x")
     weights = _parameters(net)
     prepared = prepare(model, list(weights))
     ops = [n.op_type for n in prepared.model.graph.node]
-    assert "LSTM" not in ops and ops.count("Scan") == 4
-    grad_y = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float32)
-    _, forward, grads = _onnx_vjp(prepared.model, weights, {"x": x.numpy()}, grad_y)
-    _assert_matches_torch(net, net(x), grad_y, forward, grads)
-
-
-class TwoLayerGRU(torch.nn.Module):
-    """A bidirectional 2-layer GRU, batch first, its last step's output."""
-
-    def __init__(self):
-        super().__init__()
-        self.gru = torch.nn.GRU(3, 4, num_layers=2, bidirectional=True,
-                                batch_first=True)
-
-    def forward(self, x):
-        return self.gru(x)[0][:, -1]
-
-
-def test_gru_prepared_for_training_matches_torch_autograd():
-    # torch exports GRUs with linear_before_reset: the preparation lowers
-    # them to Scans emitting their gates (onnxtrain.graph.recurrent_lowering)
-    from onnxtrain.assembly.pipeline import prepare
-    torch.manual_seed(0)
-    net = TwoLayerGRU()
-    x = torch.randn(2, 5, 3)
-    model = _export(net, x, "x")
-    weights = _parameters(net)
-    prepared = prepare(model, list(weights))
-    ops = [n.op_type for n in prepared.model.graph.node]
-    assert "GRU" not in ops and ops.count("Scan") == 4
+    assert op not in ops and ops.count("Scan") == 4
     grad_y = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float32)
     _, forward, grads = _onnx_vjp(prepared.model, weights, {"x": x.numpy()}, grad_y)
     _assert_matches_torch(net, net(x), grad_y, forward, grads)
