@@ -2,7 +2,6 @@
 run by Module for the calls that overwrite the gradients."""
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import artifacts
@@ -10,6 +9,7 @@ from onnxtrain.api._plain_step import unreshaped_outputs, without_accumulation
 from onnxtrain.api.module import read_layout
 from onnxtrain.onnxblock._training import TRAINING_METADATA
 from test_artifacts_models import batch, two_head_model
+from gradcheck import run, session
 
 TRAINABLE = ["weight1", "bias1", "weight2", "bias2"]
 
@@ -21,15 +21,6 @@ def _training_model(tmp_path):
         loss_input_names=["output1"], artifact_directory=tmp_path)
     model = onnx.load(paths["training_model"])
     return model, read_layout(model, TRAINING_METADATA, "training model")
-
-
-def _run(model, feeds):
-    sess = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    inputs = {i.name for i in sess.get_inputs()}
-    return dict(zip(names, sess.run(None, {k: v for k, v in feeds.items()
-                                           if k in inputs})))
 
 
 def test_plain_model_equals_the_training_model_when_it_overwrites(tmp_path):
@@ -49,13 +40,13 @@ def test_plain_model_equals_the_training_model_when_it_overwrites(tmp_path):
     for buffer, name in zip(layout["buffers"], layout["trainable"]):
         # a non-zero buffer: ignored when lazy_reset_grad is True
         feeds[buffer] = rng.standard_normal(inits[name].shape)
-    full, light = _run(model, feeds), _run(plain, feeds)
+    full, light = run(session(model), feeds), run(session(plain), feeds)
     assert set(full) == set(light)
     for name in layout["gradients"]:
         np.testing.assert_array_equal(light[name], full[name])
     # and the full model does add the buffer when asked
     feeds["lazy_reset_grad"] = np.array(False)
-    added = _run(model, feeds)
+    added = run(session(model), feeds)
     for buffer, name in zip(layout["buffers"], layout["gradients"]):
         np.testing.assert_allclose(added[name], full[name] + feeds[buffer])
 
@@ -98,7 +89,7 @@ def test_two_parameters_sharing_one_gradient(tmp_path):
                  lazy_reset_grad=np.array(True))
     for buffer, name in zip(layout["buffers"], layout["trainable"]):
         feeds[buffer] = np.zeros_like(inits[name])
-    light = _run(plain, feeds)
+    light = run(session(plain), feeds)
     # MSE: mean over elements of (Y - t)^2, dY = 2 (Y - t) / Y.size
     dy = 2 * (x @ inits["W"] + inits["b1"] + inits["b2"] - t) / t.size
     grads = dict(zip(layout["trainable"], layout["gradients"]))
@@ -137,7 +128,7 @@ def test_plain_model_of_a_graph_with_padded_scalars(tmp_path):
     x, t = rng.standard_normal((5, c, 1, 1)), rng.standard_normal((5, c, 1, 1))
     feeds = dict(inits, X=x, **{layout["user_inputs"][1]: t},
                  lazy_reset_grad=np.array(True))
-    light = _run(plain, feeds)
+    light = run(session(plain), feeds)
     h = x * inits["W"] + inits["B"]
     dh = 2 * (np.maximum(h, 0) - t) / t.size * (h > 0)
     grads = dict(zip(layout["trainable"], layout["gradients"]))
@@ -208,8 +199,9 @@ def test_conv_weight_gradient_output_as_its_product(tmp_path):
                  lazy_reset_grad=np.array(True))
     for buffer, name in zip(layout["buffers"], layout["trainable"]):
         feeds[buffer] = np.zeros_like(inits[name])
-    full, light = _run(training, feeds), _run(without_accumulation(training, layout), feeds)
-    unreshaped = _run(plain, feeds)
+    full = run(session(training), feeds)
+    light = run(session(without_accumulation(training, layout)), feeds)
+    unreshaped = run(session(plain), feeds)
     assert list(unreshaped[grads["w"]].shape) == shapes[grads["w"]]
     for name in layout["gradients"]:
         got = unreshaped[name].reshape(full[name].shape)

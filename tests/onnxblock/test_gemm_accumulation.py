@@ -4,7 +4,6 @@ concatenated (onnxblock/_training.py); the api's plain model drops both
 (api/_plain_step.py)."""
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -14,6 +13,8 @@ from onnxtrain.api import CheckpointState, Module
 from onnxtrain.api._plain_step import without_accumulation
 from onnxtrain.api.module import read_layout
 from onnxtrain.onnxblock._training import TRAINING_METADATA
+
+from gradcheck import run, session
 
 RNG = np.random.default_rng(7)
 INITS = {"W1": RNG.standard_normal((4, 3)), "b1": RNG.standard_normal(4),
@@ -50,15 +51,6 @@ def _torch_grads(x, t):
     return {k: p.grad.numpy() for k, p in params.items()}
 
 
-def _run(model, feeds):
-    sess = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    inputs = {i.name for i in sess.get_inputs()}
-    return dict(zip(names, sess.run(None, {k: v for k, v in feeds.items()
-                                           if k in inputs})))
-
-
 def test_weight_gradients_accumulate_in_their_gemm(tmp_path):
     training, layout = _artifacts(tmp_path)
     graph = training.graph
@@ -84,14 +76,14 @@ def test_weight_gradients_accumulate_in_their_gemm(tmp_path):
     feeds[buffers["W1"]][0, 0] = np.nan  # never read when overwriting
     feeds[buffers["b2"]][1] = np.nan
     feeds[lazy] = np.array(True)
-    overwritten = _run(training, feeds)
+    overwritten = run(session(training), feeds)
     for name in INITS:
         np.testing.assert_allclose(overwritten[grads[name]], expected[name],
                                    rtol=1e-12, atol=1e-14)
     feeds[buffers["W1"]][0, 0] = 0.5
     feeds[buffers["b2"]][1] = -0.25
     feeds[lazy] = np.array(False)
-    added = _run(training, feeds)
+    added = run(session(training), feeds)
     for name in INITS:
         np.testing.assert_allclose(added[grads[name]],
                                    feeds[buffers[name]] + expected[name],
@@ -102,7 +94,7 @@ def test_weight_gradients_accumulate_in_their_gemm(tmp_path):
     assert not any(n.op_type in ("Where", "Split", "Concat") for n in plain.graph.node)
     assert all(len(n.input) == 2 for n in plain.graph.node if n.op_type == "Gemm"
                and n.output[0] in grads.values())
-    light = _run(plain, feeds)
+    light = run(session(plain), feeds)
     for name in INITS:
         np.testing.assert_array_equal(light[grads[name]], overwritten[grads[name]])
 
