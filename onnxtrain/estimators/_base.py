@@ -29,13 +29,13 @@ from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import (elem_type_to_numpy, infer_value_types, opset_of,
                      without_initializer_values)
 from ..graph._small import full_repr
-from ..graph.builder import split_weight_values
+from ..graph.builder import LIGHT_MIN_ELEMENTS, FLOAT_TYPES, split_weight_values
 from ..graph.identities import remove_identity_dropouts
 from ..losses.learning_losses import resolve_learning_loss
 from ..losses.penalties import resolve_learning_penalty
 from ..optim.initializers import glorot_uniform_weights
 from ..optim.learning_rates import resolve_learning_rate
-from ..runtime.checks import load_checked_model
+from ..runtime.checks import load_checked_model_deferred
 from ..runtime.engine import check_weight_names
 from ..runtime.threads import session_threads, with_session_threads
 from ..training.callbacks import check_callbacks
@@ -234,14 +234,16 @@ class BaseOrtGradientEstimator(BaseEstimator):
         trained weights on the device; it then keeps the graph without the
         values of those (the rewritten full model is not kept either:
         :meth:`get_trained_onnx` rebuilds it). ``values=True`` gives
-        ``(graph, name -> TensorProto)``, rebuilt from ``model_onnx`` when
+        ``(graph, name -> TensorProto or ExternalTensor)``, rebuilt from ``model_onnx`` when
         the values were dropped (a new runner starting from the graph's
         weights)."""
         cached = getattr(self, "_model_cache", None)
         same = cached is not None and cached[0] is self.model_onnx
         if not same or (values and cached[3] is None):
-            source = load_checked_model(self.model_onnx, "model_onnx")
+            source, external = load_checked_model_deferred(
+                self.model_onnx, "model_onnx", _light_weight)
             light, held = split_weight_values(source)
+            held.update(external)
             _, training = self._make_training_model(light)
             ours = training is not self.model_onnx  # else the caller's, not edited
             # Dropouts that copy their input (probability 0, as exporters
@@ -644,6 +646,13 @@ class BaseOrtGradientEstimator(BaseEstimator):
         state = self.__dict__.copy()
         state.pop("_model_cache", None)  # rebuilt from model_onnx
         return state
+
+
+def _light_weight(tensor):
+    """Whether the build takes ``tensor`` without its values, as
+    :func:`~onnxtrain.graph.builder.split_weight_values` selects them."""
+    return tensor.data_type in FLOAT_TYPES and \
+        int(np.prod(tensor.dims)) > LIGHT_MIN_ELEMENTS
 
 
 def prediction_dtype(model, types=None):

@@ -10,15 +10,16 @@ import onnx
 from google.protobuf.message import EncodeError
 from onnx import TensorProto, helper, numpy_helper
 
-from .._utils.files import read_onnx_model
+from .._utils.files import load_onnx_file_deferred, read_onnx_model
 from ..graph.shapes import initializers_as_inputs
 from ..exceptions import InvalidModelError
 from .opsets import check_runtime_opsets
 
-__all__ = ["check_onnx_model", "load_checked_model"]
+__all__ = ["check_onnx_model", "load_checked_model",
+           "load_checked_model_deferred"]
 
 
-def check_onnx_model(model, what="the model"):
+def check_onnx_model(model, what="the model", held=()):
     """Refuse a model onnxruntime would refuse with an internal error, naming
     the culprit, before any work is done.
 
@@ -32,6 +33,11 @@ def check_onnx_model(model, what="the model"):
     ----------
     model, what
         As in :func:`onnxtrain.runtime.opsets.check_runtime_opsets`.
+    held : collection of str, default=()
+        Initializers whose values ``model`` lacks, held elsewhere and
+        checked there (the external data
+        :func:`onnxtrain._utils.files.load_onnx_file_deferred` leaves in
+        their files): checked as typed graph inputs.
 
     Raises
     ------
@@ -46,13 +52,13 @@ def check_onnx_model(model, what="the model"):
             raise InvalidModelError(f"{what} lists the graph {field}s "
                                     f"{repeated} more than once.")
     try:
-        data = _checked_bytes(model)
+        data = _checked_bytes(model, held)
     except (EncodeError, ValueError):  # 2 GiB or more: protobuf's limit
         return  # onnxruntime reads such a model from its path, not checked here
     try:
         onnx.checker.check_model(data)
     except onnx.checker.ValidationError as exc:
-        short = _short_initializer(model.graph)
+        short = _short_initializer(model.graph, held)
         if short is not None:
             raise InvalidModelError(f"{what}: {short}") from exc
         text = " ".join(str(exc).split())  # the checker's lines in one
@@ -96,7 +102,7 @@ _PACKED_TYPES = frozenset(getattr(TensorProto, name) for name in (
     "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, name))
 
 
-def _checked_bytes(model):
+def _checked_bytes(model, held=()):
     """``model`` serialized for onnx's checker, its big initializers as
     typed graph inputs once :func:`_holds_its_data` checked their data: the
     checker reads a weight's data for its size only, and serializing the
@@ -105,10 +111,12 @@ def _checked_bytes(model):
     that fails (or names repeated) is serialized whole, so that the
     checker's message names the fault as before."""
     graph = model.graph
-    heavy = [t for t in graph.initializer if math.prod(t.dims) > _HEAVY_ELEMENTS]
+    held = set(held)
+    heavy = [t for t in graph.initializer
+             if math.prod(t.dims) > _HEAVY_ELEMENTS or t.name in held]
     names = [t.name for t in graph.initializer]
     if not heavy or len(set(names)) != len(names) or \
-            not all(_holds_its_data(t) for t in heavy):
+            not all(t.name in held or _holds_its_data(t) for t in heavy):
         return model.SerializeToString()
     return initializers_as_inputs(model, heavy).SerializeToString()
 
@@ -128,12 +136,32 @@ def load_checked_model(model, what="model"):
     return proto
 
 
-def _short_initializer(graph):
-    """A message naming the first initializer of ``graph`` whose data does
-    not fill its declared shape, or None (only called once the checker
-    refused the model: it converts every initializer)."""
+def load_checked_model_deferred(model, what, defer):
+    """:func:`load_checked_model` leaving in their files the external data
+    of the initializers ``defer`` selects, when ``model`` is a path
+    (:func:`onnxtrain._utils.files.load_onnx_file_deferred`).
+
+    Returns
+    -------
+    model : onnx.ModelProto
+        Without the values deferred.
+    external : dict
+        ``name -> onnxtrain._utils.files.ExternalTensor`` of those (empty
+        for a model given as a ModelProto or bytes).
+    """
+    if not isinstance(model, (str, os.PathLike)):
+        return load_checked_model(model, what), {}
+    proto, external = load_onnx_file_deferred(model, defer)
+    check_onnx_model(proto, os.fspath(model), held=external)
+    return proto, external
+
+
+def _short_initializer(graph, held=()):
+    """A message naming the first initializer of ``graph`` (but ``held``)
+    whose data does not fill its declared shape, or None (only called once
+    the checker refused the model: it converts every initializer)."""
     for tensor in graph.initializer:
-        if tensor.data_location == TensorProto.EXTERNAL:
+        if tensor.data_location == TensorProto.EXTERNAL or tensor.name in held:
             continue
         try:
             numpy_helper.to_array(tensor)

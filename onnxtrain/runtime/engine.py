@@ -8,6 +8,7 @@ import numpy as np
 from onnx import numpy_helper
 from onnxruntime import OrtValue
 
+from .._utils.files import ExternalTensor
 from ..assembly.models import load_model, select_weights
 from ..autodiff import build_gradient_models, weights_as_inputs
 from ..graph import elem_type_to_numpy
@@ -65,6 +66,21 @@ def _array(value):
     return value if isinstance(value, np.ndarray) else numpy_helper.to_array(value)
 
 
+def _weight(value, device):
+    """An OrtValue of its own on ``device`` holding ``value`` (a TensorProto,
+    an array or an ExternalTensor). External data on the CPU is read from
+    its file straight into the OrtValue's memory: no copy of the bytes
+    beside the weight."""
+    if isinstance(value, ExternalTensor):
+        if device.type == "cpu":
+            weight = OrtValue.ortvalue_from_shape_and_type(
+                list(value.shape), value.dtype, device.type, device.index)
+            value.read_into(weight.numpy())
+            return weight
+        value = value.to_array()
+    return to_ortvalue(_array(value), device, owned=True)
+
+
 class OnnxcustomModelNames:
     """The names onnxcustom's TrainingAgent wrapper reads the models by:
     ``cls_type_`` (the object itself, which holds them), ``_trained_onnx``
@@ -114,7 +130,8 @@ class ForwardBackwardEngine(OnnxcustomModelNames):
         with :func:`onnxtrain.runtime.checks.load_checked_model` (the estimators):
         the engine does not check it again.
     values : dict, default=None
-        ``name -> onnx.TensorProto or numpy.ndarray``: the initial values of
+        ``name -> onnx.TensorProto, numpy.ndarray or``
+        :class:`~onnxtrain._utils.files.ExternalTensor`: the initial values of
         weights that ``model_onnx`` holds without them
         (:func:`onnxtrain.graph.builder.split_weight_values`), read once
         into ``weights`` and not kept; the model's own values otherwise.
@@ -187,8 +204,7 @@ class ForwardBackwardEngine(OnnxcustomModelNames):
         inits.update(values or {})
         # copies of their own (numpy_helper gives read-only views), which
         # a fused step may update in place (StepRunner); one at a time
-        self.weights = [to_ortvalue(_array(inits[w]), self.device, owned=True)
-                        for w in self.weights_to_train]
+        self.weights = [_weight(inits[w], self.device) for w in self.weights_to_train]
         self._saved = None
 
     @property

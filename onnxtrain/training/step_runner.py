@@ -13,6 +13,7 @@ from onnx import numpy_helper
 from ..assembly.pipeline import prepare
 from ..assembly.training_graphs import (LossGraphs, TrainingGraphs, final_activation,
                                         small_graph_opset)
+from .._utils.files import ExternalTensor
 from ..graph import elem_type_to_numpy, without_initializer_values
 from ..graph.builder import split_weight_values, with_initializer_values
 from ..optim.initializers import bias_weights
@@ -58,7 +59,9 @@ def _without_trained_values(model, weights, values=None):
     model, held = split_weight_values(model)
     values = {**held, **(values or {})}
     trained = set(weights)
-    constants = {n: t for n, t in values.items() if n not in trained}
+    # external data still in its file is read for the constants only
+    constants = {n: t.to_tensor_proto() if isinstance(t, ExternalTensor) else t
+                 for n, t in values.items() if n not in trained}
     if constants:
         model = with_initializer_values(model, constants)
     return model, {n: t for n, t in values.items() if n in trained}
@@ -191,9 +194,11 @@ class StepRunner:
         ``model``'s :func:`~onnxtrain.graph.infer_value_types`, passed down
         to the graph builders (no shape inference of the model again).
     values : dict, default=None
-        ``name -> onnx.TensorProto``: the values of initializers ``model``
-        holds without them (:func:`onnxtrain.graph.builder.split_weight_values`
-        of the caller's model); read once, never copied into a model but
+        ``name -> onnx.TensorProto`` (or
+        :class:`~onnxtrain._utils.files.ExternalTensor`, data still in its
+        file): the values of initializers ``model`` holds without them
+        (:func:`onnxtrain.graph.builder.split_weight_values` of the
+        caller's model); read once, never copied into a model but
         for the initializers not trained.
 
     Notes
