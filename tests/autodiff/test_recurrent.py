@@ -277,6 +277,23 @@ def _scan_count(model):
     return sum(node.op_type == "Scan" for node in model.graph.node)
 
 
+def _assert_gradients_match_differences(model, gm, wrt, outputs, forward_session=None):
+    """``gm``'s gradients of ``wrt`` equal float64 central differences of
+    ``model``'s expansion at two (T, N); the forward values come from
+    ``forward_session`` (the expansion's when None)."""
+    reference = session(expansion_model(model, expand))
+    forward_session = forward_session or reference
+    for t, n in ((3, 2), (5, 1)):
+        feeds = _feeds(model, np.float64, seed=t, t=t, n=n)
+        forward = run(forward_session, feeds)
+        rng = np.random.default_rng(t)
+        grad_outputs = {o: rng.normal(size=forward[o].shape) for o in outputs}
+        grads = _backward_gradients(gm, feeds, grad_outputs, forward)
+        for w in wrt:
+            expected = numeric_gradient(reference, feeds, w, grad_outputs)
+            assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+
+
 # the direct LSTM gradient (no expansion: gates of every step from Y, a
 # Scan of the cell states and one backward Scan per direction)
 DIRECT_CASES = [
@@ -296,16 +313,7 @@ def test_direct_lstm_gradient_matches_finite_differences_float64(
     directions = 2 if attrs.get("direction") == "bidirectional" else 1
     assert _scan_count(gm.backward_model) == 2 * directions
     assert "Y" in gm.backward_inputs  # the gates come from the node's Y
-    reference = session(expansion_model(model, expand))
-    for t, n in ((3, 2), (5, 1)):
-        feeds = _feeds(model, np.float64, seed=t, t=t, n=n)
-        forward = run(reference, feeds)
-        rng = np.random.default_rng(t)
-        grad_outputs = {o: rng.normal(size=forward[o].shape) for o in outputs}
-        grads = _backward_gradients(gm, feeds, grad_outputs, forward)
-        for w in wrt:
-            expected = numeric_gradient(reference, feeds, w, grad_outputs)
-            assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+    _assert_gradients_match_differences(model, gm, wrt, outputs)
 
 
 @pytest.mark.parametrize("attrs", [{"clip": 0.5}, {"input_forget": 1},
@@ -347,17 +355,7 @@ def _check_lowered_gradient(model, lowered, attrs, outputs):
     directions = 2 if attrs.get("direction") == "bidirectional" else 1
     assert _scan_count(gm.backward_model) == directions
     assert not {"Sigmoid", "Tanh"} & {n.op_type for n in gm.backward_model.graph.node}
-    reference = session(expansion_model(model, expand))
-    forward_session = session(gm.forward_model)
-    for t, n in ((3, 2), (5, 1)):
-        feeds = _feeds(model, np.float64, seed=t, t=t, n=n)
-        forward = run(forward_session, feeds)
-        rng = np.random.default_rng(t)
-        grad_outputs = {o: rng.normal(size=forward[o].shape) for o in outputs}
-        grads = _backward_gradients(gm, feeds, grad_outputs, forward)
-        for w in wrt:
-            expected = numeric_gradient(reference, feeds, w, grad_outputs)
-            assert relative_error(expected, grads[w]) < 1e-6, (w, t, n)
+    _assert_gradients_match_differences(model, gm, wrt, outputs, session(gm.forward_model))
 
 
 def _lowered(model):
