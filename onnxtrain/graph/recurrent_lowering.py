@@ -194,12 +194,9 @@ def _lower(g, node, dtype, hidden, size):
             bias = g.op("Add", wb, rb)
         xw = g.op("Reshape", g.op("Gemm", flat_x, w_d, bias, transB=1), steps_shape)
         states = [s or zero_state() for s in (h0_d, c0_d)]
-        reverse = int(direction == "reverse" or d == 1)
-        outs = g.op("Scan", *states, xw, body=_step_body(g, dtype, hidden, r_d),
-                    n_outputs=len(LSTM_SCAN_OUTPUTS), num_scan_inputs=1,
-                    scan_input_directions=[reverse],
-                    scan_output_directions=[reverse] * 5)
-        g.nodes[-1].doc_string = LSTM_SCAN_DOC
+        outs = _direction_scan(g, states, xw, _step_body(g, dtype, hidden, r_d),
+                               len(LSTM_SCAN_OUTPUTS), LSTM_SCAN_DOC,
+                               direction == "reverse" or d == 1)
         hs.append(outs[0])
         cs.append(outs[1])
         ys.append(outs[2])
@@ -244,16 +241,24 @@ def _lower_gru(g, node, dtype, hidden, size):
         xw = g.op("Reshape", g.op("Gemm", flat_x, w_d, *([wb] if wb else []),
                                   transB=1), steps_shape)
         h0_d = h0_d or zero_state()
-        reverse = int(direction == "reverse" or d == 1)
-        outs = g.op("Scan", h0_d, xw,
-                    body=_gru_step_body(g, dtype, hidden, r_d, rb),
-                    n_outputs=len(GRU_SCAN_OUTPUTS), num_scan_inputs=1,
-                    scan_input_directions=[reverse],
-                    scan_output_directions=[reverse] * 4)
-        g.nodes[-1].doc_string = GRU_SCAN_DOC
+        outs = _direction_scan(g, [h0_d], xw, _gru_step_body(g, dtype, hidden, r_d, rb),
+                               len(GRU_SCAN_OUTPUTS), GRU_SCAN_DOC,
+                               direction == "reverse" or d == 1)
         hs.append(outs[0])
         ys.append(outs[1])
     _stack_directions(g, node, (ys, hs))
+
+
+def _direction_scan(g, states, xw, body, n_outputs, doc, reverse):
+    """The Scan of one direction: ``states`` carried, ``xw`` (T, N, gates)
+    scanned (backwards when ``reverse``, and its per-step outputs written
+    in the same order), marked by ``doc`` for its gradient rule."""
+    reverse = int(bool(reverse))
+    outs = g.op("Scan", *states, xw, body=body, n_outputs=n_outputs,
+                num_scan_inputs=1, scan_input_directions=[reverse],
+                scan_output_directions=[reverse] * (n_outputs - len(states)))
+    g.nodes[-1].doc_string = doc
+    return outs
 
 
 def _stack_directions(g, node, per_output):
