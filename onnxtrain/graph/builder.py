@@ -474,6 +474,23 @@ def with_nodes(model, nodes, initializers=()):
     return new
 
 
+def rewrite_nodes(model, g, rewrite):
+    """``model`` with each node that ``rewrite`` replaced by what it wrote
+    into the builder ``g``: ``rewrite(node)`` emits the replacement into
+    ``g`` and returns True, or returns False (the node is kept as it is).
+    ``model`` itself when no node was replaced, else :func:`with_nodes`'s
+    copy holding ``g``'s initializers too."""
+    nodes, replaced = [], False
+    for node in model.graph.node:
+        if rewrite(node):
+            nodes.extend(g.nodes)
+            g.nodes.clear()
+            replaced = True
+        else:
+            nodes.append(node)
+    return with_nodes(model, nodes, g.initializers) if replaced else model
+
+
 def constant_node_value(node):
     """numpy value of a Constant node (None for sparse or string values)."""
     for att in node.attribute:

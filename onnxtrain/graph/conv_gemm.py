@@ -54,7 +54,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from .builder import GraphBuilder, with_nodes
+from .builder import GraphBuilder, rewrite_nodes
 from .scopes import graph_names
 from .shapes import infer_value_types
 
@@ -365,23 +365,18 @@ def lower_small_convs(model, weights, types=None):
     if opset < 13:  # Pad and Slice with inputs, Unsqueeze axes as an input
         return model
     g = GraphBuilder(opset, used_names=graph_names(graph))
-    nodes, lowered = [], False
-    for node in graph.node:
+
+    def lower(node):
         plan = _plan(node, types, weights, inits)
         if plan is None:
-            nodes.append(node)
-            continue
+            return False
         dims = inits[node.input[1]].dims
         if plan[-1]:  # depthwise
             _lower_depthwise(g, node, plan, dims[0], dims[2:])
         else:
             _lower(g, node, plan, dims[1], dims[0], dims[2:])
-        nodes.extend(g.nodes)
-        g.nodes.clear()
-        lowered = True
-    if not lowered:
-        return model
-    return with_nodes(model, nodes, g.initializers)
+        return True
+    return rewrite_nodes(model, g, lower)
 
 
 def _columns_plan(node, types, weights):

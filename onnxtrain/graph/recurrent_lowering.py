@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from .builder import GraphBuilder, with_nodes
+from .builder import GraphBuilder, rewrite_nodes
 from .scopes import graph_names, node_reads
 from .shapes import infer_value_types
 
@@ -330,21 +330,15 @@ def lower_recurrent(model, weights, types=None, ops=("LSTM", "GRU")):
     types = infer_value_types(model) if types is None else types
     reached = _depends_on(graph.node, weights)
     g = GraphBuilder(opset, used_names=graph_names(graph), value_types=dict(types))
-    nodes, lowered = [], False
-    for node in graph.node:
+
+    def lower(node):
         if not qualifies(node):
-            nodes.append(node)
-            continue
+            return False
         sizes = _static_sizes(node, types)
         dtype = (types.get(node.input[0]) or (None, None))[0]
         if (sizes is None or dtype not in (TensorProto.FLOAT, TensorProto.DOUBLE)
                 or not reached & {i for i in node.input if i}):
-            nodes.append(node)
-            continue
+            return False
         checks[node.op_type][1](g, node, dtype, *sizes)
-        nodes.extend(g.nodes)
-        g.nodes.clear()
-        lowered = True
-    if not lowered:
-        return model
-    return with_nodes(model, nodes, g.initializers)
+        return True
+    return rewrite_nodes(model, g, lower)
