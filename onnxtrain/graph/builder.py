@@ -15,6 +15,8 @@ import onnx
 from google.protobuf.message import EncodeError
 from onnx import TensorProto, helper, numpy_helper
 
+from .scopes import without_unread
+
 __all__ = ["GraphBuilder", "Dim", "elem_type_to_numpy", "numpy_to_elem_type",
            "FLOAT_TYPES", "OpsetError", "tensor_value_info"]
 
@@ -474,12 +476,14 @@ def with_nodes(model, nodes, initializers=()):
     return new
 
 
-def rewrite_nodes(model, g, rewrite):
+def rewrite_nodes(model, g, rewrite, drop_unread=False):
     """``model`` with each node that ``rewrite`` replaced by what it wrote
     into the builder ``g``: ``rewrite(node)`` emits the replacement into
     ``g`` and returns True, or returns False (the node is kept as it is).
     ``model`` itself when no node was replaced, else :func:`with_nodes`'s
-    copy holding ``g``'s initializers too."""
+    copy holding ``g``'s initializers too; with ``drop_unread``, without
+    the nodes whose outputs no longer reach a graph output (those the
+    replaced nodes alone read)."""
     nodes, replaced = [], False
     for node in model.graph.node:
         if rewrite(node):
@@ -488,7 +492,11 @@ def rewrite_nodes(model, g, rewrite):
             replaced = True
         else:
             nodes.append(node)
-    return with_nodes(model, nodes, g.initializers) if replaced else model
+    if not replaced:
+        return model
+    if drop_unread:
+        nodes, _ = without_unread(nodes, {o.name for o in model.graph.output})
+    return with_nodes(model, nodes, g.initializers)
 
 
 def constant_node_value(node):

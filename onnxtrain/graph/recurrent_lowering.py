@@ -21,7 +21,10 @@ The Scan is marked (``doc_string`` :data:`LSTM_SCAN_DOC`) so that the
 reverse pass gives it the direct LSTM gradient, which reads those outputs
 instead of recomputing them (:mod:`onnxtrain.autodiff.rules.recurrent`).
 The directions' outputs are stacked into the node's Y, Y_h and Y_c; the
-values are the kernel's up to rounding.
+values are the kernel's up to rounding. Where W, R or B is a Concat along
+axis 0 of one value per direction (torch's export of a bidirectional
+layer), each direction reads its own value and the Concat leaves the graph
+once nothing else reads it.
 
 A GRU as torch exports it (``linear_before_reset``, the specification's
 activations, no clip, sequence_lens nor layout) is lowered likewise: the
@@ -119,9 +122,14 @@ def _depends_on(nodes, weights):
     return reached
 
 
-def _directions(g, x, n_dirs):
+def _directions(g, x, n_dirs, stacked=None):
     """The slices of ``x`` along axis 0, that axis dropped (Split and
-    Squeeze, whose gradients are a Concat and an Unsqueeze)."""
+    Squeeze, whose gradients are a Concat and an Unsqueeze); ``stacked``:
+    the values of one row each that a Concat along axis 0 joined into
+    ``x``, squeezed instead (exporters stack the directions' weights so:
+    no kernel then joins and splits them, nor their gradients)."""
+    if stacked:
+        return [g.squeeze(p, [0]) for p in stacked]
     if n_dirs == 1:
         return [g.squeeze(x, [0])]
     attrs = {"num_outputs": n_dirs} if g.opset >= 18 else {}
@@ -154,12 +162,13 @@ def _step_body(g, dtype, hidden, r):
     return sg.make_graph("lstm_step", vis, out_vis)
 
 
-def _setup(g, node, dtype, width, hidden, size, positions):
+def _setup(g, node, dtype, width, hidden, size, positions, stacked):
     """The start both lowerings share: the direction attribute, X as rows
     (T N, size), the shape (T, N, ``width``) of the input projection, a
     maker of the zero initial state (N, ``hidden``; emitted once, when first
     asked) and, for each input at ``positions``, its per-direction slices
-    (None where the input is absent)."""
+    (None where the input is absent; ``stacked(name, count)``: the values
+    a Concat joined into ``name``, see :func:`_directions`)."""
     inputs = list(node.input) + [""] * 8
     x = inputs[0]
     direction = _attr(node, "direction", b"forward")
@@ -176,15 +185,15 @@ def _setup(g, node, dtype, width, hidden, size, positions):
                          g.int64s([hidden]), axis=0)
             zeros.append(g.op("Expand", g.const(0, dtype), shape))
         return zeros[0]
-    per_dir = [_directions(g, inputs[k], n_dirs) if inputs[k] else [None] * n_dirs
-               for k in positions]
+    per_dir = [_directions(g, inputs[k], n_dirs, stacked(inputs[k], n_dirs))
+               if inputs[k] else [None] * n_dirs for k in positions]
     return direction, flat_x, steps_shape, zero_state, per_dir
 
 
-def _lower(g, node, dtype, hidden, size):
+def _lower(g, node, dtype, hidden, size, stacked):
     """Emit the lowering of the LSTM ``node`` into ``g``."""
     direction, flat_x, steps_shape, zero_state, per_dir = _setup(
-        g, node, dtype, 4 * hidden, hidden, size, (1, 2, 3, 5, 6))
+        g, node, dtype, 4 * hidden, hidden, size, (1, 2, 3, 5, 6), stacked)
     ys, hs, cs = [], [], []
     for d, (w_d, r_d, b_d, h0_d, c0_d) in enumerate(zip(*per_dir)):
         bias = None
@@ -228,10 +237,10 @@ def _gru_step_body(g, dtype, hidden, r, rb):
     return sg.make_graph("gru_step", vis, out_vis)
 
 
-def _lower_gru(g, node, dtype, hidden, size):
+def _lower_gru(g, node, dtype, hidden, size, stacked):
     """Emit the lowering of the GRU ``node`` into ``g``."""
     direction, flat_x, steps_shape, zero_state, per_dir = _setup(
-        g, node, dtype, 3 * hidden, hidden, size, (1, 2, 3, 5))
+        g, node, dtype, 3 * hidden, hidden, size, (1, 2, 3, 5), stacked)
     ys, hs = [], []
     for d, (w_d, r_d, b_d, h0_d) in enumerate(zip(*per_dir)):
         wb = rb = None
@@ -330,6 +339,17 @@ def lower_recurrent(model, weights, types=None, ops=("LSTM", "GRU")):
     types = infer_value_types(model) if types is None else types
     reached = _depends_on(graph.node, weights)
     g = GraphBuilder(opset, used_names=graph_names(graph), value_types=dict(types))
+    producers = {o: n for n in graph.node for o in n.output if o}
+
+    def stacked(name, count):
+        """The ``count`` values of one row each a Concat along axis 0 wrote
+        as ``name`` (static shapes), else None."""
+        concat = producers.get(name)
+        if (count < 2 or concat is None or concat.op_type != "Concat"
+                or _attr(concat, "axis") != 0 or len(concat.input) != count):
+            return None
+        rows = [(types.get(p) or (None, None))[1] for p in concat.input]
+        return list(concat.input) if all(r and r[0] == 1 for r in rows) else None
 
     def lower(node):
         if not qualifies(node):
@@ -339,6 +359,7 @@ def lower_recurrent(model, weights, types=None, ops=("LSTM", "GRU")):
         if (sizes is None or dtype not in (TensorProto.FLOAT, TensorProto.DOUBLE)
                 or not reached & {i for i in node.input if i}):
             return False
-        checks[node.op_type][1](g, node, dtype, *sizes)
+        checks[node.op_type][1](g, node, dtype, *sizes, stacked)
         return True
-    return rewrite_nodes(model, g, lower)
+    # the Concats of stacked weights only the lowered nodes read leave
+    return rewrite_nodes(model, g, lower, drop_unread=True)

@@ -14,6 +14,7 @@ Three oracles:
 """
 import numpy as np
 import pytest
+import onnx
 from onnx import TensorProto, helper
 
 from gradcheck import (check_model, expansion_model, numeric_gradient,
@@ -441,3 +442,76 @@ def test_gru_outside_the_lowering_keeps_the_kernel():
     # lower_lstms leaves GRUs alone
     gru = _model("GRU", inputs=("B",), linear_before_reset=1)
     assert lower_lstms(gru, ["W"]) is gru
+
+
+def _stacked(model):
+    """``model`` (one bidirectional node) reading W, R and B as exporters
+    write them: a Concat along axis 0 of one (1, ...) input per direction
+    (``<name>_0``, ``<name>_1``)."""
+    stacked = onnx.ModelProto()
+    stacked.CopyFrom(model)
+    graph = stacked.graph
+    by_name = {vi.name: vi for vi in graph.input}
+    inputs, concats = [graph.input[0]], []
+    for name in ("W", "R", "B"):
+        parts = [f"{name}_{d}" for d in range(2)]
+        for part in parts:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(by_name[name])
+            vi.name = part
+            vi.type.tensor_type.shape.dim[0].dim_value = 1
+            inputs.append(vi)
+        concats.append(helper.make_node("Concat", parts, [name], axis=0))
+    inputs += [vi for vi in graph.input if vi.name not in ("X", "W", "R", "B")]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    nodes = concats + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return stacked
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_lowering_reads_the_directions_an_exporter_stacked(op):
+    # W, R and B stacked by a Concat of one value per direction (as torch
+    # exports a bidirectional layer): the lowering reads the directions'
+    # values, with no Concat nor Split of them (nor of their gradients),
+    # and computes what the kernel and the unstacked lowering compute
+    attrs = {"linear_before_reset": 1} if op == "GRU" else {}
+    base = _model(op, np.float64, inputs=("B", "H0"), symbolic=True,
+                  direction="bidirectional", **attrs)
+    model = _stacked(base)
+    wrt = [vi.name for vi in model.graph.input]
+    lowered = lower_recurrent(model, wrt)
+    check_model(lowered)
+    nodes = lowered.graph.node
+    assert not any(n.op_type in ("Concat", "Split") and set(n.input) & {"W", "R", "B"}
+                   for n in nodes)
+    assert not {"W", "R", "B"} & {o for n in nodes for o in n.output}
+    float32 = _stacked(_model(op, inputs=("B", "H0"), symbolic=True,
+                              direction="bidirectional", **attrs))
+    feeds32 = _feeds(float32, np.float32, seed=1, t=4, n=2)
+    for e, a in zip(session(float32).run(None, feeds32),
+                    session(lower_recurrent(float32, wrt)).run(None, feeds32)):
+        np.testing.assert_allclose(a, e, atol=1e-6)
+    # gradients: each direction's slice of the unstacked lowering's
+    gm = build_gradient_models(lowered, wrt, outputs=["Y", "Y_h"])
+    gm_base = build_gradient_models(lower_recurrent(base, [i.name for i in base.graph.input]),
+                                    [i.name for i in base.graph.input],
+                                    outputs=["Y", "Y_h"])
+    feeds = _feeds(model, np.float64, seed=2, t=5, n=3)
+    base_feeds = {k: v for k, v in feeds.items() if k[:2] not in ("W_", "R_", "B_")}
+    for name in ("W", "R", "B"):
+        base_feeds[name] = np.concatenate([feeds[f"{name}_0"], feeds[f"{name}_1"]])
+    forward = run(session(gm.forward_model), feeds)
+    rng = np.random.default_rng(0)
+    grad_outputs = {o: rng.normal(size=forward[o].shape) for o in ("Y", "Y_h")}
+    got = _backward_gradients(gm, feeds, grad_outputs, forward)
+    expected = _backward_gradients(gm_base, base_feeds, grad_outputs,
+                                   run(session(gm_base.forward_model), base_feeds))
+    for name in ("W", "R", "B"):
+        for d in range(2):
+            np.testing.assert_allclose(got[f"{name}_{d}"], expected[name][d:d + 1],
+                                       rtol=1e-12, atol=1e-12)
+    for name in ("X", "H0"):
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, atol=1e-12)
