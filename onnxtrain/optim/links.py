@@ -292,7 +292,7 @@ class DecoupledWeightDecay(GradientLink):
 
     Notes
     -----
-    ``param <- param - param * (learning_rate * weight_decay)``, then the
+    ``param <- param * (1 - learning_rate * weight_decay)``, then the
     rule's step from that value: ``AdamRule(weight_decay=d)`` is this link
     followed by Adam. The product ``learning_rate * weight_decay`` is
     computed once per update, in the graph.
@@ -307,12 +307,15 @@ class DecoupledWeightDecay(GradientLink):
     def __init__(self, weight_decay=0.01):
         self.weight_decay = weight_decay
 
+    def _key(self):
+        return self.scalar_key or f"decay({self.weight_decay!r})"
+
     def decay(self, g, elem_type, scalars):
         """``learning_rate * weight_decay`` (once per ``scalars``), None
         without decay."""
         if not self.weight_decay:
             return None
-        key = self.scalar_key or f"decay({self.weight_decay!r})"
+        key = self._key()
         if key not in scalars:
             scalars[key] = g.op("Mul", scalars["learning_rate"],
                                 g.const(self.weight_decay, elem_type))
@@ -323,7 +326,12 @@ class DecoupledWeightDecay(GradientLink):
         decay = self.decay(g, elem_type, scalars)
         if decay is None:
             return param, grad, None
-        return g.op("Sub", param, g.op("Mul", param, decay)), grad, None
+        # one product per parameter (as torch.optim.AdamW): the scalar
+        # 1 - decay is computed once per update
+        kept = f"1 - {self._key()}"
+        if kept not in scalars:
+            scalars[kept] = g.op("Sub", g.const(1.0, elem_type), decay)
+        return g.op("Mul", param, scalars[kept]), grad, None
 
 
 class AddPenalty(GradientLink):
