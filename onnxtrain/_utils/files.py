@@ -139,6 +139,12 @@ class ExternalTensor:
         """onnx.TensorProto: the initializer with its data in it."""
         return numpy_helper.from_array(self.to_array(), self.name)
 
+    def __array__(self, dtype=None, copy=None):
+        # numpy's protocol: np.asarray reads the file when the value is
+        # needed (a checkpoint writing one weight at a time)
+        array = self.to_array()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
     def __repr__(self):
         return (f"ExternalTensor({self.name!r}, {self.path!r}, offset="
                 f"{self.offset}, dtype={self.dtype}, shape={self.shape})")

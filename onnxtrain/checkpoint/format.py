@@ -130,8 +130,10 @@ def checkpoint_to_bytes(parameters, properties=None, optimizer=None,
     Parameters
     ----------
     parameters : list of tuple
-        ``(name, value, requires_grad)`` where ``value`` is an ndarray, or for
-        a nominal checkpoint ``(name, (dtype, shape), requires_grad)``.
+        ``(name, value, requires_grad)`` where ``value`` is an ndarray (or
+        an object with ``dtype`` and ``shape`` that ``np.asarray``
+        converts, converted only when written), or for a nominal
+        checkpoint ``(name, (dtype, shape), requires_grad)``.
     properties : dict of str to int, float or str, default=None
     optimizer : dict, default=None
         ``{"step": int, "learning_rate": float, "states": {param: {state:
@@ -154,16 +156,28 @@ def checkpoint_to_bytes(parameters, properties=None, optimizer=None,
     return buffer.getvalue()
 
 
+def _dtype_of(value):
+    """The dtype of an array, or of a value converted by ``np.asarray``
+    when it has no ``dtype`` (a value that converts itself on demand, as
+    :class:`onnxtrain._utils.files.ExternalTensor`, is not read here)."""
+    dtype = getattr(value, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
+
+
+def _shape_of(value):
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(value)
+
+
 def check_checkpoint_entries(parameters, properties=None, optimizer=None,
                              nominal=False):
     """Raise the TypeError :func:`write_checkpoint` would raise for these
     arguments, before anything is written (same parameters)."""
     for _name, value, _ in parameters:
-        if nominal:
-            dtype = (value[0] if isinstance(value, tuple)
-                     else np.asarray(value).dtype)
+        if nominal and isinstance(value, tuple):
+            dtype = value[0]
         else:
-            dtype = np.asarray(value).dtype
+            dtype = _dtype_of(value)
         _dtype_str(dtype)
     for key, value in (properties or {}).items():
         encode_property(key, value)
@@ -182,7 +196,7 @@ def _write_archive(file, parameters, properties, optimizer, nominal):
         for name, value, requires_grad in parameters:
             if nominal:
                 dtype, shape = (value if isinstance(value, tuple)
-                                else (np.asarray(value).dtype, np.shape(value)))
+                                else (_dtype_of(value), _shape_of(value)))
                 record = {"dtype": _dtype_str(dtype),
                           "shape": [int(d) for d in shape], "data": None}
             else:

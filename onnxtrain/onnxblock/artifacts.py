@@ -14,7 +14,7 @@ import os
 import pathlib
 
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from .. import onnxblock
 from .._utils.gc import gc_frozen
@@ -24,6 +24,7 @@ from ..graph import FLOAT_TYPES, opset_of
 from ..graph.builder import without_initializer_values
 from ..graph.training_mode import running_statistics
 from ..optim.update_rules import UpdateRule
+from ..runtime.checks import load_checked_model_deferred
 from ..runtime.ort_format import save_ort_format
 from ._base import owned_base, read_model
 from .optim import build_optimizer_model
@@ -202,8 +203,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     Parameters
     ----------
     model : onnx.ModelProto, str or pathlib.Path
-        The forward model; never modified (a path is read with its external
-        data).
+        The forward model; never modified. A path's external data is read
+        with the graph, except (built-in loss or none) that of the float
+        weights in ``requires_grad``, read from their files, checked, when
+        the checkpoint is written.
     requires_grad : str or list of str, default=None
         Initializers to train; a str is one name (``"weight1"``, not its
         characters). They become inputs of the training and eval models and
@@ -294,11 +297,12 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
             "custom_op_library is not supported: onnxtrain's artifacts use "
             "standard ONNX ops only.")
     directory = _artifact_directory(artifact_directory, prefix, overwrite)
-    source = read_model(model)  # read, never edited
     requires_grad = _name_list(requires_grad)
     frozen_params = _name_list(frozen_params)
-    _check_parameters(source, requires_grad, frozen_params)
     loss_block = _resolve_loss(loss)
+    builtin = loss_block is None or type(loss_block) in _BUILTIN_LOSSES
+    source, external = _read_source(model, requires_grad if builtin else ())
+    _check_parameters(source, requires_grad, frozen_params)
     # with a built-in loss (or none), the blocks edit a copy of the model
     # without the trained weights' values (they become graph inputs; no
     # rule reads a weight it differentiates as a constant), and the
@@ -309,7 +313,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     # statistics keep theirs (frozen whatever the lists say, their update
     # reads their initial values)
     valueless = set()
-    if loss_block is None or type(loss_block) in _BUILTIN_LOSSES:
+    if builtin:
         valueless = (set(requires_grad) & {i.name for i in source.graph.initializer
                                            if i.data_type in FLOAT_TYPES}) \
             - set(running_statistics(source))
@@ -346,7 +350,9 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         files["optimizer_model"] = build_optimizer_model(
             optimizer_block, trainable, opset if opset >= 9 else None)
     stored = {i.name: i for i in source.graph.initializer if i.name in valueless}
-    entries = [(t.name, numpy_helper.to_array(stored.get(t.name, t)),
+    # each value converted (or read from its file) when the checkpoint
+    # writes it: one weight's array at a time, not a copy of them all
+    entries = [(t.name, external.get(t.name) or _InitializerValue(stored.get(t.name, t)),
                 t.name in trainable_names) for t in params]
     # streamed into its file by _write (no copy as bytes), its
     # arguments checked now, before any file is written
@@ -358,6 +364,39 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     if ort_format:
         paths.update(_write_ort_format(paths))
     return paths
+
+
+def _read_source(model, deferred):
+    """``(source, external)``: the model :func:`read_model` reads and, for
+    a path, the external data of the float initializers named in
+    ``deferred`` left in their files (``name -> ExternalTensor``, checked;
+    :func:`~onnxtrain.runtime.checks.load_checked_model_deferred`), unless
+    one of them is a running statistic (whose update reads its value: the
+    model is then read whole)."""
+    if not deferred or not isinstance(model, (str, pathlib.Path)):
+        return read_model(model), {}
+    names = set(deferred)
+    source, external = load_checked_model_deferred(
+        model, "model", lambda tensor: tensor.name in names)
+    if external and set(external) & set(running_statistics(source)):
+        return read_model(model), {}
+    return source, external
+
+
+class _InitializerValue:
+    """An initializer's value, converted by ``np.asarray`` when the
+    checkpoint writes it."""
+
+    __slots__ = ("tensor", "dtype", "shape")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        self.shape = tuple(tensor.dims)
+
+    def __array__(self, dtype=None, copy=None):
+        array = numpy_helper.to_array(self.tensor)
+        return array if dtype is None else array.astype(dtype, copy=False)
 
 
 # every file generate_artifacts may write, without the prefix
