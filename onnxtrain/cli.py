@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from .estimators._inputs import imputes_nan
-from .runtime.checks import load_checked_model
+from .runtime.checks import load_checked_model_deferred
 
 __all__ = ["main", "read_csv"]
 
@@ -194,16 +194,20 @@ def _train(args):
 
     _check_output_path(args.output, args.overwrite)
     learning_rate = _update_rule(args)
-    model = load_checked_model(args.model)
+    # the graph alone decides how the data is read and the task; the
+    # estimator gets the path and reads the float weights stored as
+    # external data straight into the weights it trains
+    graph, _ = load_checked_model_deferred(args.model, "model", lambda tensor: True)
     X, y, _ = read_csv(args.data, args.target, args.features,
-                       missing_features=imputes_nan(model))
+                       missing_features=imputes_nan(graph))
     classify = args.task == "classification" or (
-        args.task == "auto" and _is_classifier(model))
+        args.task == "auto" and _is_classifier(graph))
+    del graph
     estimator = (OrtGradientForwardBackwardClassifier if classify
                  else OrtGradientForwardBackwardOptimizer)
     params = {} if args.loss is None else {"learning_loss": args.loss}
     est = estimator(
-        model, weights_to_train=args.weights, max_iter=args.epochs,
+        args.model, weights_to_train=args.weights, max_iter=args.epochs,
         batch_size=args.batch_size, device=args.device, verbose=1,
         learning_rate=learning_rate,
         init="random" if args.warm_start is False else args.init,

@@ -75,6 +75,39 @@ def test_train_command_fits_user_csv(csv_and_model, tmp_path, capsys):
     assert "R2 on the training data: 1.0000" in capsys.readouterr().out
 
 
+def test_train_command_reads_external_weights_into_the_weights(tmp_path, capsys):
+    # a model whose weight (100 floats) is external data: the command gives
+    # the estimator the path (the weight is read from its file straight
+    # into the trained weight) and trains as on the same model in one file
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 100))
+    data = tmp_path / "data.csv"
+    with open(data, "w") as f:
+        f.write(",".join(f"x{k}" for k in range(100)) + ",target\n")
+        for row, t in zip(X, X[:, :3].sum(axis=1)):
+            f.write(",".join(str(v) for v in row) + f",{t}\n")
+    trained = {}
+    for name, external in (("inline", False), ("external", True)):
+        folder = tmp_path / name
+        folder.mkdir()
+        onnx.save(linear_model(100, opset=15, ir_version=8), folder / "model.onnx",
+                  save_as_external_data=external, size_threshold=0,
+                  location="weights.data")
+        out = folder / "out.onnx"
+        assert main(["train", str(folder / "model.onnx"), str(data), "--target",
+                     "target", "--epochs", "3", "--output", str(out)]) == 0
+        trained[name] = {i.name: onnx.numpy_helper.to_array(i)
+                         for i in onnx.load(out).graph.initializer}
+    assert trained["inline"].keys() == trained["external"].keys()
+    for key, value in trained["inline"].items():
+        np.testing.assert_array_equal(trained["external"][key], value)
+    assert not np.allclose(trained["inline"]["W"],
+                           onnx.numpy_helper.to_array(
+                               linear_model(100).graph.initializer[0]))
+    # the file the model names is read, never written
+    assert (tmp_path / "external" / "weights.data").stat().st_size == 404
+
+
 def test_train_command_reports_bad_column(csv_and_model, tmp_path, capsys):
     data, model_path, _, _ = csv_and_model
     status = main(["train", str(model_path), str(data), "--target", "nope",
