@@ -12,8 +12,9 @@ from .._utils.files import ExternalTensor
 from ..assembly.models import load_model, select_weights
 from ..autodiff import build_gradient_models, weights_as_inputs
 from ..graph import elem_type_to_numpy
+from ..graph.builder import with_initializer_values
 from ..graph.training_mode import inference_mode
-from .checks import load_checked_model
+from .checks import load_checked_model_deferred
 from .devices import parse_device
 from .sessions import SessionRunner, to_ortvalue
 from .threads import (current_session_threads, requested_session_threads,
@@ -81,6 +82,16 @@ def _weight(value, device):
     return to_ortvalue(_array(value), device, owned=True)
 
 
+def _may_train(weights_to_train):
+    """The initializers a path's loading leaves in their files: those
+    named, or (None) every float one the selection may pick."""
+    if weights_to_train is None:
+        return lambda tensor: True
+    names = {weights_to_train} if isinstance(weights_to_train, str) \
+        else set(weights_to_train)
+    return lambda tensor: tensor.name in names
+
+
 class OnnxcustomModelNames:
     """The names onnxcustom's TrainingAgent wrapper reads the models by:
     ``cls_type_`` (the object itself, which holds them), ``_trained_onnx``
@@ -103,7 +114,9 @@ class ForwardBackwardEngine(OnnxcustomModelNames):
     Parameters
     ----------
     model_onnx : onnx.ModelProto, bytes or str
-        Prediction graph (not modified).
+        Prediction graph (not modified). A path's float weights trained
+        and stored as external data are not loaded with the graph: each is
+        read from its file (checked as the graph's are) into its weight.
     weights_to_train : list of str, default=None
         Float initializers to train; None selects those that reach an output
         through differentiable ops (see
@@ -175,12 +188,23 @@ class ForwardBackwardEngine(OnnxcustomModelNames):
                  outputs=None, types=None, gradient_models=None, *, checked=False,
                  values=None):
         self.device = parse_device(device)
-        # a model the caller derived from one it checked is not checked again
-        # (the check serializes the whole model)
-        model = load_model(model_onnx) if checked else load_checked_model(
-            model_onnx, "model_onnx")
         check_weight_names(weights_to_train)
+        # a model the caller derived from one it checked is not checked
+        # again (the check serializes the whole model); a path's float
+        # weights stored as external data stay in their files, read below
+        # straight into the weights trained
+        external = {}
+        if checked:
+            model = load_model(model_onnx)
+        else:
+            model, external = load_checked_model_deferred(
+                model_onnx, "model_onnx", _may_train(weights_to_train))
         self.weights_to_train = select_weights(model, weights_to_train, types)
+        constants = {n: e.to_tensor_proto() for n, e in external.items()
+                     if n not in set(self.weights_to_train)}
+        if constants:  # deferred, not trained: constants of the graphs
+            model = with_initializer_values(model, constants)
+        values = {**external, **(values or {})}
         self.model, self._outputs, self._types = model, outputs, types
         self._build_models = gradient_models
         # built on first use: a trainer running fused graphs, or predicting
