@@ -294,6 +294,30 @@ def test_hostile_checkpoint_header_refused_naming_file_and_field(
     assert len(message) < 500  # one line, even for a huge hostile value
 
 
+@pytest.mark.parametrize("damage", ["flipped", "short"])
+def test_damaged_array_entry_refused_naming_file_and_field(tmp_path, damage):
+    """An array whose bytes changed (its CRC no longer matches) or whose
+    entry holds fewer bytes than declared is refused, naming the field: the
+    reader reads the entry into the array block by block and checks the
+    CRC at its end."""
+    from onnxtrain.checkpoint import write_checkpoint
+    path = tmp_path / "checkpoint"
+    big = np.arange(1 << 19, dtype=np.float32)  # over one read block
+    write_checkpoint(path, [("W", big, True)])
+    data = bytearray(path.read_bytes())
+    start = bytes(data).index(big[:4].tobytes())
+    if damage == "flipped":
+        data[start + big.nbytes - 3] ^= 0xFF  # in the last block
+        path.write_bytes(bytes(data))
+    else:  # the data cut, the headers declaring it whole
+        path.write_bytes(bytes(data[:start + big.nbytes // 2])
+                         + bytes(data[start + big.nbytes:]))
+    with pytest.raises(ValueError) as info:
+        api.CheckpointState.load_checkpoint(path)
+    message = str(info.value)
+    assert str(path) in message and "parameters[0].data" in message, message
+
+
 def test_compressed_members_refused(control, tmp_path):
     """A deflated entry (a ZIP bomb inflates 1000 to 1) is refused before
     it is inflated, also when its sizes are honest."""

@@ -14,14 +14,16 @@ copy joins or splits them: the module writes each gradient into its view,
 the update writes the parameters and states in place (PyTorch's
 ``foreach`` optimizers group their kernels in the same spirit).
 
-The update runs over *segments* of those buffers, consecutive parameters
-holding together at least :data:`SEGMENT_SIZE` elements (a larger
-parameter is a segment of its own), rather than over each buffer whole:
-the temporaries of one segment's ops then stay in the processor's caches
-for the next op to read, where the whole buffer's went to memory and came
-back; one kernel per op and parameter would cost more than it saves. The
-arena of the optimizer's session keeps a block for the largest temporary,
-which segments also keep smaller than the whole buffer.
+The update runs over *segments* of those buffers, consecutive ranges of
+at most :data:`SEGMENT_SIZE` elements, as few as that allows and of equal
+sizes, whatever the parameters' bounds (the update is element-wise: small
+parameters share a segment, a large one spans several), rather than over
+each buffer whole: the temporaries of one segment's ops then stay in the
+processor's caches for the next op to read, where the whole buffer's went
+to memory and came back; one kernel per op and parameter would cost more
+than it saves. The arena of the optimizer's session keeps blocks for one
+segment's temporaries: their size is bounded whatever the model's largest
+parameter (a parameter of its own segment made them as large as it).
 """
 from __future__ import annotations
 
@@ -38,39 +40,35 @@ __all__ = ["flat_optimizer_model", "FlatBuffers", "segment_sizes",
 #: Prefix of the names of the parameters of the flat optimizer model.
 FLAT_NAME = "parameters"
 
-#: Fewest elements of a segment (see the module docstring): a size for which
+#: Most elements of a segment (see the module docstring): a size for which
 #: one kernel's temporary stays in a server processor's last-level cache.
 SEGMENT_SIZE = 1 << 20
 
 
-def segment_sizes(sizes, minimum=None):
-    """Sizes of the segments of parameters of sizes ``sizes`` (in order):
-    each segment takes the next parameters until it holds ``minimum``
-    elements or more, and a parameter of ``minimum`` elements or more
-    starts a segment of its own.
+def segment_sizes(sizes, maximum=None):
+    """Sizes of the segments of the flat buffers of parameters of sizes
+    ``sizes``: the fewest consecutive ranges of at most ``maximum``
+    elements, of equal sizes (to one element), regardless of where a
+    parameter ends.
 
     Parameters
     ----------
     sizes : list of int
         Number of elements of each parameter, in the buffers' order.
-    minimum : int, default=None
+    maximum : int, default=None
         None: :data:`SEGMENT_SIZE`.
 
     Returns
     -------
     list of int
-        Elements of each segment; their sum is ``sum(sizes)``.
+        Elements of each segment; their sum is ``sum(sizes)`` (one segment
+        of 0 elements for no element).
     """
-    minimum = SEGMENT_SIZE if minimum is None else minimum
-    segments, current = [], 0
-    for size in sizes:
-        if current and (current >= minimum or size >= minimum):
-            segments.append(current)
-            current = 0
-        current += size
-    if current or not segments:
-        segments.append(current)
-    return segments
+    maximum = SEGMENT_SIZE if maximum is None else maximum
+    total = int(sum(sizes))
+    count = max(1, -(-total // maximum))
+    base, extra = divmod(total, count)
+    return [base + 1] * extra + [base] * (count - extra)
 
 
 def segment_name(index):

@@ -53,6 +53,14 @@ class Parameter:
         self._requires_grad = bool(requires_grad)
 
     @classmethod
+    def _owning(cls, name, array, requires_grad=True):
+        """A parameter holding ``array`` itself (no copy): an array no one
+        else holds, as the checkpoint reader returns them."""
+        param = cls(name, np.zeros(0, dtype=array.dtype), requires_grad)
+        param._shape, param._value = array.shape, array
+        return param
+
+    @classmethod
     def nominal(cls, name, dtype, shape, requires_grad=True):
         """A parameter without a value (from a nominal checkpoint): name,
         dtype and shape only, until ``data`` is assigned."""
@@ -299,8 +307,8 @@ class CheckpointState:
             if content["nominal"]:
                 params.append(Parameter.nominal(name, value[0], value[1],
                                                 requires_grad))
-            else:
-                params.append(Parameter(name, value, requires_grad))
+            else:  # the reader's arrays, held by no one else
+                params.append(Parameter._owning(name, value, requires_grad))
         optimizer = content["optimizer"]
         if optimizer is not None:
             optimizer = OptimizerState(**optimizer)

@@ -270,6 +270,10 @@ def write_checkpoint(path, parameters, properties=None, optimizer=None,
         raise
 
 
+#: Bytes read at a time from an array's entry.
+_READ_BLOCK = 1 << 20
+
+
 class _Reader:
     """Validates a checkpoint archive and its header (the rules of
     ``docs/checkpoint_format.md``) before any array is read; every failure is
@@ -392,12 +396,31 @@ class _Reader:
         return _Pending(f"{field}.data", info, dtype, shape)
 
     def load(self, value):
-        """The array of a :class:`_Pending` read (other values as they are)."""
+        """The array of a :class:`_Pending` read (other values as they are):
+        the entry is read into the array's memory a block at a time (no
+        copy of it as bytes), to its end, where zipfile checks its CRC."""
         if not isinstance(value, _Pending):
             return value
-        data = self.entry(value.field, value.info)
-        return np.frombuffer(data, dtype=value.dtype).reshape(
-            value.shape).astype(value.dtype.newbyteorder("="), copy=True)
+        array = np.empty(value.shape, dtype=value.dtype)
+        view = memoryview(array.reshape(-1).view(np.uint8))
+        try:
+            with self.archive.open(value.info) as f:
+                done = 0
+                while done < len(view):
+                    block = f.read(min(_READ_BLOCK, len(view) - done))
+                    if not block:
+                        break
+                    view[done:done + len(block)] = block
+                    done += len(block)
+                extra = f.read(1)  # at the end: the CRC is checked here
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError,
+                NotImplementedError, RuntimeError) as exc:
+            self.fail(value.field, f"entry {value.info.filename!r} cannot be "
+                      f"read ({exc}).")
+        if done != len(view) or extra:
+            self.fail(value.field, f"entry {value.info.filename!r} does not "
+                      f"hold the {len(view)} bytes its header declares.")
+        return array.astype(value.dtype.newbyteorder("="), copy=False)
 
     def parameters(self, header):
         nominal = self.typed("nominal", header["nominal"], bool)

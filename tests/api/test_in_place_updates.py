@@ -224,31 +224,38 @@ def test_flat_update_shares_the_buffers_and_reads_assigned_values(tmp_path):
         assert np.shares_memory(raw._grad.numpy(), flat["grad"])
 
 
-def test_segments_group_small_parameters_and_keep_large_ones_alone():
+def test_segments_are_equal_ranges_of_at_most_the_segment_size():
     from onnxtrain.api._flat import SEGMENT_SIZE, segment_sizes
-    assert segment_sizes([3, 5, 10, 2, 1, 20], minimum=8) == [8, 10, 3, 20]
-    assert segment_sizes([1, 2, 3], minimum=1) == [1, 2, 3]
-    assert segment_sizes([4, 4], minimum=100) == [8]
-    # resnet18's largest weight alone, its small ones together
+    # 41 elements, at most 8 a segment: 6 segments of 7 or 6
+    assert segment_sizes([3, 5, 10, 2, 1, 20], maximum=8) == [7, 7, 7, 7, 7, 6]
+    assert segment_sizes([1, 2, 3], maximum=1) == [1] * 6
+    assert segment_sizes([4, 4], maximum=100) == [8]
+    assert segment_sizes([], maximum=8) == [0]
+    # resnet18's weights: its largest one (2359296) spans segments, whose
+    # temporaries stay of at most SEGMENT_SIZE elements
     sizes = [9408, 64, 64, 2359296, 512, 512, 589824, 512]
-    assert segment_sizes(sizes) == [9536, 2359296, 591360]
+    segments = segment_sizes(sizes)
+    assert sum(segments) == sum(sizes) and len(segments) == 3
+    assert max(segments) <= SEGMENT_SIZE and max(segments) - min(segments) <= 1
     assert SEGMENT_SIZE == 1 << 20
 
 
-@pytest.mark.parametrize("minimum", [1, 12, 1 << 20], ids=["each", "grouped", "one"])
+@pytest.mark.parametrize("maximum", [1, 12, 1 << 20], ids=["each", "split", "one"])
 @pytest.mark.parametrize("block, reference", [
     (onnxblock.optim.SGD(), SGDReference()),
     (onnxblock.optim.AdamW(weight_decay=0.01), AdamWReference(weight_decay=0.01)),
 ], ids=["SGD", "AdamW"])
 def test_flat_update_over_segments_computes_the_reference(tmp_path, monkeypatch,
-                                                          minimum, block, reference):
+                                                          maximum, block, reference):
+    # segments of one element, of 10 (the first parameter, of 15, spans
+    # two) and one segment for all
     import onnxtrain.api._flat as flat_module
-    monkeypatch.setattr(flat_module, "SEGMENT_SIZE", minimum)
+    monkeypatch.setattr(flat_module, "SEGMENT_SIZE", maximum)
     state, module, optimizer = open_training(make_artifacts(tmp_path, block))
     sizes = [state.parameters[n].data.size for n in TRAINABLE]
-    segments = flat_module.segment_sizes(sizes, minimum)
+    segments = flat_module.segment_sizes(sizes, maximum)
     assert sizes == [15, 3, 10, 2]
-    assert len(segments) == {1: 4, 12: 3, 1 << 20: 1}[minimum]
+    assert segments == {1: [1] * 30, 12: [10, 10, 10], 1 << 20: [30]}[maximum]
     assert len(optimizer._flat.feeds) == len(segments) * (2 + len(reference.state_names))
     moments = {n: {k: np.zeros_like(state.parameters[n].data)
                    for k in reference.state_names} for n in TRAINABLE}
