@@ -629,37 +629,56 @@ def _coefficients(g, dtype, sig, i, o, tg, tc, c_prev):
     return coef, dh_to_dc
 
 
+def _reverse_scan(ctx, dtype, name, carried, scanned, gy, step, out_sizes, reverse):
+    """One Scan walking the steps against the direction's order (the
+    backward Scans of the LSTM and the GRU).
+
+    ``carried``: (initial value, size) of each state; ``scanned``: (value,
+    size) of each sequence the step reads, then ``gy`` (the gradient of Y,
+    of size hidden = the first state's) when not None. ``step(sg, states,
+    reads)`` writes one step into the body builder ``sg`` from the body's
+    names (``reads`` ends with dh, the first state plus that step's gy)
+    and returns the names of its outputs: the new states, then the
+    per-step outputs, of sizes ``out_sizes``. Returns the Scan's outputs:
+    the final states, then the per-step outputs (in the order of time)."""
+    g, sg = ctx.g, sub_builder(ctx)
+    sequences = list(scanned) + ([(gy, carried[0][1])] if gy is not None else [])
+    inputs = [(sg.unique_name(f"state_{k}"), size) for k, (_, size) in enumerate(carried)]
+    inputs += [(sg.unique_name(f"step_{k}"), size) for k, (_, size) in enumerate(sequences)]
+    for input_name, size in inputs:
+        sg.set_type(input_name, dtype, (None, size))
+    names = [n for n, _ in inputs]
+    states, reads = names[:len(carried)], names[len(carried):len(carried) + len(scanned)]
+    dh = sg.op("Add", states[0], names[-1]) if gy is not None else states[0]
+    outs = step(sg, states, reads + [dh])
+    body = sg.make_graph(name, [helper.make_tensor_value_info(n, dtype, (None, s))
+                                for n, s in inputs],
+                         [helper.make_tensor_value_info(n, dtype, (None, s))
+                          for n, s in zip(outs, out_sizes)])
+    backwards = 0 if reverse else 1
+    return g.op("Scan", *[v for v, _ in carried], *[v for v, _ in sequences],
+                body=body, n_outputs=len(outs), num_scan_inputs=len(sequences),
+                scan_input_directions=[backwards] * len(sequences),
+                scan_output_directions=[backwards] * (len(outs) - len(carried)))
+
+
 def _backward_scan(ctx, dtype, hidden, r, gy, gyh, gyc, dh_to_dc, coef, f, h0,
                    reverse):
     """dpre (T, B, 4H) and the gradients of the initial states; the
     steps run against the direction's order."""
-    g, sg = ctx.g, sub_builder(ctx)
-    names = [sg.unique_name(n) for n in ("dh_in", "dc_in", "a_t", "coef_t", "f_t")]
-    sizes = [hidden, hidden, hidden, 4 * hidden, hidden]
-    if gy is not None:
-        names.append(sg.unique_name("gy_t"))
-        sizes.append(hidden)
-    for name, size in zip(names, sizes):
-        sg.set_type(name, dtype, (None, size))
-    dh_in, dc_in, a_t, coef_t, f_t = names[:5]
-    dh = sg.op("Add", dh_in, names[5]) if gy is not None else dh_in
-    dc = sg.op("Add", dc_in, sg.op("Mul", dh, a_t))
-    dpre = sg.op("Mul", sg.op("Concat", dc, dh, dc, dc, axis=1), coef_t)
-    outs = [sg.op("MatMul", dpre, r), sg.op("Mul", dc, f_t), dpre]
-    vi = [helper.make_tensor_value_info(n, dtype, (None, s))
-          for n, s in zip(names, sizes)]
-    out = [helper.make_tensor_value_info(n, dtype, (None, s))
-           for n, s in zip(outs, (hidden, hidden, 4 * hidden))]
-    body = sg.make_graph("lstm_backward", vi, out)
+    g = ctx.g
+
+    def step(sg, states, reads):
+        a_t, coef_t, f_t, dh = reads
+        dc = sg.op("Add", states[1], sg.op("Mul", dh, a_t))
+        dpre = sg.op("Mul", sg.op("Concat", dc, dh, dc, dc, axis=1), coef_t)
+        return [sg.op("MatMul", dpre, r), sg.op("Mul", dc, f_t), dpre]
     dh_init = gyh if gyh is not None else g.zeros_like(h0, dtype)
     dc_init = gyc if gyc is not None else g.zeros_like(h0, dtype)
-    scans = [dh_to_dc, coef, f] + ([gy] if gy is not None else [])
-    backwards = 0 if reverse else 1
-    dh0, dc0, dpre_all = g.op(
-        "Scan", dh_init, dc_init, *scans, body=body, n_outputs=3,
-        num_scan_inputs=len(scans),
-        scan_input_directions=[backwards] * len(scans),
-        scan_output_directions=[backwards])
+    dh0, dc0, dpre_all = _reverse_scan(
+        ctx, dtype, "lstm_backward", [(dh_init, hidden), (dc_init, hidden)],
+        [(dh_to_dc, hidden), (coef, 4 * hidden), (f, hidden)], gy, step,
+        (hidden, hidden, 4 * hidden), reverse)
     return dpre_all, dh0, dc0
 
 
@@ -732,32 +751,18 @@ def _gru_backward_scan(ctx, dtype, hidden, r, gy, gyh, coef, z, h0, reverse):
     """The gradients of the recurrent products ``H_t-1 R^T + Rb`` (T, B,
     3H), of the hidden states (T, B, H) and of the initial state; the
     steps run against the direction's order."""
-    g, sg = ctx.g, sub_builder(ctx)
-    names = [sg.unique_name(n) for n in ("dh_in", "coef_t", "z_t")]
-    sizes = [hidden, 3 * hidden, hidden]
-    if gy is not None:
-        names.append(sg.unique_name("gy_t"))
-        sizes.append(hidden)
-    for name, size in zip(names, sizes):
-        sg.set_type(name, dtype, (None, size))
-    dh_in, coef_t, z_t = names[:3]
-    dh = sg.op("Add", dh_in, names[3]) if gy is not None else sg.op("Identity", dh_in)
-    drec = sg.op("Mul", sg.op("Concat", dh, dh, dh, axis=1), coef_t)
-    dh_prev = sg.op("Add", sg.op("MatMul", drec, r), sg.op("Mul", dh, z_t))
-    outs = [dh_prev, drec, dh]
-    vi = [helper.make_tensor_value_info(n, dtype, (None, s))
-          for n, s in zip(names, sizes)]
-    out = [helper.make_tensor_value_info(n, dtype, (None, s))
-           for n, s in zip(outs, (hidden, 3 * hidden, hidden))]
-    body = sg.make_graph("gru_backward", vi, out)
-    dh_init = gyh if gyh is not None else g.zeros_like(h0, dtype)
-    scans = [coef, z] + ([gy] if gy is not None else [])
-    backwards = 0 if reverse else 1
-    dh0, drec_all, dh_all = g.op(
-        "Scan", dh_init, *scans, body=body, n_outputs=3,
-        num_scan_inputs=len(scans),
-        scan_input_directions=[backwards] * len(scans),
-        scan_output_directions=[backwards] * 2)
+    def step(sg, states, reads):
+        coef_t, z_t, dh = reads
+        if gy is None:  # a per-step output of its own, not the state
+            dh = sg.op("Identity", dh)
+        drec = sg.op("Mul", sg.op("Concat", dh, dh, dh, axis=1), coef_t)
+        return [sg.op("Add", sg.op("MatMul", drec, r), sg.op("Mul", dh, z_t)),
+                drec, dh]
+    dh_init = gyh if gyh is not None else ctx.g.zeros_like(h0, dtype)
+    dh0, drec_all, dh_all = _reverse_scan(
+        ctx, dtype, "gru_backward", [(dh_init, hidden)],
+        [(coef, 3 * hidden), (z, hidden)], gy, step,
+        (hidden, 3 * hidden, hidden), reverse)
     return drec_all, dh_all, dh0
 
 
