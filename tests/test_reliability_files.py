@@ -318,6 +318,22 @@ def test_damaged_array_entry_refused_naming_file_and_field(tmp_path, damage):
     assert str(path) in message and "parameters[0].data" in message, message
 
 
+def test_checkpoint_of_array_likes_converts_them(tmp_path):
+    """A value whose ``dtype`` is not numpy's (a torch tensor) is converted
+    by ``np.asarray``, in the checks and in nominal checkpoints too."""
+    torch = pytest.importorskip("torch")
+    from onnxtrain.checkpoint import (checkpoint_to_bytes, read_checkpoint,
+                                      write_checkpoint)
+    tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    write_checkpoint(tmp_path / "checkpoint", [("W", tensor, True)])
+    state = api.CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    np.testing.assert_array_equal(state.parameters["W"].data, tensor.numpy())
+    (tmp_path / "nominal").write_bytes(
+        checkpoint_to_bytes([("W", tensor, True)], nominal=True))
+    [(name, (dtype, shape), _)] = read_checkpoint(tmp_path / "nominal")["parameters"]
+    assert (name, dtype, shape) == ("W", np.float32, (2, 3))
+
+
 def test_compressed_members_refused(control, tmp_path):
     """A deflated entry (a ZIP bomb inflates 1000 to 1) is refused before
     it is inflated, also when its sizes are honest."""

@@ -158,15 +158,17 @@ def checkpoint_to_bytes(parameters, properties=None, optimizer=None,
 
 def _dtype_of(value):
     """The dtype of an array, or of a value converted by ``np.asarray``
-    when it has no ``dtype`` (a value that converts itself on demand, as
-    :class:`onnxtrain._utils.files.ExternalTensor`, is not read here)."""
+    unless it declares a numpy dtype (a value that converts itself on
+    demand, as :class:`onnxtrain._utils.files.ExternalTensor`, is not
+    read here; a torch tensor's dtype is not numpy's: it is converted)."""
     dtype = getattr(value, "dtype", None)
-    return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
+    return dtype if isinstance(dtype, np.dtype) else np.asarray(value).dtype
 
 
 def _shape_of(value):
-    shape = getattr(value, "shape", None)
-    return tuple(shape) if shape is not None else np.shape(value)
+    if isinstance(getattr(value, "dtype", None), np.dtype):
+        return tuple(value.shape)
+    return np.shape(np.asarray(value))
 
 
 def check_checkpoint_entries(parameters, properties=None, optimizer=None,

@@ -461,7 +461,11 @@ def _write(files, directory, prefix):
     replace."""
     directory.mkdir(parents=True, exist_ok=True)
     paths, written = {}, set()
-    for key, content in files.items():
+    # the files written by a function (the checkpoint) first: they may read
+    # the given model's external data, which a model written here may
+    # replace; a failure reading it leaves the earlier generation as it was
+    for key in sorted(files, key=lambda k: not callable(files[k])):
+        content = files[key]
         suffix = ".onnx" if key.endswith("model") else ""
         path = directory / f"{prefix}{key}{suffix}"
         if callable(content):  # writes the file itself (a checkpoint)
@@ -483,4 +487,4 @@ def _write(files, directory, prefix):
     for stale in _artifact_files(directory, prefix):
         if stale not in written:
             stale.unlink(missing_ok=True)
-    return paths
+    return {key: paths[key] for key in files}

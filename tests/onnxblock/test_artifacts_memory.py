@@ -70,3 +70,21 @@ def test_artifacts_from_a_path_equal_those_from_the_loaded_model(tmp_path, loss)
     # the data file the path names is read, never written
     assert os.path.getsize(os.path.join(tmp_path, "model.data")) == \
         sum(v.nbytes for v in expected.values())
+
+
+def test_artifacts_over_the_files_of_the_model_they_read(tmp_path):
+    # the model given as a path named like an artifact, its external data
+    # in the file the training model's external data would take: the
+    # checkpoint reads the weights before any model replaces that file
+    expected = {t.name: onnx.numpy_helper.to_array(t)
+                for t in chain_model(count=2, size=64).graph.initializer}
+    path = str(tmp_path / "training_model.onnx")
+    onnx.save(chain_model(count=2, size=64), path, save_as_external_data=True,
+              location="training_model.onnx.data")
+    written = artifacts.generate_artifacts(
+        path, requires_grad=["W0", "W1"], loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.AdamW, artifact_directory=str(tmp_path))
+    for name, value, _ in read_checkpoint(written["checkpoint"])["parameters"]:
+        np.testing.assert_array_equal(value, expected[name])
+    assert list(written) == ["training_model", "eval_model", "optimizer_model",
+                             "checkpoint"]
