@@ -482,8 +482,8 @@ def rewrite_nodes(model, g, rewrite, drop_unread=False):
     ``g`` and returns True, or returns False (the node is kept as it is).
     ``model`` itself when no node was replaced, else :func:`with_nodes`'s
     copy holding ``g``'s initializers too; with ``drop_unread``, without
-    the nodes whose outputs no longer reach a graph output (those the
-    replaced nodes alone read)."""
+    every node whose outputs reach no graph output (what only the replaced
+    nodes read, and any node the model already computed for nothing)."""
     nodes, replaced = [], False
     for node in model.graph.node:
         if rewrite(node):

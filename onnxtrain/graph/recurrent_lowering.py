@@ -345,8 +345,12 @@ def lower_recurrent(model, weights, types=None, ops=("LSTM", "GRU")):
         """The ``count`` values of one row each a Concat along axis 0 wrote
         as ``name`` (static shapes), else None."""
         concat = producers.get(name)
-        if (count < 2 or concat is None or concat.op_type != "Concat"
-                or _attr(concat, "axis") != 0 or len(concat.input) != count):
+        shape = (types.get(name) or (None, None))[1]
+        if count < 2 or concat is None or concat.op_type != "Concat" or \
+                len(concat.input) != count or not shape:
+            return None
+        axis = _attr(concat, "axis")  # Concat-1's default axis is 1
+        if axis is None or axis % len(shape) != 0:  # a negative axis too
             return None
         rows = [(types.get(p) or (None, None))[1] for p in concat.input]
         return list(concat.input) if all(r and r[0] == 1 for r in rows) else None
@@ -361,5 +365,6 @@ def lower_recurrent(model, weights, types=None, ops=("LSTM", "GRU")):
             return False
         checks[node.op_type][1](g, node, dtype, *sizes, stacked)
         return True
-    # the Concats of stacked weights only the lowered nodes read leave
+    # the nodes no graph output needs leave: the Concats of stacked
+    # weights only the lowered nodes read among them
     return rewrite_nodes(model, g, lower, drop_unread=True)

@@ -21,7 +21,7 @@ from .threads import (current_session_threads, requested_session_threads,
                       session_threads)
 
 __all__ = ["ForwardBackwardEngine", "OrtGradientForwardBackward",
-           "check_weight_names", "copy_arrays"]
+           "check_weight_names", "copy_arrays", "load_deferring_weights"]
 
 
 def check_weight_names(weights_to_train):
@@ -82,14 +82,46 @@ def _weight(value, device):
     return to_ortvalue(_array(value), device, owned=True)
 
 
-def _may_train(weights_to_train):
-    """The initializers a path's loading leaves in their files: those
-    named, or (None) every float one the selection may pick."""
+def load_deferring_weights(model_onnx, what, weights_to_train, select):
+    """``model_onnx`` loaded and checked, a path's float initializers that
+    may be trained (those ``weights_to_train`` names; every one when None)
+    left in their files when stored as external data
+    (:func:`~onnxtrain.runtime.checks.load_checked_model_deferred`).
+
+    Parameters
+    ----------
+    model_onnx : onnx.ModelProto, bytes, str or os.PathLike
+    what : str
+        The argument's name, for the messages.
+    weights_to_train : None, str or list of str
+    select : callable
+        ``select(model) -> list of str``: the weights trained, chosen on the
+        model without the deferred values.
+
+    Returns
+    -------
+    model : onnx.ModelProto
+        With the values of the deferred initializers not selected put back
+        (constants of the graphs built from it).
+    weights : list of str
+        ``select(model)``.
+    external : dict
+        ``name -> ExternalTensor`` of the selected weights left in their
+        files (empty for a ModelProto or bytes).
+    """
     if weights_to_train is None:
-        return lambda tensor: True
-    names = {weights_to_train} if isinstance(weights_to_train, str) \
-        else set(weights_to_train)
-    return lambda tensor: tensor.name in names
+        names = None
+    else:
+        names = {weights_to_train} if isinstance(weights_to_train, str) \
+            else set(weights_to_train)
+    model, external = load_checked_model_deferred(
+        model_onnx, what, lambda tensor: names is None or tensor.name in names)
+    weights = select(model)
+    constants = {n: e.to_tensor_proto() for n, e in external.items()
+                 if n not in set(weights)}
+    if constants:
+        model = with_initializer_values(model, constants)
+    return model, weights, {n: e for n, e in external.items() if n not in constants}
 
 
 class OnnxcustomModelNames:
@@ -193,17 +225,14 @@ class ForwardBackwardEngine(OnnxcustomModelNames):
         # again (the check serializes the whole model); a path's float
         # weights stored as external data stay in their files, read below
         # straight into the weights trained
-        external = {}
+        def select(loaded):
+            return select_weights(loaded, weights_to_train, types)
         if checked:
             model = load_model(model_onnx)
+            self.weights_to_train, external = select(model), {}
         else:
-            model, external = load_checked_model_deferred(
-                model_onnx, "model_onnx", _may_train(weights_to_train))
-        self.weights_to_train = select_weights(model, weights_to_train, types)
-        constants = {n: e.to_tensor_proto() for n, e in external.items()
-                     if n not in set(self.weights_to_train)}
-        if constants:  # deferred, not trained: constants of the graphs
-            model = with_initializer_values(model, constants)
+            model, self.weights_to_train, external = load_deferring_weights(
+                model_onnx, "model_onnx", weights_to_train, select)
         values = {**external, **(values or {})}
         self.model, self._outputs, self._types = model, outputs, types
         self._build_models = gradient_models

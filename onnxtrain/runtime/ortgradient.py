@@ -8,11 +8,11 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import TensorProto
 
-from ..assembly.models import get_train_initializer, select_weights
-from ..autodiff import build_gradient_models
-from .checks import load_checked_model
+from ..assembly.models import select_weights
+from ..autodiff import build_gradient_models, trainable_initializers
 from .devices import parse_device
-from .engine import OnnxcustomModelNames, check_weight_names
+from .engine import (OnnxcustomModelNames, check_weight_names,
+                     load_deferring_weights)
 from .sessions import SessionRunner, make_session, to_ortvalue
 
 __all__ = ["OrtGradientForwardBackward", "OrtGradientForwardBackwardFunction"]
@@ -97,12 +97,16 @@ graph_builder_config, enable_logging, debug
                  providers=None, provider_options=None, run_options=None,
                  graph_builder_config=None, device_index=0,
                  enable_logging=False, debug=False):
-        model = load_checked_model(onx, "onx")
         check_weight_names(weights_to_train)
         if isinstance(weights_to_train, str):
             weights_to_train = [weights_to_train]
-        if weights_to_train is None:
-            weights_to_train = sorted(get_train_initializer(model))
+        # the weights are given at each call: a path's external data of
+        # those trained is never read
+        model, chosen, _ = load_deferring_weights(
+            onx, "onx", weights_to_train,
+            lambda loaded: sorted(trainable_initializers(loaded))
+            if weights_to_train is None else list(weights_to_train))
+        weights_to_train = chosen
         if len(weights_to_train) == 0:
             raise ValueError("weights_to_train must name at least one "
                              "initializer (onnxcustom refused an empty list).")

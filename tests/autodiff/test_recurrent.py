@@ -444,10 +444,11 @@ def test_gru_outside_the_lowering_keeps_the_kernel():
     assert lower_lstms(gru, ["W"]) is gru
 
 
-def _stacked(model):
+def _stacked(model, negative=False, output=False):
     """``model`` (one bidirectional node) reading W, R and B as exporters
-    write them: a Concat along axis 0 of one (1, ...) input per direction
-    (``<name>_0``, ``<name>_1``)."""
+    write them: a Concat along axis 0 (written as a negative axis with
+    ``negative``) of one (1, ...) input per direction (``<name>_0``,
+    ``<name>_1``); with ``output``, W is also a graph output."""
     stacked = onnx.ModelProto()
     stacked.CopyFrom(model)
     graph = stacked.graph
@@ -461,18 +462,23 @@ def _stacked(model):
             vi.name = part
             vi.type.tensor_type.shape.dim[0].dim_value = 1
             inputs.append(vi)
-        concats.append(helper.make_node("Concat", parts, [name], axis=0))
+        rank = len(by_name[name].type.tensor_type.shape.dim)
+        concats.append(helper.make_node("Concat", parts, [name],
+                                        axis=-rank if negative else 0))
     inputs += [vi for vi in graph.input if vi.name not in ("X", "W", "R", "B")]
     del graph.input[:]
     graph.input.extend(inputs)
     nodes = concats + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
+    if output:
+        graph.output.append(by_name["W"])
     return stacked
 
 
+@pytest.mark.parametrize("negative", [False, True], ids=["axis0", "negative"])
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
-def test_lowering_reads_the_directions_an_exporter_stacked(op):
+def test_lowering_reads_the_directions_an_exporter_stacked(op, negative):
     # W, R and B stacked by a Concat of one value per direction (as torch
     # exports a bidirectional layer): the lowering reads the directions'
     # values, with no Concat nor Split of them (nor of their gradients),
@@ -480,7 +486,7 @@ def test_lowering_reads_the_directions_an_exporter_stacked(op):
     attrs = {"linear_before_reset": 1} if op == "GRU" else {}
     base = _model(op, np.float64, inputs=("B", "H0"), symbolic=True,
                   direction="bidirectional", **attrs)
-    model = _stacked(base)
+    model = _stacked(base, negative)
     wrt = [vi.name for vi in model.graph.input]
     lowered = lower_recurrent(model, wrt)
     check_model(lowered)
@@ -489,7 +495,7 @@ def test_lowering_reads_the_directions_an_exporter_stacked(op):
                    for n in nodes)
     assert not {"W", "R", "B"} & {o for n in nodes for o in n.output}
     float32 = _stacked(_model(op, inputs=("B", "H0"), symbolic=True,
-                              direction="bidirectional", **attrs))
+                              direction="bidirectional", **attrs), negative)
     feeds32 = _feeds(float32, np.float32, seed=1, t=4, n=2)
     for e, a in zip(session(float32).run(None, feeds32),
                     session(lower_recurrent(float32, wrt)).run(None, feeds32)):
@@ -515,3 +521,21 @@ def test_lowering_reads_the_directions_an_exporter_stacked(op):
                                        rtol=1e-12, atol=1e-12)
     for name in ("X", "H0"):
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, atol=1e-12)
+
+
+def test_a_stacked_weight_read_elsewhere_keeps_its_concat():
+    # W is also a graph output: its Concat stays (the lowering still reads
+    # each direction's value) and every output is the kernel's
+    model = _stacked(_model("LSTM", inputs=("B", "H0"), symbolic=True,
+                            direction="bidirectional"), output=True)
+    wrt = [vi.name for vi in model.graph.input]
+    lowered = lower_recurrent(model, wrt)
+    check_model(lowered)
+    assert [n.output[0] for n in lowered.graph.node if n.op_type == "Concat"
+            and n.output[0] in ("W", "R", "B")] == ["W"]
+    feeds = _feeds(model, np.float32, seed=3, t=4, n=2)
+    expected = session(model).run(None, feeds)
+    got = session(lowered).run(None, feeds)
+    assert [o.name for o in lowered.graph.output][-1] == "W"
+    for e, a in zip(expected, got):
+        np.testing.assert_allclose(a, e, atol=1e-6)
