@@ -31,6 +31,12 @@ PENALTY_SCALE = 0.25
 
 # ------------------------------------------------------------ the harness
 def _session(rule, dtype=TensorProto.DOUBLE):
+    """A session of :func:`_model`."""
+    return onnxruntime.InferenceSession(_model(rule, dtype).SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+
+
+def _model(rule, dtype=TensorProto.DOUBLE):
     """A graph running ``rule.update_all`` on the parameters ``p0, p1...``
     (keys ``w0, w1...``): inputs learning_rate, step, penalty_scale, loss,
     then each parameter, its gradient and states; outputs loss_total then
@@ -61,9 +67,7 @@ def _session(rule, dtype=TensorProto.DOUBLE):
     for term in terms:
         total = g.op("Add", total, term)
     g.op("Identity", total, outputs=["loss_total"])
-    model = finish(g, "chain", inputs, outputs)
-    return onnxruntime.InferenceSession(model.SerializeToString(),
-                                        providers=["CPUExecutionProvider"])
+    return finish(g, "chain", inputs, outputs)
 
 
 def _run(rule, params, grads_seq, rates=RATES):
@@ -183,6 +187,18 @@ def test_link_matches_numpy(name, link, reference):
     # the link did something: plain SGD ends elsewhere
     plain, _ = _np_sgd([], params, grads_seq)
     assert max(np.abs(a - b).max() for a, b in zip(got, plain)) > 1e-3
+
+
+def test_decoupled_weight_decay_is_one_product_per_parameter():
+    # param * (1 - lr wd): one pass over each parameter, the scalar
+    # 1 - lr wd computed once for all (param - param * lr wd is two)
+    nodes = _model(chain(DecoupledWeightDecay(0.4), SGDRule())).graph.node
+    for i in range(len(SHAPES)):
+        readers = [n for n in nodes if f"p{i}" in n.input]
+        assert [n.op_type for n in readers] == ["Mul"], readers
+    scalars = {n.input[1] for n in nodes if n.input and n.input[0] in
+               {f"p{i}" for i in range(len(SHAPES))}}
+    assert len(scalars) == 1
 
 
 def test_the_clipping_rows_clip():
