@@ -33,42 +33,13 @@ import onnx
 from ..graph import elem_type_to_numpy, opset_of
 from ..onnxblock import optim
 from ..runtime import to_numpy, to_ortvalue
+from ..runtime.segmented_update import SEGMENT_SIZE, segment_sizes
 
 __all__ = ["flat_optimizer_model", "FlatBuffers", "segment_sizes",
            "segment_name", "FLAT_NAME", "SEGMENT_SIZE"]
 
 #: Prefix of the names of the parameters of the flat optimizer model.
 FLAT_NAME = "parameters"
-
-#: Most elements of a segment (see the module docstring): a size for which
-#: one kernel's temporary stays in a server processor's last-level cache.
-SEGMENT_SIZE = 1 << 20
-
-
-def segment_sizes(sizes, maximum=None):
-    """Sizes of the segments of the flat buffers of parameters of sizes
-    ``sizes``: the fewest consecutive ranges of at most ``maximum``
-    elements, of equal sizes (to one element), regardless of where a
-    parameter ends.
-
-    Parameters
-    ----------
-    sizes : list of int
-        Number of elements of each parameter, in the buffers' order.
-    maximum : int, default=None
-        None: :data:`SEGMENT_SIZE`.
-
-    Returns
-    -------
-    list of int
-        Elements of each segment; their sum is ``sum(sizes)`` (one segment
-        of 0 elements for no element).
-    """
-    maximum = SEGMENT_SIZE if maximum is None else maximum
-    total = int(sum(sizes))
-    count = max(1, -(-total // maximum))
-    base, extra = divmod(total, count)
-    return [base + 1] * extra + [base] * (count - extra)
 
 
 def segment_name(index):
@@ -139,7 +110,8 @@ def flat_optimizer_model(model, layout, specs):
     if not _unedited(model, layout, specs):
         return None
     opset = opset_of(model)
-    sizes = segment_sizes([int(np.prod(shape, dtype=np.int64)) for _, _, shape in specs])
+    sizes = segment_sizes([int(np.prod(shape, dtype=np.int64)) for _, _, shape in specs],
+                          SEGMENT_SIZE)
     return optim.build_optimizer_model(
         block, [(segment_name(k), specs[0][1], [n]) for k, n in enumerate(sizes)], opset)
 
@@ -173,7 +145,7 @@ class FlatBuffers:
         # the flat model's inputs, views of each segment, and the outputs
         # written over them
         self.feeds, self.into = {}, {}
-        ends = np.cumsum([0] + segment_sizes(sizes))
+        ends = np.cumsum([0] + segment_sizes(sizes, SEGMENT_SIZE))
         for k, (a, b) in enumerate(zip(ends[:-1], ends[1:])):
             name = segment_name(k)
             inputs = {name: "value", f"{name}_grad": "grad"}

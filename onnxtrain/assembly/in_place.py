@@ -136,8 +136,11 @@ class _Plan:
     def __init__(self, step, nodes, branch):
         self.step, self.nodes = step, nodes
         graph = step.model.graph
-        self.params = [o.name for o in graph.output][1:]
         self.sources = step.parameter_inputs
+        outputs = [o.name for o in graph.output]
+        self.params = outputs[1:1 + len(self.sources)]
+        # the gradients of the deferred weights, outputs no If writes
+        self.extra = outputs[1 + len(self.sources):]
         self.producer = {o: i for i, node in enumerate(nodes) for o in node.output if o}
         source_set = set(self.sources)
         targets = set(self.params)
@@ -247,7 +250,7 @@ class _Plan:
         members = {i for group in in_branch for i in group}
         outside = [_copy_node(node) for i, node in enumerate(nodes) if i not in members]
         rename_values(outside, renamed_outside)
-        reads = {loss} | {n for b in branches for n in b.outer_reads()}
+        reads = {loss} | set(self.extra) | {n for b in branches for n in b.outer_reads()}
         outside, _ = without_unread(outside, reads)
         if len(groups) > 1:
             ordered = _route(g, outside, head, branches, in_place, finite)

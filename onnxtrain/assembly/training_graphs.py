@@ -32,7 +32,7 @@ from ..autodiff.gradient_graphs import gradient_models_from
 from ..autodiff.backward import rename_many_reads
 from ..graph import GraphBuilder, infer_value_types, make_model, opset_of
 from ..graph.builder import tensor_value_info
-from ..graph.scopes import subgraphs
+from ..graph.scopes import rename_values, subgraphs
 from ..graph.training_mode import updated_name
 from .in_place import renamed_value_info as _renamed_value_info
 from .in_place import update_in_place
@@ -80,6 +80,12 @@ class TrainingStep:
         The parameter outputs a run may write into the memory of the
         parameter input at the same place (:func:`update_in_place`); empty:
         every output needs a buffer of its own.
+    deferred : list of str
+        Weights the graph reads but does not update (the step graph only):
+        it outputs the gradient of each, ``<weight>__grad``, after the
+        buffers, and the runner applies their update
+        (:mod:`onnxtrain.training.segmented_update`). They are not in
+        ``weights``; their states are no inputs.
     """
 
     model: object
@@ -91,6 +97,7 @@ class TrainingStep:
     n_features: int = 1
     update_values: frozenset = frozenset()
     in_place: frozenset = frozenset()
+    deferred: list = field(default_factory=list)
 
     @property
     def parameter_inputs(self):
@@ -197,9 +204,11 @@ def build_training_step(model, wrt, loss_model, update_model, state_names,
 
 def _training_step(prepared, wrt, emit_loss, emit_update, state_names,
                    scalar_names, weighted, target_name="target__",
-                   weight_name="sample_weight__"):
+                   weight_name="sample_weight__", deferred=()):
     """:func:`build_training_step` of a prepared model
-    (:func:`~onnxtrain.assembly.pipeline.prepare`, its buffers found)."""
+    (:func:`~onnxtrain.assembly.pipeline.prepare`, its buffers found);
+    ``emit_update`` updates the weights of ``wrt`` not in ``deferred``,
+    whose gradients the step outputs instead (``TrainingStep.deferred``)."""
     model, types, buffers = prepared.model, prepared.types, prepared.buffers
     not_features = set(wrt) | set(buffers) | {i.name for i in model.graph.initializer}
     features = [i for i in model.graph.input if i.name not in not_features]
@@ -216,8 +225,11 @@ def _training_step(prepared, wrt, emit_loss, emit_update, state_names,
     taken |= set(bg.grad_output_names)
     taken |= {i.name for i in forward_inits + bg.builder.initializers}
     scalars = list(scalar_names) + ["penalty_scale"]
-    states = [[f"{w}_{s}" for s in state_names] for w in wrt]
-    _check_free([target_name, weight_name, "loss"] + scalars
+    deferred = [w for w in wrt if w in set(deferred)]
+    updated = [w for w in wrt if w not in set(deferred)]
+    states = [[f"{w}_{s}" for s in state_names] for w in updated]
+    grad_outputs = [f"{w}__grad" for w in deferred]
+    _check_free([target_name, weight_name, "loss"] + scalars + grad_outputs
                 + [s for group in states for s in group], taken)
 
     elem_type, out_shape = types[prediction]
@@ -227,7 +239,7 @@ def _training_step(prepared, wrt, emit_loss, emit_update, state_names,
         inputs.append(tensor_value_info(weight_name, elem_type, [None]))
     inputs += [tensor_value_info(s, elem_type, []) for s in scalars]
     outputs = [tensor_value_info("loss", elem_type, [])]
-    for w, group in zip(wrt, states):
+    for w, group in zip(updated, states):
         shape = types[w][1]
         inputs.append(tensor_value_info(w, elem_type, shape))
         inputs += [tensor_value_info(s, elem_type, shape) for s in group]
@@ -237,23 +249,36 @@ def _training_step(prepared, wrt, emit_loss, emit_update, state_names,
     for b in buffers:
         inputs.append(by_name[b])
         outputs.append(_renamed_value_info(by_name[b], updated_name(b)))
+    for w, name in zip(deferred, grad_outputs):
+        inputs.append(tensor_value_info(w, elem_type, types[w][1]))
+        outputs.append(tensor_value_info(name, elem_type, types[w][1]))
 
     # the loss and the update write into the reverse pass's builder, after
     # the backward nodes; their names are this graph's from the start
     g = bg.builder
-    n_interface = len(outputs) - len(buffers)
-    for value in inputs[len(features):] + outputs[:n_interface]:
-        if value.name not in wrt_set and value.name not in buffers:
+    buffer_outputs = {updated_name(b) for b in buffers}
+    for value in inputs[len(features):] + outputs:
+        if value.name not in wrt_set and value.name not in buffers \
+                and value.name not in buffer_outputs:
             g.reserve(value.name)
             g.set_type(value.name, elem_type, _shape_of(value))
     n_backward = len(g.nodes)
     loss_value = g.unique_name("loss__Y")
     emit_loss(g, target_name, prediction, weight_name if weighted else None,
               [loss_value, bg.grad_output_names[0]])
+    grad_of = dict(zip(wrt, bg.grad_names))
+    # a deferred weight's gradient is written straight into its output
+    # (the runner's buffer): its producer renamed, no copy
+    produced = {o for node in g.nodes for o in node.output}
+    for w, name in zip(deferred, grad_outputs):
+        if grad_of[w] in produced:
+            rename_values(g.nodes, {grad_of[w]: name})
+        else:
+            g.op("Identity", grad_of[w], outputs=[name])
     n_loss = len(g.nodes)
     names = {"loss": loss_value, "loss_total": "loss"}
-    for w, grad, group in zip(wrt, bg.grad_names, states):
-        names.update({f"{w}_grad": grad, f"{w}_new": f"{w}__new"})
+    for w, group in zip(updated, states):
+        names.update({f"{w}_grad": grad_of[w], f"{w}_new": f"{w}__new"})
         names.update({f"{s}_new": f"{s}__new" for s in group})
     emit_update(g, names)
     backward_nodes = g.nodes[:n_backward]
@@ -269,9 +294,10 @@ def _training_step(prepared, wrt, emit_loss, emit_update, state_names,
                   "training_step", model, forward_types=types)
     data = [x.name for x in features] + [target_name] + (
         [weight_name] if weighted else [])
-    return TrainingStep(step, data, scalars, list(wrt), states, list(buffers),
+    return TrainingStep(step, data, scalars, updated, states, list(buffers),
                         len(features),
-                        frozenset(o for node in update_nodes for o in node.output))
+                        frozenset(o for node in update_nodes for o in node.output),
+                        deferred=deferred)
 
 
 def _can_fold(nodes, elem_type):
@@ -655,10 +681,16 @@ class TrainingGraphs:
         Whether the 'step' graph updates in place (:func:`update_in_place`);
         False: the flat step. The trainer passes False off the CPU, where
         the If form has not been run (no GPU was at hand to test it).
+    deferred : list of str, default=()
+        With ``in_place``, the weights whose update the 'step' graph leaves
+        to its runner (``TrainingStep.deferred``,
+        :func:`onnxtrain.training.segmented_update.deferred_weights`); the
+        loops update every weight.
     """
 
     def __init__(self, model, weights, learning_rate, spec, loss_graphs=None,
-                 update_graph=None, buffer_names=(), types=None, in_place=True):
+                 update_graph=None, buffer_names=(), types=None, in_place=True,
+                 deferred=()):
         types = infer_value_types(model) if types is None else types
         # shared with the runner's engine: the reverse passes name the
         # optional outputs their rules read on copies
@@ -667,6 +699,7 @@ class TrainingGraphs:
         self.learning_rate = learning_rate
         self.spec = spec
         self.in_place = in_place
+        self.deferred = list(deferred)
         self._cache = {}
 
     model = property(lambda self: self.prepared.model)
@@ -704,6 +737,10 @@ class TrainingGraphs:
         if key not in self._cache:
             if kind == "flat step":
                 self._cache[key] = self._step(bool(weighted))
+            elif kind == "step" and self.in_place and self.deferred:
+                # its own reverse pass: the flat step (the loops') updates all
+                step = self._step(bool(weighted), self.deferred)
+                self._cache[key] = step if isinstance(step, str) else update_in_place(step)
             else:
                 step = self.get("flat step", weighted)
                 if isinstance(step, str):
@@ -716,7 +753,7 @@ class TrainingGraphs:
                     self._cache[key] = build_epochs_loop(self.get("loop", weighted))
         return self._cache[key]
 
-    def _step(self, weighted):
+    def _step(self, weighted, deferred=()):
         spec = self.spec
         if spec is None or spec.get("loss") is None:
             return "the graph computes its own loss"
@@ -732,10 +769,11 @@ class TrainingGraphs:
             return _training_step(
                 prepared, self.weights,
                 loss_emitter(loss, spec["elem_type"], spec["rank"]),
-                update_emitter(self.learning_rate, self.weights, spec["elem_type"],
-                               spec["penalty"], spec["penalized"]),
+                update_emitter(self.learning_rate,
+                               [w for w in self.weights if w not in deferred],
+                               spec["elem_type"], spec["penalty"], spec["penalized"]),
                 self.learning_rate.state_names, self.learning_rate.scalar_names,
-                weighted)
+                weighted, deferred=deferred)
         except ValueError as exc:
             return str(exc)
 

@@ -146,7 +146,15 @@ class BaseLearningRate(GraphSaverMixin, BaseEstimator):
 
     def build_onnx(self, weights, elem_type=TensorProto.FLOAT, opset=None,
                    penalty=None, penalized=()):
-        """Build and return ``axpy_onnx_``, the update of every weight.
+        """Build and return ``axpy_onnx_``, the update of every weight
+        (:meth:`update_model`, kept as that attribute)."""
+        self.axpy_onnx_ = self.update_model(weights, elem_type, opset, penalty,
+                                            penalized)
+        return self.axpy_onnx_
+
+    def update_model(self, weights, elem_type=TensorProto.FLOAT, opset=None,
+                     penalty=None, penalized=()):
+        """The update of every weight as a model of its own.
 
         Parameters
         ----------
@@ -189,9 +197,7 @@ class BaseLearningRate(GraphSaverMixin, BaseEstimator):
         self.emit_update(g, [name for name, _ in weights], elem_type, penalty,
                          penalized)
         outputs.append(tensor_input("loss_total", elem_type, []))
-        self.axpy_onnx_ = finish(g, f"{type(self).__name__}_update", inputs,
-                                 outputs)
-        return self.axpy_onnx_
+        return finish(g, f"{type(self).__name__}_update", inputs, outputs)
 
     def emit_update(self, g, weights, elem_type, penalty=None, penalized=(),
                     names=None):

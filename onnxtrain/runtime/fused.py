@@ -62,6 +62,11 @@ class FusedRunner:
         session uses it whatever ``flops_per_step``. None: one thread for a
         small step, else the count in force
         (:func:`~onnxtrain.runtime.threads.current_session_threads`).
+    segmented_update : callable, default=None
+        With a step whose ``deferred`` names weights: makes the
+        :class:`~onnxtrain.runtime.segmented_update.SegmentedUpdate` that
+        applies their update after each run with a finite loss, from the
+        session options (called once).
 
     Attributes
     ----------
@@ -70,7 +75,7 @@ class FusedRunner:
     """
 
     def __init__(self, step, device="cpu", flops_per_step=None, long_runs=False,
-                 n_threads=None):
+                 n_threads=None, segmented_update=None):
         self.step = step
         self.device = parse_device(device)
         n_threads = check_n_threads(n_threads)
@@ -82,7 +87,17 @@ class FusedRunner:
         self.parameter_names = [n for w, group in zip(step.weights, step.states)
                                 for n in [w] + group] + list(step.buffers)
         outputs = [o.name for o in step.model.graph.output]
-        self.loss_name, self.parameter_outputs = outputs[0], outputs[1:]
+        self.deferred = list(getattr(step, "deferred", ()))
+        if self.deferred and segmented_update is None:
+            raise ValueError("FusedRunner: the step defers the update of "
+                             f"{self.deferred}; pass segmented_update.")
+        n_params = len(outputs) - len(self.deferred)
+        self.loss_name, self.parameter_outputs = outputs[0], outputs[1:n_params]
+        # the deferred weights' gradients, written into buffers kept
+        self.gradient_outputs = outputs[n_params:]
+        self._segments = segmented_update(options) if self.deferred else None
+        self._deferred_values = None
+        self._gradients = None
         self.dtypes = {i.name: elem_type_to_numpy(i.type.tensor_type.elem_type)
                        for i in step.model.graph.input}
         # a step's loss (rank 0) goes into one OrtValue read after each
@@ -97,8 +112,11 @@ class FusedRunner:
         self.parameters = None
         self._bindings = None
 
-    def set_parameters(self, parameters, writable=False):
-        """Bind ``parameters`` (flat list of OrtValues).
+    def set_parameters(self, parameters, writable=False, deferred=None):
+        """Bind ``parameters`` (flat list of OrtValues) and, for a step
+        with deferred weights, ``deferred``: one ``(weight, states)`` pair
+        of OrtValues per weight of ``step.deferred``, updated in place
+        after each run (held, never copied: ``writable`` or not).
 
         Step graphs (many short runs) write the outputs of ``step.in_place``
         over their inputs, and the other outputs into a preallocated second
@@ -113,6 +131,8 @@ class FusedRunner:
         its outputs are allocated by onnxruntime at the end of the run
         instead (less peak memory) and bound as the next run's inputs."""
         parameters = list(parameters)
+        if self.deferred:
+            self._bind_deferred(deferred)
         if self.long_runs:
             self.parameters = parameters
             self._buffers = [self.parameters, None]
@@ -134,6 +154,26 @@ class FusedRunner:
         """Drop the parameters and their bindings (another runner took
         them over); :meth:`set_parameters` binds new ones."""
         self.parameters = self._buffers = self._bindings = None
+        self._deferred_values = None
+        if self._segments is not None:
+            self._segments.bind([])
+
+    @property
+    def deferred_values(self):
+        """The ``(weight, states)`` pairs bound by :meth:`set_parameters`
+        (None without deferred weights)."""
+        return self._deferred_values
+
+    def _bind_deferred(self, deferred):
+        deferred = [(w, list(states)) for w, states in (deferred or ())]
+        if len(deferred) != len(self.deferred):
+            raise ValueError(f"FusedRunner.set_parameters: {len(self.deferred)} "
+                             f"deferred weights expected, got {len(deferred)}.")
+        if self._gradients is None:
+            self._gradients = [_empty_like(w, self.device) for w, _ in deferred]
+        self._deferred_values = deferred
+        self._segments.bind([(w, g, states) for (w, states), g
+                             in zip(deferred, self._gradients)])
 
     def _bind(self, inputs, outputs):
         binding = self.session.io_binding()
@@ -144,6 +184,10 @@ class FusedRunner:
             binding.bind_output(self.loss_name, self.device.type, self.device.index)
         for name, value in zip(self.parameter_names, inputs):
             binding.bind_ortvalue_input(name, value)
+        for name, (weight, _) in zip(self.deferred, self._deferred_values or ()):
+            binding.bind_ortvalue_input(name, weight)
+        for name, grad in zip(self.gradient_outputs, self._gradients or ()):
+            binding.bind_ortvalue_output(name, grad)
         for index, name in enumerate(self.parameter_outputs):
             if outputs is None:
                 binding.bind_output(name, self.device.type, self.device.index)
@@ -183,6 +227,8 @@ class FusedRunner:
             loss = outputs[0].numpy()
         if not np.isfinite(loss).all():
             return loss
+        if self._segments is not None:
+            self._segments.run(scalars)
         if self.long_runs:
             self.parameters = list(outputs)[1:]
             for name, value in zip(self.parameter_names, self.parameters):

@@ -5,6 +5,7 @@ numpy copies and rebuild a StepRunner lazily. The graphs come from
 StepRunner only runs them."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -20,6 +21,8 @@ from ..optim.initializers import bias_weights
 from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
 from ..runtime.devices import parse_device
+from ..runtime.segmented_update import (SegmentedUpdate, deferred_weights,
+                                        segment_update_model)
 from ..runtime.threads import session_threads
 from .rollback import WeightsCopy
 
@@ -161,6 +164,15 @@ def _data_feeds(graph, X, y, sample_weight):
     return dict(zip(graph.data_inputs, values))
 
 
+def _named_parameters(runner):
+    """name -> OrtValue of every weight, state (``<weight>_<state>``, the
+    step graphs' names) and buffer of the StepRunner ``runner``."""
+    states = runner.learning_rate.state_names
+    names = [n for w in runner.engine.weights_to_train
+             for n in [w] + [f"{w}_{s}" for s in states]] + list(runner.buffer_names)
+    return dict(zip(names, runner._flat_parameters()))
+
+
 class StepRunner:
     """Runs training steps: forward, loss and dE/dY, backward, update, one
     step per batch (or the steps of whole epochs in one fused-loop run), on
@@ -253,9 +265,22 @@ class StepRunner:
         # their values (now in engine.weights) left out
         model = without_initializer_values(prepared.model, self.engine.weights_to_train)
         self.engine.model = model
+        # big weights' updates run over segments after the fused step, on
+        # the CPU, where their addresses are bound (segmented_update)
+        self._segment_model = None
+        deferred = []
+        if cpu and fused_spec is not None:
+            deferred = deferred_weights(learning_rate, fused_spec["shapes"],
+                                        fused_spec["penalty"], fused_spec["penalized"])
+            if deferred:
+                self._segment_model = segment_update_model(
+                    learning_rate, fused_spec["elem_type"], small_graph_opset(model))
+                if self._segment_model is None:
+                    deferred = []
         self.graphs = TrainingGraphs(model, weights, learning_rate, fused_spec,
                                      buffer_names=self.buffer_names,
-                                     types=prepared.types, in_place=cpu)
+                                     types=prepared.types, in_place=cpu,
+                                     deferred=deferred)
         graphs_box.append(self.graphs)
         self.buffers = [to_ortvalue(initial[b], self.engine.device, owned=True)
                         for b in self.buffer_names]
@@ -472,32 +497,46 @@ class StepRunner:
         key = ("runner", kind, weighted)
         if key not in self._fused:
             graph = self.fused_graph(kind, weighted)
+            # called once by the runner, which then holds no reference to self
+            segments = functools.partial(
+                SegmentedUpdate, self._segment_model, self.device,
+                state_names=self.learning_rate.state_names) \
+                if getattr(graph, "deferred", None) else None
             with session_threads(self.engine._threads):
                 self._fused[key] = FusedRunner(
                     graph, self.device, self.flops_per_step(rows), kind != "step",
-                    n_threads=self.engine._requested_threads)
+                    n_threads=self.engine._requested_threads,
+                    segmented_update=segments)
         runner = self._fused[key]
-        flat = self._flat_parameters()
+        named = _named_parameters(self)
+        flat = [named[n] for n in runner.parameter_names]
+        deferred = [(named[w], [named[f"{w}_{s}"] for s in self.learning_rate.state_names])
+                    for w in runner.deferred]
+        held = [v for w, states in runner.deferred_values or () for v in [w, *states]]
         if runner.parameters is None or any(
-                a is not b for a, b in zip(runner.parameters, flat)):
+                a is not b for a, b in zip(runner.parameters + held,
+                                           flat + [v for w, states in deferred
+                                                   for v in [w, *states]])):
             self._release_runners(keep=runner)  # one runner holds them
-            runner.set_parameters(flat, writable=True)
+            runner.set_parameters(flat, writable=True, deferred=deferred)
             self._take_parameters(runner)
         return runner
 
     def _flat_parameters(self):
+        """Every weight, its states, then the buffers (OrtValues)."""
         return [v for w, state in zip(self.engine.weights, self.state)
                 for v in [w] + list(state)] + list(self.buffers)
 
     def _take_parameters(self, runner):
-        width = 1 + len(self.learning_rate.state_names)
-        flat = runner.parameters
-        if self.buffer_names:  # the running statistics come last
-            self.buffers = flat[-len(self.buffer_names):]
-            flat = flat[:-len(self.buffer_names)]
-        self.engine.weights = flat[::width]
-        self.state = [flat[i * width + 1:(i + 1) * width]
-                      for i in range(len(self.engine.weights))]
+        """Take the runner's current parameters (its deferred weights and
+        states are the same OrtValues, updated in place)."""
+        named = _named_parameters(self)
+        named.update(zip(runner.parameter_names, runner.parameters))
+        names = self.engine.weights_to_train
+        self.engine.weights = [named[w] for w in names]
+        self.state = [[named[f"{w}_{s}"] for s in self.learning_rate.state_names]
+                      for w in names]
+        self.buffers = [named[b] for b in self.buffer_names]
 
     def fused_step(self, X, y, sample_weight, dtype):
         """:meth:`step` as one graph run (forward, loss, backward, update)."""

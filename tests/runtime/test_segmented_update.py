@@ -1,0 +1,139 @@
+"""The update of big weights over segments after the fused step
+(runtime/segmented_update.py): which weights it takes, the segments'
+update equal to the whole weight's, and a fit deferring its weights equal
+to one updating them inside the step graph."""
+import numpy as np
+import onnxruntime
+import pytest
+
+from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
+from onnxtrain.losses.penalties import ElasticLearningPenalty, NoLearningPenalty
+from onnxtrain.optim import (ClipByValue, LearningRateAdam, LearningRateAdamW,
+                             LearningRateChain, LearningRateSGD,
+                             LearningRateSGDNesterov)
+from onnxtrain.runtime import segmented_update, to_ortvalue
+from onnxtrain.runtime.devices import parse_device
+from onnxtrain.runtime.sessions import default_session_options
+
+RATES = {
+    "sgd": lambda: LearningRateSGD(0.05, learning_rate="constant"),
+    "momentum": lambda: LearningRateSGDNesterov(0.05, learning_rate="constant",
+                                                nesterov=False),
+    "nesterov": lambda: LearningRateSGDNesterov(0.05, learning_rate="constant"),
+    "adam": lambda: LearningRateAdam(0.01),
+    "adamw": lambda: LearningRateAdamW(0.01, weight_decay=0.1),
+}
+
+
+def test_deferred_weights_are_big_static_unpenalized_and_elementwise():
+    shapes = {"big": (64, 64), "small": (63, 64), "dynamic": ("n", 4096),
+              "bias": (4096,)}
+    adam = LearningRateAdam()
+    choose = segmented_update.deferred_weights
+    assert choose(adam, shapes, minimum=4096) == ["big", "bias"]
+    assert choose(adam, shapes, NoLearningPenalty(), ["big"], minimum=4096) == [
+        "big", "bias"]
+    # a penalty reads the weight for the loss: its weights stay in the step
+    assert choose(adam, shapes, ElasticLearningPenalty(), ["big"], minimum=4096) == [
+        "bias"]
+    # a link may read a whole gradient (norm clipping): nothing is deferred
+    chain = LearningRateChain([("clip", ClipByValue(0.5)), ("adam", adam)])
+    assert choose(chain, shapes, minimum=4096) == []
+    assert choose(adam, shapes) == []  # under DEFERRED_MIN_ELEMENTS
+    assert segmented_update.DEFERRED_MIN_ELEMENTS == 1 << 22
+
+
+@pytest.mark.parametrize("rate", sorted(RATES))
+def test_segments_update_as_the_whole_weight_does(rate):
+    # 65 elements in segments of at most 7: 7 * 5 then 6 * 5, every start
+    # but the first off a multiple of the segment size
+    learning_rate = RATES[rate]()
+    learning_rate.init_learning_rate()
+    assert segmented_update.segment_sizes([65], 7) == [7] * 5 + [6] * 5
+    model = segmented_update.segment_update_model(learning_rate, 1, 17)
+    assert model is not None
+    rng = np.random.default_rng(0)
+    shape = (5, 13)
+    start = {"w": rng.standard_normal(shape), "w_grad": rng.standard_normal(shape)}
+    start.update((f"w_{s}", rng.random(shape)) for s in learning_rate.state_names)
+    start = {k: v.astype(np.float32) for k, v in start.items()}
+    device = parse_device("cpu")
+    values = {k: to_ortvalue(v.copy(), device, owned=True) for k, v in start.items()}
+    update = segmented_update.SegmentedUpdate(
+        model, device, default_session_options(1), learning_rate.state_names,
+        maximum=7)
+    update.bind([(values["w"], values["w_grad"],
+                  [values[f"w_{s}"] for s in learning_rate.state_names])])
+    whole = onnxruntime.InferenceSession(
+        learning_rate.update_model([("w", shape)], 1, 17).SerializeToString(),
+        providers=["CPUExecutionProvider"])
+    expected = dict(start)
+    for step in (1, 2, 3):
+        scalars = learning_rate.step_scalars(step)
+        update.run(scalars)
+        feeds = {i.name: expected[i.name] for i in whole.get_inputs()
+                 if i.name in expected}
+        feeds.update((i.name, np.array(scalars.get(i.name, {"loss": 0.0}.get(
+            i.name, 1.0)), dtype=np.float32)) for i in whole.get_inputs()
+            if i.name not in expected)
+        outputs = dict(zip([o.name for o in whole.get_outputs()], whole.run(None, feeds)))
+        expected["w"] = outputs["w_new"]
+        for s in learning_rate.state_names:
+            expected[f"w_{s}"] = outputs[f"w_{s}_new"]
+        for name in ["w"] + [f"w_{s}" for s in learning_rate.state_names]:
+            np.testing.assert_allclose(values[name].numpy(), expected[name],
+                                       rtol=1e-6, atol=1e-7, err_msg=name)
+    assert not np.allclose(values["w"].numpy(), start["w"])
+    np.testing.assert_array_equal(values["w_grad"].numpy(), start["w_grad"])
+
+
+def _fit(mlp_onnx, rate, deferred, monkeypatch, X, y):
+    monkeypatch.setattr(segmented_update, "DEFERRED_MIN_ELEMENTS",
+                        96 if deferred else 1 << 60)
+    est = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(hidden=(12, 10), n_features=8), max_iter=3, batch_size=16,
+        random_state=0, training_path="fused", learning_rate=RATES[rate](),
+        warm_start=True)
+    return est.fit(X, y)
+
+
+@pytest.mark.parametrize("rate", ["momentum", "adamw"])
+def test_a_fit_deferring_big_weights_trains_as_the_step_graph(mlp_onnx, monkeypatch,
+                                                              rate):
+    rng = np.random.RandomState(0)
+    X = rng.randn(64, 8).astype(np.float32)
+    y = np.tanh(X @ rng.randn(8)).astype(np.float32)
+    plain = _fit(mlp_onnx, rate, False, monkeypatch, X, y)
+    deferred = _fit(mlp_onnx, rate, True, monkeypatch, X, y)
+    trainer = deferred._trainer
+    # the weights of 8 x 12 and 12 x 10 elements; the biases and the last
+    # layer's 10 stay in the graph
+    assert len(trainer.graphs.deferred) == 2 and not plain._trainer.graphs.deferred
+    step = trainer.fused_graph("step", False)
+    outputs = [o.name for o in step.model.graph.output]
+    for w in trainer.graphs.deferred:
+        assert f"{w}__grad" in outputs and f"{w}__new" not in outputs
+        assert w not in step.weights
+    np.testing.assert_allclose(deferred.train_losses_, plain.train_losses_, rtol=1e-5)
+    for a, b in zip(deferred.get_state(), plain.get_state()):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_a_non_finite_loss_leaves_deferred_weights_as_they_were(mlp_onnx, monkeypatch):
+    rng = np.random.RandomState(0)
+    X = rng.randn(64, 8).astype(np.float32)
+    y = np.tanh(X @ rng.randn(8)).astype(np.float32)
+    est = _fit(mlp_onnx, "adam", True, monkeypatch, X, y)
+    trainer = est._trainer
+    before = [v.numpy().copy() for v in trainer._flat_parameters()]
+    bad = X[:16].copy()
+    bad[3, 2] = np.nan
+    loss = trainer.fused_step(bad, y[:16].reshape(-1, 1), None, np.float32)
+    assert not np.isfinite(loss)
+    for a, b in zip(trainer._flat_parameters(), before):
+        np.testing.assert_array_equal(a.numpy(), b)
+    # and a finite one updates them
+    trainer.fused_step(X[:16], y[:16].reshape(-1, 1), None, np.float32)
+    index = trainer.engine.weights_to_train.index(trainer.graphs.deferred[0])
+    assert not np.array_equal(trainer.engine.weights[index].numpy(),
+                              before[index * 3])
