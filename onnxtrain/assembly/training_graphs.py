@@ -84,7 +84,7 @@ class TrainingStep:
         Weights the graph reads but does not update (the step graph only):
         it outputs the gradient of each, ``<weight>__grad``, after the
         buffers, and the runner applies their update
-        (:mod:`onnxtrain.training.segmented_update`). They are not in
+        (:mod:`onnxtrain.runtime.segmented_update`). They are not in
         ``weights``; their states are no inputs.
     """
 
@@ -684,7 +684,7 @@ class TrainingGraphs:
     deferred : list of str, default=()
         With ``in_place``, the weights whose update the 'step' graph leaves
         to its runner (``TrainingStep.deferred``,
-        :func:`onnxtrain.training.segmented_update.deferred_weights`); the
+        :func:`onnxtrain.runtime.segmented_update.deferred_weights`); the
         loops update every weight.
     """
 
