@@ -252,7 +252,10 @@ class _Plan:
         rename_values(outside, renamed_outside)
         reads = {loss} | set(self.extra) | {n for b in branches for n in b.outer_reads()}
         outside, _ = without_unread(outside, reads)
-        if len(groups) > 1:
+        # one If reading every gradient runs after every reader of the
+        # weights; a deferred weight's gradient is an output no If reads, so
+        # the nodes feeding only it (dY @ W2^T for W1's) are routed too
+        if len(groups) > 1 or self.extra:
             ordered = _route(g, outside, head, branches, in_place, finite)
             if ordered is None:
                 return None

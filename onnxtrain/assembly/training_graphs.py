@@ -284,8 +284,9 @@ def _training_step(prepared, wrt, emit_loss, emit_update, state_names,
     backward_nodes = g.nodes[:n_backward]
     loss_nodes = g.nodes[n_backward:n_loss]
     update_nodes = g.nodes[n_loss:]
-    if "learning_rate" in scalars and _can_fold(backward_nodes + update_nodes,
-                                                 elem_type):
+    # not with deferred weights: their gradients leave the step unscaled
+    if "learning_rate" in scalars and not deferred and _can_fold(
+            backward_nodes + update_nodes, elem_type):
         backward_nodes, update_nodes = _fold_learning_rate(
             g, backward_nodes, update_nodes, bg.grad_output_names[0], bg.grad_names,
             "learning_rate")

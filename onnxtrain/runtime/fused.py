@@ -154,7 +154,7 @@ class FusedRunner:
         """Drop the parameters and their bindings (another runner took
         them over); :meth:`set_parameters` binds new ones."""
         self.parameters = self._buffers = self._bindings = None
-        self._deferred_values = None
+        self._deferred_values = self._gradients = None
         if self._segments is not None:
             self._segments.bind([])
 

@@ -44,6 +44,11 @@ DEFERRED_MIN_ELEMENTS = 1 << 22
 #: clipping does, and a subclass may change the update).
 _ELEMENTWISE_RULES = frozenset({SGDRule, MomentumRule, AdamRule, AdamWRule})
 
+#: onnxruntime's names of the element types of the weights.
+_ONNX_TYPES = {np.dtype(np.float16): "tensor(float16)",
+               np.dtype(np.float32): "tensor(float)",
+               np.dtype(np.float64): "tensor(double)"}
+
 #: Name of the segment model's parameter (its gradient and states follow
 #: the update models' naming: ``param_grad``, ``param_<state>``).
 _PARAM = "param"
@@ -174,11 +179,24 @@ class SegmentedUpdate:
         each of them contiguous and of one shape; every run updates the
         weight and the states in place from the gradient. The OrtValues are
         held until the next :meth:`bind`."""
+        dtype = self.dtypes[_PARAM]
+        itemsize = np.dtype(dtype).itemsize
+        expected = _ONNX_TYPES[np.dtype(dtype)]
+        for weight, grad, states in weights:
+            total = int(np.prod(weight.shape(), dtype=np.int64))
+            for value in [weight, grad, *states]:
+                # addresses are bound: a value of another type or size would
+                # be read as raw memory
+                if value.data_type() != expected or int(np.prod(
+                        value.shape(), dtype=np.int64)) != total:
+                    raise ValueError(
+                        f"SegmentedUpdate.bind: a {value.data_type()} of shape "
+                        f"{value.shape()} among the values of a weight of shape "
+                        f"{weight.shape()}; all must be {expected}, of "
+                        f"{total} elements.")
         self._held = [(w, g, list(s)) for w, g, s in weights]
         self._bindings = []
         for weight, grad, states in self._held:
-            dtype = self.dtypes[_PARAM]
-            itemsize = np.dtype(dtype).itemsize
             total = int(np.prod(weight.shape(), dtype=np.int64))
             named = {_PARAM: weight, f"{_PARAM}_grad": grad}
             named.update((f"{_PARAM}_{s}", v) for s, v in zip(self.state_names, states))

@@ -164,6 +164,11 @@ def _data_feeds(graph, X, y, sample_weight):
     return dict(zip(graph.data_inputs, values))
 
 
+#: numpy dtypes of the weights' onnxruntime types (their states' dtypes).
+_STATE_DTYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64,
+                 "tensor(float16)": np.float16}
+
+
 def _named_parameters(runner):
     """name -> OrtValue of every weight, state (``<weight>_<state>``, the
     step graphs' names) and buffer of the StepRunner ``runner``."""
@@ -359,9 +364,12 @@ class StepRunner:
         return [[s.numpy().copy() for s in states] for states in self.state]
 
     def set_state(self, state, step_count=0):
-        """Restore :meth:`get_state` output (arrays are copied)."""
-        self.state = [[to_ortvalue(np.array(s, copy=True), self.device)
-                       for s in states] for states in state]
+        """Restore :meth:`get_state` output (arrays are copied, in their
+        weight's dtype, which the update graphs read)."""
+        dtypes = [_STATE_DTYPES.get(w.data_type()) for w in self.engine.weights]
+        self.state = [[to_ortvalue(np.array(s, dtype=dtype, copy=True), self.device,
+                                   dtype=dtype)
+                       for s in states] for states, dtype in zip(state, dtypes)]
         self.step_count = step_count
         self._release_runners()
 

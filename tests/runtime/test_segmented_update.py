@@ -5,6 +5,7 @@ to one updating them inside the step graph."""
 import numpy as np
 import onnxruntime
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer
 from onnxtrain.losses.penalties import ElasticLearningPenalty, NoLearningPenalty
@@ -115,8 +116,81 @@ def test_a_fit_deferring_big_weights_trains_as_the_step_graph(mlp_onnx, monkeypa
         assert f"{w}__grad" in outputs and f"{w}__new" not in outputs
         assert w not in step.weights
     np.testing.assert_allclose(deferred.train_losses_, plain.train_losses_, rtol=1e-5)
-    for a, b in zip(deferred.get_state(), plain.get_state()):
+    states = [e.get_state(include_optimizer=True) for e in (deferred, plain)]
+    for a, b in zip(*[s["weights"] + [v for group in s["optimizer"] for v in group]
+                      for s in states]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def _bias_free_model():
+    """``relu(sum_j X[:, j, :] * W1) @ W2``, no bias: the input gradient
+    ``dY @ W2^T`` feeds W1's gradient alone."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((0.5 * rng.standard_normal((2, 300))).astype(
+        np.float32), "W1"),
+        numpy_helper.from_array((0.5 * rng.standard_normal((300, 1))).astype(
+            np.float32), "W2"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "axis")]
+    nodes = [helper.make_node("Mul", ["X", "W1"], ["h"]),
+             helper.make_node("ReduceSum", ["h", "axis"], ["s"], keepdims=0),
+             helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["Y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2, 300])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_weight_written_in_place_is_read_first_by_a_deferred_gradient(monkeypatch):
+    # W1 deferred, W2 updated in place by the step's If: the product
+    # dY @ W2^T that only W1's gradient reads must run before the If
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((64, 2, 300)).astype(np.float32)
+    y = rng.standard_normal(64).astype(np.float32)
+    states = {}
+    for path, minimum in [("split", 1 << 60), ("fused", 500)]:
+        monkeypatch.setattr(segmented_update, "DEFERRED_MIN_ELEMENTS", minimum)
+        est = OrtGradientForwardBackwardOptimizer(
+            _bias_free_model(), weights_to_train=["W1", "W2"], max_iter=2,
+            batch_size=16, training_path=path, warm_start=True,
+            learning_rate=LearningRateSGD(0.01, learning_rate="constant")).fit(X, y)
+        states[path] = est.get_state()
+    assert est._trainer.graphs.deferred == ["W1"]
+    assert est._trainer.fused_graph("step", False).in_place == {"W2__new"}
+    for a, b in zip(states["fused"], states["split"]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_states_given_in_another_dtype_are_cast_to_the_weights(mlp_onnx, monkeypatch):
+    rng = np.random.RandomState(0)
+    X = rng.randn(64, 8).astype(np.float32)
+    y = np.tanh(X @ rng.randn(8)).astype(np.float32)
+    runs = []
+    for dtype in (np.float32, np.float64):
+        est = _fit(mlp_onnx, "adam", True, monkeypatch, X, y)
+        state = est.get_state(include_optimizer=True)
+        state["optimizer"] = [[np.asarray(v, dtype=dtype) for v in group]
+                              for group in state["optimizer"]]
+        est.set_state(state)
+        est.partial_fit(X, y)
+        runs.append(est)
+    assert {v.data_type() for group in runs[1]._trainer.state for v in group} == {
+        "tensor(float)"}
+    np.testing.assert_array_equal(runs[0].train_losses_, runs[1].train_losses_)
+
+
+def test_values_of_another_type_or_size_are_refused():
+    learning_rate = RATES["adam"]()
+    update = segmented_update.SegmentedUpdate(
+        segmented_update.segment_update_model(learning_rate, 1, 17),
+        parse_device("cpu"), default_session_options(1), learning_rate.state_names)
+    weight = to_ortvalue(np.zeros((4, 5), np.float32))
+    for bad in (np.zeros((4, 5), np.float64), np.zeros((4, 4), np.float32)):
+        with pytest.raises(ValueError, match="all must be tensor"):
+            update.bind([(weight, to_ortvalue(np.zeros((4, 5), np.float32)),
+                          [to_ortvalue(bad), to_ortvalue(np.zeros((4, 5), np.float32))])])
 
 
 def test_a_non_finite_loss_leaves_deferred_weights_as_they_were(mlp_onnx, monkeypatch):
