@@ -683,8 +683,8 @@ class TrainingGraphs:
         False: the flat step. The trainer passes False off the CPU, where
         the If form has not been run (no GPU was at hand to test it).
     deferred : list of str, default=()
-        With ``in_place``, the weights whose update the 'step' graph leaves
-        to its runner (``TrainingStep.deferred``,
+        The weights whose update the 'step' graph leaves to its runner
+        (``TrainingStep.deferred``,
         :func:`onnxtrain.runtime.segmented_update.deferred_weights`); the
         loops update every weight.
     """
@@ -738,10 +738,11 @@ class TrainingGraphs:
         if key not in self._cache:
             if kind == "flat step":
                 self._cache[key] = self._step(bool(weighted))
-            elif kind == "step" and self.in_place and self.deferred:
+            elif kind == "step" and self.deferred:
                 # its own reverse pass: the flat step (the loops') updates all
                 step = self._step(bool(weighted), self.deferred)
-                self._cache[key] = step if isinstance(step, str) else update_in_place(step)
+                self._cache[key] = step if isinstance(step, str) or not self.in_place \
+                    else update_in_place(step)
             else:
                 step = self.get("flat step", weighted)
                 if isinstance(step, str):

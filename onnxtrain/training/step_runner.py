@@ -9,7 +9,7 @@ import functools
 from collections.abc import Mapping
 
 import numpy as np
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from ..assembly.pipeline import prepare
 from ..assembly.training_graphs import (LossGraphs, TrainingGraphs, final_activation,
@@ -282,9 +282,16 @@ class StepRunner:
                     learning_rate, fused_spec["elem_type"], small_graph_opset(model))
                 if self._segment_model is None:
                     deferred = []
+        # in float16 onnxruntime's CPU kernels run in float32 behind inserted
+        # Casts: inside the update's If, each output is rounded to float16
+        # before the next op reads it (a second moment underflowing to 0 with
+        # epsilon 1e-8, 0 in float16, sent an Adam step to -15); the flat
+        # step keeps the float32 chain, as the split path's update does
+        half = fused_spec is not None and fused_spec["elem_type"] in (
+            TensorProto.FLOAT16, TensorProto.BFLOAT16)
         self.graphs = TrainingGraphs(model, weights, learning_rate, fused_spec,
                                      buffer_names=self.buffer_names,
-                                     types=prepared.types, in_place=cpu,
+                                     types=prepared.types, in_place=cpu and not half,
                                      deferred=deferred)
         graphs_box.append(self.graphs)
         self.buffers = [to_ortvalue(initial[b], self.engine.device, owned=True)
