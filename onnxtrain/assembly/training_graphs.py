@@ -681,7 +681,8 @@ class TrainingGraphs:
     in_place : bool, default=True
         Whether the 'step' graph updates in place (:func:`update_in_place`);
         False: the flat step. The trainer passes False off the CPU, where
-        the If form has not been run (no GPU was at hand to test it).
+        the If form has not been run (no GPU was at hand to test it), and
+        for float16 weights (the If's inputs would be rounded to float16).
     deferred : list of str, default=()
         The weights whose update the 'step' graph leaves to its runner
         (``TrainingStep.deferred``,

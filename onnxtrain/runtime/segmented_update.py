@@ -25,7 +25,7 @@ from ..graph import elem_type_to_numpy
 from ..graph.aliasing import writes_after_reads
 from ..losses.penalties import BaseLearningPenalty
 from ..optim.update_rules import AdamRule, AdamWRule, MomentumRule, SGDRule
-from .sessions import make_session, to_ortvalue
+from .sessions import make_session, ortvalue_dtype, to_ortvalue
 
 __all__ = ["DEFERRED_MIN_ELEMENTS", "SEGMENT_SIZE", "SegmentedUpdate",
            "deferred_weights", "segment_sizes", "segment_update_model"]
@@ -43,11 +43,6 @@ DEFERRED_MIN_ELEMENTS = 1 << 22
 #: own, exactly: a chain's links may read a whole gradient, as norm
 #: clipping does, and a subclass may change the update).
 _ELEMENTWISE_RULES = frozenset({SGDRule, MomentumRule, AdamRule, AdamWRule})
-
-#: onnxruntime's names of the element types of the weights.
-_ONNX_TYPES = {np.dtype(np.float16): "tensor(float16)",
-               np.dtype(np.float32): "tensor(float)",
-               np.dtype(np.float64): "tensor(double)"}
 
 #: Name of the segment model's parameter (its gradient and states follow
 #: the update models' naming: ``param_grad``, ``param_<state>``).
@@ -179,20 +174,19 @@ class SegmentedUpdate:
         each of them contiguous and of one shape; every run updates the
         weight and the states in place from the gradient. The OrtValues are
         held until the next :meth:`bind`."""
-        dtype = self.dtypes[_PARAM]
-        itemsize = np.dtype(dtype).itemsize
-        expected = _ONNX_TYPES[np.dtype(dtype)]
+        dtype = np.dtype(self.dtypes[_PARAM])
+        itemsize = dtype.itemsize
         for weight, grad, states in weights:
             total = int(np.prod(weight.shape(), dtype=np.int64))
             for value in [weight, grad, *states]:
                 # addresses are bound: a value of another type or size would
                 # be read as raw memory
-                if value.data_type() != expected or int(np.prod(
+                if ortvalue_dtype(value) != dtype or int(np.prod(
                         value.shape(), dtype=np.int64)) != total:
                     raise ValueError(
                         f"SegmentedUpdate.bind: a {value.data_type()} of shape "
                         f"{value.shape()} among the values of a weight of shape "
-                        f"{weight.shape()}; all must be {expected}, of "
+                        f"{weight.shape()}; all must be {dtype.name} tensors of "
                         f"{total} elements.")
         self._held = [(w, g, list(s)) for w, g, s in weights]
         self._bindings = []

@@ -21,6 +21,7 @@ from ..optim.initializers import bias_weights
 from ..runtime import (ForwardBackwardEngine, FusedRunner, SessionRunner,
                        is_ortvalue, to_ortvalue)
 from ..runtime.devices import parse_device
+from ..runtime.sessions import ortvalue_dtype
 from ..runtime.segmented_update import (SegmentedUpdate, deferred_weights,
                                         segment_update_model)
 from ..runtime.threads import session_threads
@@ -164,11 +165,6 @@ def _data_feeds(graph, X, y, sample_weight):
     return dict(zip(graph.data_inputs, values))
 
 
-#: numpy dtypes of the weights' onnxruntime types (their states' dtypes).
-_STATE_DTYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64,
-                 "tensor(float16)": np.float16}
-
-
 def _named_parameters(runner):
     """name -> OrtValue of every weight, state (``<weight>_<state>``, the
     step graphs' names) and buffer of the StepRunner ``runner``."""
@@ -282,13 +278,12 @@ class StepRunner:
                     learning_rate, fused_spec["elem_type"], small_graph_opset(model))
                 if self._segment_model is None:
                     deferred = []
-        # in float16 onnxruntime's CPU kernels run in float32 behind inserted
-        # Casts: inside the update's If, each output is rounded to float16
-        # before the next op reads it (a second moment underflowing to 0 with
-        # epsilon 1e-8, 0 in float16, sent an Adam step to -15); the flat
-        # step keeps the float32 chain, as the split path's update does
-        half = fused_spec is not None and fused_spec["elem_type"] in (
-            TensorProto.FLOAT16, TensorProto.BFLOAT16)
+        # onnxruntime runs float16 on the CPU as float32 behind inserted
+        # Casts; the in-place form's If takes the update's gradient-only
+        # values (g*g*(1-b2)...) from outside it, rounded to float16 at its
+        # boundary (a second moment of 0 sent an Adam step to -15), where the
+        # flat step keeps the float32 chain, as the split path's update does
+        half = fused_spec is not None and fused_spec["elem_type"] == TensorProto.FLOAT16
         self.graphs = TrainingGraphs(model, weights, learning_rate, fused_spec,
                                      buffer_names=self.buffer_names,
                                      types=prepared.types, in_place=cpu and not half,
@@ -373,7 +368,7 @@ class StepRunner:
     def set_state(self, state, step_count=0):
         """Restore :meth:`get_state` output (arrays are copied, in their
         weight's dtype, which the update graphs read)."""
-        dtypes = [_STATE_DTYPES.get(w.data_type()) for w in self.engine.weights]
+        dtypes = [ortvalue_dtype(w) for w in self.engine.weights]
         self.state = [[to_ortvalue(np.array(s, dtype=dtype, copy=True), self.device,
                                    dtype=dtype)
                        for s in states] for states, dtype in zip(state, dtypes)]

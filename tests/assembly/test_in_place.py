@@ -227,10 +227,10 @@ def test_grouped_convolutions_and_statistics_match_the_flat_step():
 
 
 def test_float16_adam_fused_trains_as_the_split_path():
-    # onnxruntime runs float16 on the CPU as float32 behind Casts: inside the
-    # update's If every output is rounded before the next op reads it, and a
-    # second moment rounded to 0 (epsilon 1e-8 is 0 in float16) sent a step
-    # to -15; float16 fits take the flat step
+    # onnxruntime runs float16 on the CPU as float32 behind Casts: the
+    # update's If read its gradient-only values rounded to float16 at its
+    # boundary, and a second moment of 0 (epsilon 1e-8 is 0 in float16) sent
+    # a step to -15; float16 fits take the flat step
     from onnx import numpy_helper
 
     from onnxtrain.estimators import OrtGradientForwardBackwardOptimizer

@@ -188,7 +188,7 @@ def test_values_of_another_type_or_size_are_refused():
         parse_device("cpu"), default_session_options(1), learning_rate.state_names)
     weight = to_ortvalue(np.zeros((4, 5), np.float32))
     for bad in (np.zeros((4, 5), np.float64), np.zeros((4, 4), np.float32)):
-        with pytest.raises(ValueError, match="all must be tensor"):
+        with pytest.raises(ValueError, match="all must be float32 tensors"):
             update.bind([(weight, to_ortvalue(np.zeros((4, 5), np.float32)),
                           [to_ortvalue(bad), to_ortvalue(np.zeros((4, 5), np.float32))])])
 
