@@ -124,6 +124,16 @@ def segment_update_model(learning_rate, elem_type, opset=None):
     parameter of any length, or None when an output could not be written
     over its input (:func:`~onnxtrain.graph.aliasing.writes_after_reads`).
 
+    Parameters
+    ----------
+    learning_rate : BaseLearningRate
+        Its :meth:`~onnxtrain.optim.BaseLearningRate.update_model`, with
+        no penalty.
+    elem_type : int
+        ONNX element type of the weights (float16, float32 or float64).
+    opset : int, default=None
+        The model's opset (None: the update models' default, 17).
+
     Returns
     -------
     onnx.ModelProto or None
@@ -173,7 +183,14 @@ class SegmentedUpdate:
         """Bind ``weights``: a list of (weight, gradient, states) OrtValues,
         each of them contiguous and of one shape; every run updates the
         weight and the states in place from the gradient. The OrtValues are
-        held until the next :meth:`bind`."""
+        held until the next :meth:`bind`.
+
+        Raises
+        ------
+        ValueError
+            A gradient or state of another dtype than the model's or of
+            another number of elements than its weight (nothing is bound).
+        """
         dtype = np.dtype(self.dtypes[_PARAM])
         itemsize = dtype.itemsize
         for weight, grad, states in weights:
