@@ -211,3 +211,43 @@ def test_a_non_finite_loss_leaves_deferred_weights_as_they_were(mlp_onnx, monkey
     index = trainer.engine.weights_to_train.index(trainer.graphs.deferred[0])
     assert not np.array_equal(trainer.engine.weights[index].numpy(),
                               before[index * 3])
+
+
+@pytest.mark.parametrize("rate", ["momentum", "adamw"])
+def test_deferred_convolutions_with_running_statistics_train_as_the_split_path(
+        monkeypatch, rate):
+    # w2 (108 elements) and fc (48) deferred, w1 and the BatchNormalization
+    # scale and bias updated in place, the running statistics among the
+    # runner's parameters after the states
+    from test_in_place import _bn_cnn
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((32, 1, 4, 4)).astype(np.float32)
+    y = rng.standard_normal(32).astype(np.float32)
+    fits = {}
+    for path, minimum in [("split", 1 << 60), ("fused", 48)]:
+        monkeypatch.setattr(segmented_update, "DEFERRED_MIN_ELEMENTS", minimum)
+        fits[path] = OrtGradientForwardBackwardOptimizer(
+            _bn_cnn(), weights_to_train=["w1", "scale", "bias", "w2", "fc"], max_iter=2,
+            batch_size=8, training_path=path, warm_start=True,
+            learning_rate=RATES[rate]()).fit(X, y)
+    trainer = fits["fused"]._trainer
+    assert trainer.graphs.deferred == ["w2", "fc"]
+    assert trainer.buffer_names
+    np.testing.assert_allclose(fits["fused"].train_losses_, fits["split"].train_losses_,
+                               rtol=1e-5)
+    states = [f.get_state(include_optimizer=True) for f in (fits["fused"], fits["split"])]
+    for key in ("weights", "optimizer"):
+        for a, b in zip(*[[np.asarray(x) for x in _leaves(s[key])] for s in states]):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    buffers = [f._trainer.get_buffers() for f in (fits["fused"], fits["split"])]
+    for name in buffers[0]:
+        np.testing.assert_allclose(buffers[0][name], buffers[1][name], rtol=1e-5)
+
+
+def _leaves(values):
+    """The arrays of a list of arrays or of lists of arrays."""
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            yield from _leaves(value)
+        else:
+            yield value
