@@ -23,38 +23,25 @@ adamw] [--steps 8] [--threads 1] [--batch 8]``. Linux only (``/proc/self/clear_r
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROWS, COLUMNS = 64, 262144
+# the model of the memory tests (one 64 MiB weight), saved with external data
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+from memory_probe import COLUMNS, ROWS, run_probe, save_external  # noqa: E402
 
-_PRELUDE = r'''
-import ctypes, gc, json, sys, time
+# after memory_probe.PROBE_PRELUDE (status, reset_peak, ROWS, COLUMNS)
+_DATA = r'''
+import time
 import numpy as np
-ROWS, COLUMNS = %d, %d
 STEPS, THREADS, BATCH = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[6])
 RULE, PATH = sys.argv[1], sys.argv[2]
-
-def status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-
-def reset_peak():
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
 rng = np.random.default_rng(0)
 X = rng.standard_normal(((STEPS + 1) * BATCH, ROWS)).astype(np.float32)
 y = np.zeros(((STEPS + 1) * BATCH, COLUMNS), dtype=np.float32)
-''' % (ROWS, COLUMNS)
+'''
 
 _TORCH = r'''
 import torch
@@ -100,36 +87,12 @@ print(json.dumps({"peak": status("VmHWM") - before, "step_ms": step_ms}))
 '''
 
 
-def _model_path(folder):
-    """The model saved with its weight as external data; returns its path."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(
-        (rng.standard_normal((ROWS, COLUMNS)) * 0.01).astype(np.float32), "W")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, ROWS])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, COLUMNS])],
-        [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = os.path.join(folder, "model.onnx")
-    onnx.save(model, path, save_as_external_data=True, location="model.data")
-    return path
-
-
 def _cell(system, rule, path, steps, threads, batch):
-    script = _PRELUDE + (_TORCH if system == "torch" else _ESTIMATOR)
+    """One cell in a fresh process (memory_probe.run_probe: this checkout's
+    onnxtrain)."""
+    script = _DATA + (_TORCH if system == "torch" else _ESTIMATOR)
     mode = "in-graph" if system == "estimator-in-graph" else "segments"
-    env = dict(os.environ)
-    # the onnxtrain of this checkout, not an installed one
-    env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", script, rule, path, str(steps),
-                          str(threads), mode, str(batch)], capture_output=True, text=True,
-                         env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_probe(script, rule, path, str(steps), str(threads), mode, str(batch))
 
 
 def main(argv=None):
@@ -143,7 +106,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     weight_bytes = ROWS * COLUMNS * 4
     with tempfile.TemporaryDirectory() as folder:
-        path = _model_path(folder)
+        path = save_external(folder)
         print(f"{'rule':10} {'system':20} {'peak / weight':>14} {'x torch':>8} "
               f"{'ms/step':>8} {'x torch':>8}")
         for rule in args.rules:
