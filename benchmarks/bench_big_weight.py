@@ -18,7 +18,9 @@ model is built), in units of the weight's size. The systems:
   the segmented update.
 
 Usage: ``python benchmarks/bench_big_weight.py [--rules sgd momentum
-adamw] [--steps 8] [--threads 1] [--batch 8]``. Linux only (``/proc/self/clear_refs``).
+adamw] [--steps 8] [--threads 1] [--batch 8]``. Linux only
+(``/proc/self/clear_refs``); the cells run through the memory tests'
+probe (``tests/memory_probe.py``, which imports pytest).
 """
 from __future__ import annotations
 
