@@ -107,14 +107,13 @@ def deferred_weights(learning_rate, shapes, penalty=None, penalized=(),
     if type(learning_rate.update_rule()) not in _ELEMENTWISE_RULES:
         return []
     minimum = DEFERRED_MIN_ELEMENTS if minimum is None else minimum
-    inert = _inert(penalty)
+    penalized = frozenset() if _inert(penalty) else frozenset(penalized)
     chosen = []
     for name, shape in shapes.items():
         if shape is None or any(not isinstance(d, (int, np.integer)) or d <= 0
                                 for d in shape):
             continue
-        if int(np.prod(shape, dtype=np.int64)) >= minimum and (
-                inert or name not in set(penalized)):
+        if int(np.prod(shape, dtype=np.int64)) >= minimum and name not in penalized:
             chosen.append(name)
     return chosen
 

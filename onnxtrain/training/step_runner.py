@@ -165,13 +165,13 @@ def _data_feeds(graph, X, y, sample_weight):
     return dict(zip(graph.data_inputs, values))
 
 
-def _named_parameters(runner):
-    """name -> OrtValue of every weight, state (``<weight>_<state>``, the
-    step graphs' names) and buffer of the StepRunner ``runner``."""
+def _parameter_names(runner):
+    """The step graphs' names of the StepRunner ``runner``'s
+    :meth:`~StepRunner._flat_parameters`: every weight, its states
+    (``<weight>_<state>``), then the buffers."""
     states = runner.learning_rate.state_names
-    names = [n for w in runner.engine.weights_to_train
-             for n in [w] + [f"{w}_{s}" for s in states]] + list(runner.buffer_names)
-    return dict(zip(names, runner._flat_parameters()))
+    return [n for w in runner.engine.weights_to_train
+            for n in [w] + [f"{w}_{s}" for s in states]] + list(runner.buffer_names)
 
 
 class StepRunner:
@@ -304,6 +304,7 @@ class StepRunner:
         self.model = model
         self.fused_spec = fused_spec
         self._fused = {}
+        self._orders = {}  # runner key -> its parameters' places (_runner)
         self._parameter_bytes = None
         self.finite_copy = WeightsCopy(device.type == "cpu")
         self._weight_dtype = _sample_weight_dtype(
@@ -518,15 +519,24 @@ class StepRunner:
                     n_threads=self.engine._requested_threads,
                     segmented_update=segments)
         runner = self._fused[key]
-        named = _named_parameters(self)
-        flat = [named[n] for n in runner.parameter_names]
-        deferred = [(named[w], [named[f"{w}_{s}"] for s in self.learning_rate.state_names])
-                    for w in runner.deferred]
+        if key not in self._orders:
+            # where the runner's parameters, then its deferred weights and
+            # states, sit in _flat_parameters (named once, not every step)
+            index = {n: i for i, n in enumerate(_parameter_names(self))}
+            states = self.learning_rate.state_names
+            self._orders[key] = (
+                [index[n] for n in runner.parameter_names],
+                [[index[w]] + [index[f"{w}_{s}"] for s in states]
+                 for w in runner.deferred])
+        order, deferred_order = self._orders[key]
+        current = self._flat_parameters()
+        flat = [current[i] for i in order]
+        deferred = [(current[w], [current[i] for i in states])
+                    for w, *states in deferred_order]
         held = [v for w, states in runner.deferred_values or () for v in [w, *states]]
+        wanted = [current[i] for group in deferred_order for i in group]
         if runner.parameters is None or any(
-                a is not b for a, b in zip(runner.parameters + held,
-                                           flat + [v for w, states in deferred
-                                                   for v in [w, *states]])):
+                a is not b for a, b in zip(runner.parameters + held, flat + wanted)):
             self._release_runners(keep=runner)  # one runner holds them
             runner.set_parameters(flat, writable=True, deferred=deferred)
             self._take_parameters(runner)
@@ -540,7 +550,7 @@ class StepRunner:
     def _take_parameters(self, runner):
         """Take the runner's current parameters (its deferred weights and
         states are the same OrtValues, updated in place)."""
-        named = _named_parameters(self)
+        named = dict(zip(_parameter_names(self), self._flat_parameters()))
         named.update(zip(runner.parameter_names, runner.parameters))
         names = self.engine.weights_to_train
         self.engine.weights = [named[w] for w in names]
