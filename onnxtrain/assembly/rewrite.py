@@ -10,6 +10,8 @@ and returns a new one, the caller's model is never modified.
 - :func:`probability_graph` keeps only the float probability tensor of a
   classifier (dropping ``ZipMap`` and the label path).
 - :func:`prediction_graph` keeps only one output of a graph.
+- :func:`class_labels` reads the labels a classifier graph gives its
+  probability columns.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from ..graph.builder import constant_node_value, copy_fields
 from ..graph.scopes import subgraphs
 from .models import load_model
 
-__all__ = ["rewrite_ml_linear_ops", "probability_graph", "prediction_graph",
-           "with_first_output"]
+__all__ = ["class_labels", "rewrite_ml_linear_ops", "probability_graph",
+           "prediction_graph", "with_first_output"]
 
 ML_DOMAIN = "ai.onnx.ml"
 
@@ -779,3 +781,99 @@ def probability_graph(model):
         f"The model has no float probability tensor: expected a float tensor "
         f"output of shape (N, n_classes) or a ZipMap node fed by one "
         f"(outputs: {_describe_outputs(graph)}).")
+
+
+#: Ops a label output passes through on its way from the label table
+#: (skl2onnx writes Reshape then Cast after an ArrayFeatureExtractor).
+_LABEL_PASSTHROUGH = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze",
+                      "Flatten")
+
+
+def _label_array(values):
+    """1-D ndarray of labels: str for string tensors (decoded from UTF-8),
+    int64 for integers; None for anything else."""
+    values = np.asarray(values).ravel()
+    if values.dtype.kind in "OSU":
+        return np.array([v.decode("utf-8") if isinstance(v, bytes) else str(v)
+                         for v in values])
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    return None
+
+
+def _table_labels(graph, output):
+    """The labels of the table ``output`` looks up: walking back from it
+    through :data:`_LABEL_PASSTHROUGH` ops to a ``Gather`` (axis 0) or an
+    ``ArrayFeatureExtractor`` of a constant, or None."""
+    producers = {o: n for n in graph.node for o in n.output}
+    initializers = {i.name: i for i in graph.initializer}
+    name = output
+    node = producers.get(name)
+    while node is not None and node.op_type in _LABEL_PASSTHROUGH \
+            and node.domain in ("", "ai.onnx"):
+        name = node.input[0]
+        node = producers.get(name)
+    if node is None or not (
+            (node.op_type == "Gather" and node.domain in ("", "ai.onnx")
+             and _attributes(node).get("axis", 0) == 0)
+            or (node.op_type == "ArrayFeatureExtractor" and node.domain == ML_DOMAIN)):
+        return None
+    table = node.input[0]
+    if table in initializers:
+        return _label_array(numpy_helper.to_array(initializers[table]))
+    source = producers.get(table)
+    if source is not None and source.op_type == "Constant":
+        value = constant_node_value(source)
+        return None if value is None else _label_array(value)
+    return None
+
+
+def class_labels(model, probabilities):
+    """The labels a classifier graph gives the columns of its probability
+    tensor, when the graph carries them: the ``classlabels`` attribute of a
+    ``ZipMap`` reading that tensor, or the constant table its label output
+    looks up (``Gather`` or ``ArrayFeatureExtractor`` of a constant at the
+    column index, as skl2onnx and :func:`rewrite_ml_linear_ops` write them).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    probabilities : str
+        Name of the probability tensor, of shape (N, n_classes).
+
+    Returns
+    -------
+    ndarray of shape (n_classes,) or None
+        Labels in column order (str, or int64), or None when the graph
+        carries none, when its sources disagree or when two columns share
+        a label (the caller compares their number with the columns').
+    """
+    graph = model.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    aliases = {probabilities}
+    node = producers.get(probabilities)
+    while node is not None and node.op_type == "Identity":
+        aliases.add(node.input[0])
+        node = producers.get(node.input[0])
+    found = []
+    for n in graph.node:
+        if n.domain == ML_DOMAIN and n.op_type == "ZipMap" and n.input[0] in aliases:
+            attrs = _attributes(n)
+            labels = attrs.get("classlabels_int64s") or attrs.get("classlabels_strings")
+            if labels:
+                found.append(_label_array(labels))
+    for out in graph.output:
+        if out.type.HasField("tensor_type") and \
+                out.type.tensor_type.elem_type in (TensorProto.STRING, TensorProto.INT64,
+                                                   TensorProto.INT32):
+            labels = _table_labels(graph, out.name)
+            if labels is not None:
+                found.append(labels)
+    if not found or any(f is None for f in found):
+        return None
+    first = found[0]
+    if any(f.dtype.kind != first.dtype.kind or not np.array_equal(f, first)
+           for f in found[1:]) or len(np.unique(first)) != len(first):
+        return None
+    return first

@@ -11,7 +11,7 @@ from sklearn.base import ClassifierMixin, RegressorMixin, clone
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.multiclass import unique_labels
 
-from ..assembly.rewrite import (prediction_graph, probability_graph,
+from ..assembly.rewrite import (class_labels, prediction_graph, probability_graph,
                                 rewrite_ml_linear_ops)
 from ..assembly.training_graphs import final_activation
 from ..losses.learning_losses import CrossEntropyLearningLoss, NegLogLearningLoss
@@ -435,8 +435,10 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
     label or ZipMap output; ai.onnx.ml LinearClassifier nodes are first
     rewritten into MatMul/Add (+ Sigmoid/Softmax) with trainable
     initializers (:func:`onnxtrain.assembly.rewrite.rewrite_ml_linear_ops`). The
-    classes are the sorted unique labels of ``y`` (or ``classes`` of the
-    first ``partial_fit``); their number must equal the probability width.
+    classes are the graph's own labels when it carries them (skl2onnx's
+    ZipMap or label output: ``y`` may hold any of them, no other), else
+    the sorted unique labels of ``y`` (or ``classes`` of the first
+    ``partial_fit``); their number must equal the probability width.
 
     What the graph's output means (``predict_proba`` is the output of the
     trained graph, ``get_trained_onnx``, whenever the loss reads it as
@@ -485,7 +487,13 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
         loss="cross_entropy", stratified=" (stratified)",
         score="accuracy") + _COMMON_ATTRIBUTES + """
     classes_ : ndarray of shape (n_classes,)
-        Labels, in the order of the probability columns.
+        Labels, in the order of the probability columns: the graph's own
+        when it carries them (the labels of a ZipMap reading the
+        probabilities, or the table its label output looks up, as
+        skl2onnx writes them), so that ``predict`` agrees with the label
+        output of ``get_trained_onnx``; ``y`` (or ``classes``) may then
+        hold any of them, and a label the graph does not know is an error.
+        Otherwise the sorted unique labels of ``y`` (or ``classes``).
 """ + _COMMON_RAISES.format(
         refused=", or an output that is not probabilities\n        (see above)"))
 
@@ -530,7 +538,22 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
 
     def _make_training_model(self, model):
         model = rewrite_ml_linear_ops(model, copy=False)
-        return model, probability_graph(model)[0]
+        training, name = probability_graph(model)
+        # read here, where the label path still exists: the graph trained
+        # keeps only the probabilities
+        self._labels_of_graph = class_labels(model, name)
+        return model, training
+
+    def _graph_classes(self):
+        """The labels the graph gives its probability columns (a ZipMap's,
+        or the table its label output looks up), or None."""
+        self._training_model()  # builds the graph, reading its labels
+        labels = getattr(self, "_labels_of_graph", None)
+        width = self._n_columns()
+        if labels is None or (width is not None and width != len(labels)
+                              and not (width == 1 and len(labels) == 2)):
+            return None
+        return labels
 
     def _adapt_loss(self, loss):
         """The loss trained on this graph, from the one resolved from
@@ -611,8 +634,10 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
         if y.dtype.kind == "f" and not np.isfinite(y).all():
             raise ValueError(f"{name} contains NaN or infinity.")
         if first:
-            self.classes_ = np.asarray(unique_labels(y) if classes is None
-                                       else unique_labels(classes))
+            given = np.asarray(unique_labels(y) if classes is None
+                               else unique_labels(classes))
+            self.classes_ = self._classes_from_graph(given, name) \
+                if self._graph_classes() is not None else given
             width = self._n_columns()
             if width is not None and width != len(self.classes_) and not (
                     width == 1 and len(self.classes_) == 2):
@@ -624,11 +649,35 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
         if unseen.size:
             raise ValueError(f"{name} has labels unseen at fit time: "
                              f"{unseen.tolist()}; known classes: {self.classes_.tolist()}.")
-        index = np.searchsorted(self.classes_, y)
+        order = np.argsort(self.classes_, kind="stable")  # classes_ may be unsorted
+        index = order[np.searchsorted(self.classes_[order], y)]
         dtype = prediction_dtype(self._training_model(), self._training_types())
         if self._n_columns() == 1:
             return index.astype(dtype).reshape(-1, 1)
         return np.eye(len(self.classes_), dtype=dtype)[index]
+
+    def _classes_from_graph(self, given, name):
+        """``classes_`` of a graph that carries its labels: those labels, in
+        its column order (cast to the type of ``given``, the labels of
+        ``y`` or ``classes``), which must all be among them."""
+        labels = self._graph_classes()
+        text = given.dtype.kind in "OSU"
+        if text != (labels.dtype.kind == "U"):
+            raise ValueError(
+                f"{name} holds {'string' if text else 'numeric'} labels "
+                f"{given.tolist()} but the graph's label output gives "
+                f"{'string' if labels.dtype.kind == 'U' else 'integer'} labels "
+                f"{labels.tolist()} (its probability columns, in order).")
+        if not text and np.array_equal(labels.astype(given.dtype), labels):
+            labels = labels.astype(given.dtype)
+        unknown = np.setdiff1d(given, labels)
+        if unknown.size:
+            raise ValueError(
+                f"{name} has labels {unknown.tolist()} that the graph does not "
+                f"know: its label output gives {labels.tolist()} (its probability "
+                "columns, in order). Relabel y, or convert the model again with "
+                "these classes.")
+        return labels
 
     def _stratify(self, y):
         return y.argmax(axis=1) if y.ndim == 2 and y.shape[1] > 1 else y.ravel()

@@ -249,4 +249,29 @@ class OrtGradientOptimizer(BaseOrtGradientEstimator):
         loss, _ = trainer.loss_and_gradient(X, y, sample_weight, training=False)
         return float(loss.numpy())
 
+    def score(self, X, y, sample_weight=None):
+        """The negated loss output on (X, y): greater is better, as
+        scikit-learn's scorers (``neg_mean_squared_error``...) expect, so
+        ``GridSearchCV`` and ``cross_val_score`` need no ``scoring``.
+
+        Parameters
+        ----------
+        X, y, sample_weight
+            As :meth:`fit`.
+
+        Returns
+        -------
+        float
+            ``-losses(X, y, sample_weight)``: the graph's loss as it defines
+            it (a sum grows with the rows: compare scores of equal sizes).
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before fit.
+        ValueError
+            As :meth:`losses`.
+        """
+        return -self.losses(X, y, sample_weight)
+
 

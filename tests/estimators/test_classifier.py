@@ -5,16 +5,18 @@ import warnings
 
 import numpy as np
 import pytest
-from numpy.testing import assert_allclose
+from numpy.testing import assert_allclose, assert_array_equal
 from onnx import TensorProto, helper, numpy_helper
 from scipy.special import expit, log_softmax, softmax
 from sklearn.datasets import make_classification
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, SGDClassifier
 from sklearn.metrics import log_loss
+from sklearn.model_selection import GridSearchCV
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from onnxtrain import to_onnx
+from onnxtrain.assembly.rewrite import probability_graph
 from onnxtrain.estimators import (OrtGradientForwardBackwardClassifier,
                                   OrtGradientOptimizer)
 from onnxtrain.losses import CrossEntropyLearningLoss, NegLogLearningLoss
@@ -96,9 +98,16 @@ def test_logistic_regression_graph_is_rewritten_and_trains():
 def test_class_count_mismatch_and_unseen_labels():
     X, y = _data(3)
     onx = to_onnx(_fit_mlp(X, y, max_iter=1), X[:1], options={"zipmap": False})
-    est = OrtGradientForwardBackwardClassifier(onx, max_iter=2)
+    # without its label output the graph does not say its classes: y's
+    # are the columns', and must be as many
+    unlabelled = probability_graph(onx)[0]
+    est = OrtGradientForwardBackwardClassifier(unlabelled, max_iter=2)
     with pytest.raises(ValueError, match="3 probability columns but 2 classes"):
         est.fit(X, np.where(y == 2, 1, y))
+    # with it, y may hold some of the graph's classes
+    est = OrtGradientForwardBackwardClassifier(onx, max_iter=2)
+    est.fit(X, np.where(y == 2, 1, y))
+    assert_array_equal(est.classes_, [0, 1, 2])
     est.fit(X, y)
     with pytest.raises(ValueError, match="unseen at fit time: \\[7\\]"):
         est.score(X, np.where(y == 2, 7, y))
@@ -153,6 +162,27 @@ def test_ort_gradient_optimizer_on_a_loss_graph():
     assert est.losses(X, y) < 1e-8 < est.train_losses_[0]
     with pytest.raises(ValueError, match="not an output"):
         OrtGradientOptimizer(training, loss_output_name="nope").fit(X, y)
+
+
+def test_loss_output_estimator_scores_by_its_negated_loss():
+    """score is -losses (greater is better), so GridSearchCV needs no
+    scoring and picks the learning rate that reaches the lower loss."""
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 3).astype(np.float32)
+    y = (X @ np.array([1.0, 2.0, 3.0]) + 1).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        skl = MLPRegressor(hidden_layer_sizes=(), activation="identity",
+                           max_iter=1).fit(X, y)
+    training = add_loss_output(to_onnx(skl, X[:1]))
+    est = OrtGradientOptimizer(training, max_iter=5, random_state=0).fit(X, y)
+    assert est.score(X, y) == -est.losses(X, y) < 0
+    rates = [LearningRateSGD(1e-5, learning_rate="constant"),
+             LearningRateSGD(0.05, learning_rate="constant")]
+    search = GridSearchCV(OrtGradientOptimizer(training, max_iter=5, random_state=0),
+                          {"learning_rate": rates}, cv=2).fit(X, y)
+    assert search.best_params_["learning_rate"] is rates[1]
+    assert search.cv_results_["mean_test_score"][1] > search.cv_results_["mean_test_score"][0]
 
 
 def test_attribute_only_graph_says_there_is_nothing_to_train():

@@ -462,3 +462,70 @@ def test_models_without_trainable_weights_name_their_op():
         svc = to_onnx(SVC().fit(X, y), X[:1], target_opset=17)
     with pytest.raises(ValueError, match="attributes of SVMClassifier node"):
         OrtGradientForwardBackwardClassifier(svc, max_iter=1).fit(X, y)
+
+
+# ------------------------------------------------------- the graph's labels
+def _labelled(zipmap, labels):
+    """A LogisticRegression on iris with class names ``labels`` (fitted on
+    them: the graph's columns are their sorted order), its graph, the
+    features and the integer classes."""
+    X, y = _data("iris")
+    skl = lm.LogisticRegression(max_iter=500).fit(X, np.asarray(labels)[y])
+    onx = to_onnx(skl, X[:1], options={"zipmap": zipmap}, target_opset=17)
+    return skl, onx, X, y
+
+
+@pytest.mark.parametrize("zipmap", [False, True])
+def test_classes_are_the_graph_labels_in_column_order(zipmap):
+    """The graph carries its labels (ZipMap, label output): ``classes_`` are
+    those, in column order, whatever ``y`` holds of them, and ``predict``
+    equals the label output of the trained graph."""
+    skl, onx, X, y = _labelled(zipmap, ["setosa", "versicolor", "virginica"])
+    names = np.array(["setosa", "versicolor", "virginica"])[y]
+    # fine-tuning data holding two of the three classes only
+    subset = y != 0
+    est = OrtGradientForwardBackwardClassifier(
+        onx, learning_rate=1e-9, max_iter=1).fit(X[subset], names[subset])
+    assert_array_equal(est.classes_, ["setosa", "versicolor", "virginica"])
+    assert_array_equal(est.predict(X), skl.predict(X))
+    label = _outputs(est.get_trained_onnx(), X)[0]
+    assert_array_equal(est.predict(X), label)
+
+
+def test_graph_labels_keep_their_order_and_type():
+    """Integer labels in an order of the graph's own (not sorted): y's
+    labels map to the graph's columns by value, not by their sorted order,
+    and ``classes_`` take y's integer type."""
+    skl, onx, X, y = _labelled(False, [0, 1, 2])
+    onx = onnx.ModelProto.FromString(onx.SerializeToString())
+    node = next(n for n in onx.graph.node if n.op_type == "LinearClassifier")
+    next(a for a in node.attribute if a.name == "classlabels_ints").ints[:] = [30, 10, 20]
+    renamed = np.array([30, 10, 20])
+    labels = renamed[y].astype(np.int32)
+    est = OrtGradientForwardBackwardClassifier(
+        onx, learning_rate=1e-9, max_iter=1).fit(X, labels)
+    assert_array_equal(est.classes_, [30, 10, 20])
+    assert est.classes_.dtype == np.int32
+    assert_array_equal(est.predict(X), renamed[skl.predict(X)])
+    assert_array_equal(est.predict(X), _outputs(est.get_trained_onnx(), X)[0])
+    # a partial_fit naming every class, fed one class at a time
+    est = OrtGradientForwardBackwardClassifier(onx, learning_rate=1e-9)
+    est.partial_fit(X[y == 1], labels[y == 1], classes=[20, 10, 30])
+    assert_array_equal(est.classes_, [30, 10, 20])
+    assert_array_equal(est.predict(X), renamed[skl.predict(X)])
+
+
+def test_labels_the_graph_does_not_know_are_refused():
+    """A label outside the graph's, or of another type, is an error naming
+    the graph's labels, and a fitted estimator keeps its state."""
+    _, onx, X, y = _labelled(False, ["cat", "dog", "eel"])
+    names = np.array(["cat", "dog", "eel"])[y]
+    est = OrtGradientForwardBackwardClassifier(
+        onx, learning_rate=1e-9, max_iter=1).fit(X, names)
+    before = est.predict_proba(X)
+    with pytest.raises(ValueError, match=r"\['fish'\].*\['cat', 'dog', 'eel'\]"):
+        est.fit(X, np.where(names == "eel", "fish", names))
+    with pytest.raises(ValueError, match="numeric labels.*string labels"):
+        est.fit(X, y)
+    assert_array_equal(est.classes_, ["cat", "dog", "eel"])
+    assert_array_equal(est.predict_proba(X), before)
