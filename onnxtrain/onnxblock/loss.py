@@ -236,14 +236,23 @@ class CrossEntropyLoss(_Loss):
                          state.const(self._ignore_index, TensorProto.INT64))
             safe = op("Where", ignored, state.const(0, TensorProto.INT64), labels)
             keep = op("Cast", op("Not", ignored), to=int(elem), like=x)
-        depth = op("Gather", op("Shape", x), state.const(1, TensorProto.INT64))
-        # int64 values: onnxruntime's CPU OneHot has no double output kernel
-        values = state.const(np.array([0, 1]), TensorProto.INT64)
-        one_hot = op("Cast", op("OneHot", safe, depth, values, axis=1),
-                     to=int(elem), like=x)
-        picked = state.builder.reduce_sum(
-            op("Mul", one_hot, log_p, like=x), [1], keepdims=0)
-        state._flush()
+        if state.builder.opset >= 13:
+            # GatherElements fails on a label out of [-C, C), as torch and
+            # onnxruntime's SoftmaxCrossEntropyLoss do; a OneHot row of such
+            # a label would be zeros: a silent loss of 0 for it
+            axis = state.const(np.array([1]), TensorProto.INT64)
+            picked = op("Squeeze", op("GatherElements", log_p,
+                                      op("Unsqueeze", safe, axis), axis=1, like=x),
+                        axis, like=x)
+        else:  # CrossEntropyLoss refuses rank > 2 there: (N, C) scores
+            depth = op("Gather", op("Shape", x), state.const(1, TensorProto.INT64))
+            # int64 values: onnxruntime's CPU OneHot has no double output kernel
+            values = state.const(np.array([0, 1]), TensorProto.INT64)
+            one_hot = op("Cast", op("OneHot", safe, depth, values, axis=1),
+                         to=int(elem), like=x)
+            picked = state.builder.reduce_sum(
+                op("Mul", one_hot, log_p, like=x), [1], keepdims=0)
+            state._flush()
         nll = op("Neg", picked, like=x)
         weights = keep
         if self._weight is not None:

@@ -140,6 +140,25 @@ def test_loss_block_matches_numpy(row, reduction):
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("weight", [None, CLASS_W])
+def test_cross_entropy_refuses_labels_out_of_range(weight):
+    """A label outside [-C, C) fails the run, as in torch and onnxruntime's
+    SoftmaxCrossEntropyLoss, instead of adding a loss of 0 for its row; a
+    negative label counts from the end, as there."""
+    block = loss.CrossEntropyLoss(weight=weight)
+    labels = np.abs(LABELS)
+    for bad in (4, -5):
+        with pytest.raises(Exception, match="(?i)out of|invalid|bounds"):
+            run_loss(block, (6, 4), {"x": LOGITS, "labels": np.where(
+                np.arange(6) == 2, bad, labels)})
+    wrapped = np.where(np.arange(6) == 2, -1, labels)
+    kwargs = {} if weight is None else {"weight": weight}
+    np.testing.assert_allclose(
+        run_loss(block, (6, 4), {"x": LOGITS, "labels": wrapped}),
+        ref_ce(LOGITS, np.where(wrapped < 0, wrapped + 4, wrapped), "mean", **kwargs),
+        rtol=1e-12)
+
+
 def test_bce_is_stable_for_large_logits_in_float32():
     x = np.array([[-1000.0, -80.0, 0.0, 80.0, 1000.0]], dtype=np.float32)
     t = np.array([[1.0, 0.0, 1.0, 1.0, 0.0]], dtype=np.float32)
