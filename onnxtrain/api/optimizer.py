@@ -8,7 +8,7 @@ import numpy as np
 from ..checkpoint.format import MAX_STEP
 from ..graph import numpy_to_elem_type
 from ..graph.aliasing import writes_after_reads
-from ..onnxblock.optim import OPTIMIZER_METADATA
+from ..onnxblock.optim import OPTIMIZER_METADATA, per_parameter_model
 from ..runtime import SessionRunner, is_ortvalue, to_ortvalue
 from ._flat import FlatBuffers, flat_optimizer_model
 from .module import load_model, read_layout
@@ -55,7 +55,9 @@ class Optimizer:
     optimizer_uri : str, pathlib.Path or onnx.ModelProto
         ``optimizer_model.onnx`` written by
         :func:`onnxtrain.onnxblock.artifacts.generate_artifacts` (or its ``.ort``,
-        written with ``ort_format=True``).
+        written with ``ort_format=True``), or the model of an optimizer
+        block called on ``TrainingBlock.parameters()`` in an
+        ``onnxblock.empty_base()`` (onnxruntime-training's manual workflow).
     module : Module
 
     Notes
@@ -76,6 +78,14 @@ class Optimizer:
     def __init__(self, optimizer_uri, module):
         model = load_model(optimizer_uri)
         self._layout = read_layout(model, OPTIMIZER_METADATA, "optimizer model")
+        if self._layout.get("layout") == "sequence":
+            # an optimizer block's sequence layout (onnxruntime-training's
+            # manual workflow): packed into and out of its sequences
+            params = module._state.parameters
+            model = per_parameter_model(model, self._layout, [
+                (n, numpy_to_elem_type(params.raw(n).dtype), params.raw(n).shape)
+                for n in self._layout["parameters"]])
+            self._layout = read_layout(model, OPTIMIZER_METADATA, "optimizer model")
         self._module = module
         trainable = set(module._layouts["train"]["trainable"])
         extra = [p for p in self._layout["parameters"] if p not in trainable]

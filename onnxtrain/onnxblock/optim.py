@@ -22,9 +22,11 @@ import hashlib
 import inspect
 import json
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
+from ..graph import opset_of
 from ..graph.builder import default_ir_version, tensor_value_info
 from ..optim.links import AddPenalty, clip_factor
 from ..optim.update_rules import AdamRule, SGDRule, UpdateRule
@@ -32,7 +34,7 @@ from ._base import DEFAULT_OPSET, current_base, empty_base
 from ._block import Block
 
 __all__ = ["SGD", "AdamW", "ClipGradNorm", "RuleOptimizer",
-           "build_optimizer_model", "OPTIMIZER_METADATA"]
+           "build_optimizer_model", "per_parameter_model", "OPTIMIZER_METADATA"]
 
 #: metadata_props key describing the optimizer model (JSON).
 OPTIMIZER_METADATA = "onnxtrain.optimizer_model"
@@ -357,6 +359,16 @@ class _OptimizerBlock(Block):
             state.op("SequenceConstruct", *values, outputs=[target])
             graph.output.append(helper.make_tensor_sequence_value_info(target, elem, None))
         state.sync()
+        # what api.Optimizer needs to run it (per_parameter_model): the
+        # sequences do not name the parameters
+        layout = {"optimizer": type(self).__name__, "layout": "sequence",
+                  "parameters": [t.name for t in trainable],
+                  "states": list(self.state_names),
+                  "sequences": list(self.sequence_names),
+                  "hyperparameters": self.hyperparameters()}
+        entry = state.model.metadata_props.add()
+        entry.key = OPTIMIZER_METADATA
+        entry.value = json.dumps(layout)
         return flag
 
     def hyperparameters(self):
@@ -619,3 +631,93 @@ def build_optimizer_model(optimizer, parameters, opset_version=None):
     # large models)
     onnx.checker.check_model(result)
     return result
+
+
+def per_parameter_model(model, layout, specs):
+    """The optimizer model of :func:`build_optimizer_model`'s layout running
+    ``model``, an optimizer block's sequence layout
+    (:meth:`_OptimizerBlock.build_sequence_model`, onnxruntime-training's
+    manual workflow): the parameters, gradients and states are packed into
+    its sequences and its updated sequences unpacked.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The sequence-layout model; not modified.
+    layout : dict
+        Its :data:`OPTIMIZER_METADATA` (``"layout": "sequence"``).
+    specs : list of (str, int, tuple)
+        ``(name, elem_type, shape)`` of each parameter of
+        ``layout["parameters"]``, in that order.
+
+    Returns
+    -------
+    onnx.ModelProto
+        Inputs and outputs as :func:`build_optimizer_model`'s, metadata
+        :data:`OPTIMIZER_METADATA` with the parameter and state names.
+
+    Raises
+    ------
+    ValueError
+        If ``specs`` do not name ``layout``'s parameters in order.
+    """
+    names = [s[0] for s in specs]
+    if names != list(layout["parameters"]):
+        raise ValueError(f"The optimizer model updates {layout['parameters']}; "
+                         f"the parameters given are {names}.")
+    states, sequences = list(layout["states"]), list(layout["sequences"])
+    inner = onnx.compose.add_prefix(model, "sequence/")
+    elem = specs[0][1]
+    with empty_base(opset_of(model) or DEFAULT_OPSET) as accessor:
+        state = current_base()
+        op = state.op
+        lr = state.add_input("learning_rate", TensorProto.DOUBLE, ())
+        step = state.add_input("step", TensorProto.INT64, ())
+        one = state.const(np.array([1]), TensorProto.INT64)
+        packed = {"learning_rate": op("Reshape", op("Cast", lr, to=TensorProto.FLOAT),
+                                      one),
+                  "step": op("Reshape", step, one)}
+        columns = {"params": [], "gradients": [], **{q: [] for q in sequences}}
+        for name, el, shape in specs:
+            columns["params"].append(state.add_input(name, el, shape))
+            columns["gradients"].append(state.add_input(f"{name}_grad", el, shape))
+            for key, sequence in zip(states, sequences):
+                columns[sequence].append(state.add_input(f"{name}.{key}", el, shape))
+        for sequence, values in columns.items():
+            packed[sequence] = op("SequenceConstruct", *values)
+        state.sync()
+        outer = onnx.ModelProto()
+        outer.CopyFrom(accessor.model)
+    for sequence, value in packed.items():
+        outer.graph.output.append(
+            helper.make_tensor_sequence_value_info(value, elem, None)
+            if sequence in columns else
+            helper.make_tensor_value_info(value, TensorProto.FLOAT if sequence ==
+                                          "learning_rate" else TensorProto.INT64, [1]))
+    joined = onnx.compose.merge_models(
+        outer, inner, [(value, f"sequence/{key}") for key, value in packed.items()],
+        outputs=[f"sequence/{q}.updated" for q in ["params", *sequences]])
+    graph = joined.graph
+    del graph.output[:]
+    used = {n for node in graph.node for n in [*node.input, *node.output]}
+    used.update(i.name for i in graph.initializer)
+    for k, (name, el, shape) in enumerate(specs):
+        index = f"sequence_index_{k}"
+        while index in used:
+            index += "_"
+        graph.initializer.append(numpy_helper.from_array(np.array(k, dtype=np.int64),
+                                                         index))
+        for source, target in [("params", f"{name}.updated")] + [
+                (q, f"{name}.{key}.updated") for key, q in zip(states, sequences)]:
+            graph.node.append(helper.make_node(
+                "SequenceAt", [f"sequence/{source}.updated", index], [target]))
+            graph.output.append(tensor_value_info(target, el, shape))
+    joined.ir_version = default_ir_version(joined.opset_import)
+    del joined.metadata_props[:]
+    entry = joined.metadata_props.add()
+    entry.key = OPTIMIZER_METADATA
+    entry.value = json.dumps({"optimizer": layout["optimizer"], "parameters": names,
+                              "states": states,
+                              "hyperparameters": layout.get("hyperparameters", {})})
+    onnx.checker.check_model(joined)
+    return joined

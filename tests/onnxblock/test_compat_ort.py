@@ -292,6 +292,64 @@ def test_adamw_over_tensor_sequences_matches_numpy(max_norm):
                                    moments[name]["exp_avg"], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("optimizer", [
+    lambda clip: onnxblock.optim.AdamW(weight_decay=0.01, clip_grad=clip),
+    lambda clip: onnxblock.optim.SGD(clip_grad=clip)], ids=["AdamW", "SGD"])
+@pytest.mark.parametrize("max_norm", [None, 0.5])
+def test_api_optimizer_runs_the_manual_workflow(tmp_path, optimizer, max_norm):
+    """onnxruntime-training's manual workflow: the TrainingBlock's model,
+    the optimizer block's sequence model and onnxblock.save_checkpoint,
+    loaded by api.Module and api.Optimizer, train as the artifacts of
+    generate_artifacts with the same optimizer do (steps, moments, and
+    the checkpoint of both)."""
+    clip = None if max_norm is None else onnxblock.optim.ClipGradNorm(max_norm)
+    block = MSEBlock()
+    block.requires_grad("W")
+    block.requires_grad("b")
+    with onnxblock.base(linear_model()):
+        block("y")
+    training, _ = block.to_model_proto()
+    with onnxblock.empty_base() as accessor:
+        optimizer(clip)(block.parameters())
+    onnx.save(training, tmp_path / "training.onnx")
+    onnx.save(accessor.model, tmp_path / "optimizer.onnx")
+    onnxblock.save_checkpoint(block.parameters(), tmp_path / "manual.ckpt")
+    paths = artifacts.generate_artifacts(
+        linear_model(), requires_grad=["W", "b"], loss=artifacts.LossType.MSELoss,
+        optimizer=optimizer(clip), artifact_directory=tmp_path / "artifacts")
+    runs = []
+    for train, opt, ckpt in (
+            (tmp_path / "training.onnx", tmp_path / "optimizer.onnx",
+             tmp_path / "manual.ckpt"),
+            (paths["training_model"], paths["optimizer_model"], paths["checkpoint"])):
+        state = api.CheckpointState.load_checkpoint(ckpt)
+        module = api.Module(train, state)
+        opt = api.Optimizer(opt, module)
+        opt.set_learning_rate(0.1)
+        losses = []
+        x, t = data(0)
+        for _ in range(3):
+            losses.append(float(module(x, t)))
+            opt.step()
+            module.lazy_reset_grad()
+        api.CheckpointState.save_checkpoint(state, tmp_path / f"after{len(runs)}.ckpt",
+                                            include_optimizer_state=True)
+        saved = api.CheckpointState.load_checkpoint(tmp_path / f"after{len(runs)}.ckpt")
+        runs.append((losses, {n: saved.parameters[n].data for n in ("W", "b")},
+                     saved.optimizer_state))
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-6)
+    assert runs[0][0][-1] < runs[0][0][0]
+    for name in ("W", "b"):
+        np.testing.assert_allclose(runs[0][1][name], runs[1][1][name], rtol=1e-6)
+        assert not np.allclose(runs[0][1][name], {"W": W0, "b": B0}[name])
+    assert runs[0][2].step == runs[1][2].step == 3
+    for name, states in runs[1][2].states.items():
+        assert set(runs[0][2].states[name]) == set(states)
+        for key, value in states.items():
+            np.testing.assert_allclose(np.asarray(runs[0][2].states[name][key]),
+                                       np.asarray(value), rtol=1e-6, atol=1e-8)
+
+
 def test_sgd_over_tensor_sequences_and_errors():
     _, model = _optimizer_model(onnxblock.optim.SGD(), trainable=("W",))
     g = np.full_like(W0, 2.0)
