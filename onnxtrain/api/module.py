@@ -17,7 +17,8 @@ from ..runtime import (SessionRunError, SessionRunner, is_ortvalue,
                        ortvalue_dtype, parse_device, to_numpy, to_ortvalue)
 from ..runtime.checks import check_onnx_model, load_checked_model
 from ..runtime.ort_format import OrtFormatModel, is_ort_format
-from ..runtime.sessions import default_session_options
+from ..runtime.sessions import (check_session_options, default_session_options,
+                                with_user_options)
 from ..runtime.threads import check_n_threads
 from ._plain_step import unreshaped_outputs, without_accumulation
 
@@ -236,9 +237,18 @@ class Module:
     device : str, default="cpu"
         "cpu", "cuda" or "cuda:N" (needs onnxruntime-gpu). Parameters,
         gradients and optimizer states stay on the device between calls.
+    session_options : onnxruntime.SessionOptions, default=None
+        As in onnxruntime-training: the options of the module's sessions
+        (and its Optimizer's). onnxtrain's own options (full graph
+        optimization, no memory pattern, threads that stop spinning after
+        a run) take every property the caller's set to other than
+        onnxruntime's default (:func:`onnxtrain.runtime.sessions.with_user_options`:
+        threads, optimization level, logging, profiling...); its config
+        entries are not read. Never modified.
     n_threads : int, default=None
-        Intra-op threads of the module's sessions (and its Optimizer's).
-        None: joblib's thread budget inside a joblib worker process,
+        Intra-op threads of the module's sessions (and its Optimizer's),
+        unless ``session_options`` sets ``intra_op_num_threads``. None:
+        joblib's thread budget inside a joblib worker process,
         onnxruntime's default elsewhere (:mod:`onnxtrain.runtime.threads`).
 
     Raises
@@ -248,12 +258,15 @@ class Module:
         shape or dtype.
     DeviceError
         For an unknown or unavailable device.
+    TypeError
+        If ``session_options`` is not an onnxruntime.SessionOptions.
     """
 
     def __init__(self, train_model_uri, state, eval_model_uri=None, device="cpu",
-                 *, n_threads=None):
+                 session_options=None, *, n_threads=None):
         self._device = parse_device(device)
         self._n_threads = check_n_threads(n_threads)
+        self._user_options = check_session_options(session_options)
         self._models = {"train": load_model(train_model_uri)}
         self._layouts = {"train": read_layout(self._models["train"],
                                               TRAINING_METADATA, "training model")}
@@ -318,8 +331,10 @@ class Module:
         return "eval"
 
     def _session_options(self, model=None):
-        """Session options with the module's ``n_threads``, for ``model``."""
-        return default_session_options(self._n_threads, model=model)
+        """Session options with the module's ``n_threads``, for ``model``,
+        and what the caller's ``session_options`` set."""
+        return with_user_options(default_session_options(self._n_threads, model=model),
+                                 self._user_options)
 
     def _runner(self, mode):
         with self._lock:

@@ -16,7 +16,8 @@ from .devices import parse_device
 from .threads import current_session_spinning, current_session_threads
 
 __all__ = ["make_session", "to_ortvalue", "to_numpy", "SessionRunner",
-           "SessionRunError", "default_session_options"]
+           "SessionRunError", "check_session_options", "default_session_options",
+           "with_user_options"]
 
 
 class SessionRunError(RuntimeError):
@@ -98,6 +99,61 @@ def default_session_options(intra_op_num_threads=None, spinning=None, model=None
     if intra_op_num_threads:
         options.intra_op_num_threads = int(intra_op_num_threads)
     options.log_severity_level = 3
+    return options
+
+
+#: SessionOptions properties :func:`with_user_options` copies.
+USER_OPTION_FIELDS = (
+    "intra_op_num_threads", "inter_op_num_threads", "graph_optimization_level",
+    "execution_mode", "execution_order", "log_severity_level",
+    "log_verbosity_level", "logid", "enable_profiling", "profile_file_prefix",
+    "enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse",
+    "use_deterministic_compute", "use_per_session_threads",
+    "optimized_model_filepath")
+
+
+def check_session_options(user):
+    """``user`` if it is None or an onnxruntime.SessionOptions.
+
+    Raises
+    ------
+    TypeError
+        Anything else.
+    """
+    if user is not None and not isinstance(user, onnxruntime.SessionOptions):
+        raise TypeError(f"session_options must be an onnxruntime.SessionOptions, "
+                        f"not {type(user).__name__}.")
+    return user
+
+
+def with_user_options(options, user):
+    """``options`` with every property of :data:`USER_OPTION_FIELDS` that
+    ``user`` sets to other than a new ``SessionOptions``' value.
+
+    Parameters
+    ----------
+    options : onnxruntime.SessionOptions
+        Modified and returned.
+    user : onnxruntime.SessionOptions or None
+        A caller's options: read, never modified (its config entries and
+        registered providers cannot be listed, so they are not read).
+
+    Returns
+    -------
+    onnxruntime.SessionOptions
+
+    Raises
+    ------
+    TypeError
+        ``user`` is not a SessionOptions.
+    """
+    if check_session_options(user) is None:
+        return options
+    fresh = onnxruntime.SessionOptions()
+    for field in USER_OPTION_FIELDS:
+        value = getattr(user, field)
+        if value != getattr(fresh, field):
+            setattr(options, field, value)
     return options
 
 

@@ -1,5 +1,6 @@
 """onnxtrain.api: optimizers against numpy references, checkpoints, the
 learning rate schedule, gradient accumulation and the Module helpers."""
+import gc
 import json
 import zipfile
 
@@ -194,6 +195,38 @@ def test_gradients_accumulate_until_lazy_reset(sgd_paths):
         assert np.allclose(g2, 0) == (name in ("weight2", "bias2"))
         np.testing.assert_allclose(summed[name], g1[name] + g2, rtol=1e-12)
     assert all(state.parameters[n].grad is None for n in FROZEN)
+
+
+def test_session_options_as_in_onnxruntime_training(sgd_paths, tmp_path):
+    """Module's fifth argument, session_options, sets the properties of the
+    module's and its optimizer's sessions (profiling writes a profile per
+    session) and is left as given; the steps are those without it."""
+    import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "profile")
+    options.intra_op_num_threads = 1
+    before = {f: getattr(options, f) for f in ("enable_mem_pattern", "enable_profiling",
+                                               "graph_optimization_level")}
+    results = []
+    for given in (options, None):
+        state = api.CheckpointState.load_checkpoint(sgd_paths["checkpoint"])
+        module = api.Module(sgd_paths["training_model"], state, sgd_paths["eval_model"],
+                            "cpu", given)
+        optimizer = api.Optimizer(sgd_paths["optimizer_model"], module)
+        x, t, _ = batch(seed=1)
+        loss = module(x, t)
+        optimizer.step()
+        results.append((loss, {n: state.parameters[n].data for n in TRAINABLE}))
+        del module, optimizer
+    gc.collect()  # sessions write their profile when released
+    assert len(list(tmp_path.glob("profile*.json"))) == 2  # training, optimizer
+    assert {f: getattr(options, f) for f in before} == before
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-12)
+    for name in TRAINABLE:
+        np.testing.assert_allclose(results[0][1][name], results[1][1][name], rtol=1e-12)
+    with pytest.raises(TypeError, match="SessionOptions"):
+        api.Module(sgd_paths["training_model"], state, session_options={"threads": 1})
 
 
 def test_sgd_uses_the_learning_rate_and_frozen_stay(sgd_paths):
