@@ -128,12 +128,34 @@ def load_checked_model(model, what="model"):
 
     Parameters, return value and errors are those of
     :func:`read_onnx_model` (a ModelProto is returned as is: not copied, not
-    modified), with :func:`check_onnx_model`'s InvalidModelError too.
+    modified), with :func:`check_onnx_model`'s InvalidModelError too, and
+    an InvalidModelError for a ModelProto or bytes whose initializers keep
+    their data in external files (no folder says where they are).
     """
     proto = read_onnx_model(model, what)
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else what
+    if not isinstance(model, (str, os.PathLike)):
+        _refuse_unloaded_external_data(proto, what)
     check_onnx_model(proto, source)
     return proto
+
+
+def _refuse_unloaded_external_data(proto, what):
+    """A ModelProto or bytes has no folder its external data is relative
+    to: onnx's checker looked in the current directory and onnxruntime,
+    given the bytes, in none (an internal error at the first run)."""
+    external = [t for t in proto.graph.initializer
+                if t.data_location == TensorProto.EXTERNAL]
+    if not external:
+        return
+    files = sorted({e.value for t in external for e in t.external_data
+                    if e.key == "location"})
+    raise InvalidModelError(
+        f"{what}: initializers {[t.name for t in external][:5]} keep their data "
+        f"in external files {files} that were not loaded, and a ModelProto or "
+        "bytes says no folder to read them from: give the model's path, or "
+        "load the data first (onnx.load(path), or "
+        "onnx.load_external_data_for_model(model, folder)).")
 
 
 def load_checked_model_deferred(model, what, defer):

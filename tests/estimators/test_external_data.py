@@ -175,3 +175,22 @@ def test_deferred_data_reads_the_values_onnx_loads(dtype, tmp_path):
     with pytest.raises(InvalidModelError, match=r"initializer 'A' can no longer be "
                        r"read .*symbolic link"):
         external["A"].to_array()
+
+
+@pytest.mark.parametrize("form", ["proto", "bytes"])
+def test_a_proto_with_unloaded_external_data_is_refused(form, tmp_path, monkeypatch):
+    """A ModelProto (or its bytes) whose initializers point to external
+    files names no folder: refused before any work with what to do, even
+    from the folder that holds the file (onnx's checker found it there,
+    and onnxruntime then failed on the integer initializer at the first
+    run); the same model loaded with its data trains."""
+    path = save_external(small_model(), str(tmp_path))
+    proto = onnx.load(path, load_external_data=False)
+    model = proto if form == "proto" else proto.SerializeToString()
+    X, y = data()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidModelError, match=r"\['W', 'C', 'S', 'B'\].*"
+                       r"\['model.data'\].*load_external_data_for_model"):
+        estimator(model).fit(X, y)
+    onnx.load_external_data_for_model(proto, str(tmp_path))
+    assert estimator(proto).fit(X, y).n_iter_ == 3
