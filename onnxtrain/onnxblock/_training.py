@@ -83,6 +83,28 @@ def _sequence_value_infos(model, names):
             if vi.name in names and vi.type.HasField("sequence_type")}
 
 
+def _untyped_outputs_message(graph, missing):
+    """Why the outputs ``missing`` have no type: no value of that name, or
+    a node reading names nothing defines (a ForwardBlock built on an empty
+    base with inputs never added), or none shape inference found."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    producers = {}
+    for node in graph.node:
+        defined.update(o for o in node.output if o)
+        producers.update((o, node) for o in node.output if o)
+    absent = [n for n in missing if n not in defined]
+    if absent:
+        return f"Outputs {absent} are not values of the base model."
+    undefined = sorted({i for n in missing for i in producers[n].input
+                        if i and i not in defined}) if all(
+                            n in producers for n in missing) else []
+    if undefined:
+        return (f"Outputs {missing} have no type: the nodes computing them read "
+                f"{undefined}, which no graph input, initializer or node of the "
+                "base model defines (add them as inputs of the base model).")
+    return f"Outputs {missing} have no type shape inference could find."
+
+
 def set_graph_outputs(state, names, types=None):
     """Make ``names`` the graph outputs of the base model, typed by
     ``types`` (the model's :func:`~onnxtrain.graph.infer_value_types`) when
@@ -95,7 +117,7 @@ def set_graph_outputs(state, names, types=None):
     sequences = _sequence_value_infos(state.model, missing) if missing else {}
     missing = [n for n in missing if n not in sequences]
     if missing:
-        raise ValueError(f"Outputs {missing} are not values of the base model.")
+        raise ValueError(_untyped_outputs_message(graph, missing))
     outputs = [sequences[n] if n in sequences else _value_info(n, types)
                for n in names]
     del graph.output[:]

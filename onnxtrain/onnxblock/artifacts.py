@@ -178,18 +178,22 @@ def _loss_inputs(model, loss, loss_input_names):
 
 
 def _check_targets(model, loss):
-    """Built-in losses create a target input with a default name; it must
-    not collide with a name of the model."""
+    """Built-in losses read their target from a graph input of a default
+    name: the model's own input of that name (as onnxruntime-training and
+    TrainingBlock take it), else a new one; it must not be another value
+    of the model (computed in it, possibly from the prediction)."""
     if not isinstance(loss, _BUILTIN_LOSSES):
         return
     target = "labels" if isinstance(loss, onnxblock.loss.CrossEntropyLoss) \
         else "target"
-    if target in _names(model):
+    graph = model.graph
+    plain_inputs = {i.name for i in graph.input} - {i.name for i in graph.initializer}
+    if target in _names(model) and target not in plain_inputs:
         raise ValueError(
-            f"{type(loss).__name__} creates the target input {target!r}, a "
-            "name the model already uses; rename that value in the model or "
-            "pass a custom loss block calling the loss with another "
-            "target name.")
+            f"{type(loss).__name__} reads its target from the input {target!r}, "
+            "a name the model gives a value it computes or stores; rename that "
+            "value in the model or pass a custom loss block calling the loss "
+            "with another target name.")
 
 
 @gc_frozen
@@ -279,9 +283,12 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         parameters; a loss
         whose ``build`` takes another number of inputs than it receives
         (the message gives both numbers and the names); a model with several
-        outputs, a built-in loss (or none) and no ``loss_input_names``; a
-        built-in loss whose target name is already a name of the model;
-        unknown ``additional_output_names`` or ``loss_input_names``.
+        outputs, a built-in loss and no ``loss_input_names`` (with no loss,
+        the first output is the loss); a built-in loss whose target name
+        (``target``, ``labels`` for CrossEntropyLoss) is a value the model
+        computes or an initializer (a graph input of that name is the
+        target, as in onnxruntime-training); unknown
+        ``additional_output_names`` or ``loss_input_names``.
         Every check runs before any file is written.
 
     Notes

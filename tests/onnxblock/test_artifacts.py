@@ -188,11 +188,38 @@ def test_target_names_colliding_with_the_model_are_refused(tmp_path, loss_type, 
     model = two_head_model()
     model.graph.node[0].output[0] = name
     model.graph.node[1].input[0] = name
-    with pytest.raises(ValueError, match=f"target input '{name}'.*already uses"):
+    with pytest.raises(ValueError, match=f"input '{name}'.*computes or stores"):
         artifacts.generate_artifacts(model, requires_grad=TRAINABLE, loss=loss_type,
                                      loss_input_names=["output1"],
                                      artifact_directory=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_graph_input_named_target_is_the_target(tmp_path):
+    """As in onnxruntime-training (and TrainingBlock), the model's own
+    input named 'target' is the built-in loss's target: one input, the
+    loss against it."""
+    W = np.array([[1.0, -2.0], [0.5, 0.0], [2.0, 1.0]], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"]),
+         helper.make_node("Identity", ["target"], ["t_copy"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
+         helper.make_tensor_value_info("target", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2]),
+         helper.make_tensor_value_info("t_copy", TensorProto.FLOAT, ["N", 2])],
+        [numpy_helper.from_array(W, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    paths = artifacts.generate_artifacts(model, requires_grad=["W"],
+                                         loss=artifacts.LossType.MSELoss,
+                                         loss_input_names=["y"],
+                                         artifact_directory=tmp_path)
+    module = api.Module(paths["training_model"],
+                        api.CheckpointState.load_checkpoint(paths["checkpoint"]))
+    assert module.input_names() == ["x", "target"]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    t = rng.standard_normal((4, 2)).astype(np.float32)
+    np.testing.assert_allclose(module(x, t), ((x @ W - t) ** 2).mean(), rtol=1e-6)
 
 
 class _WeightedLoss(onnxblock.Block):

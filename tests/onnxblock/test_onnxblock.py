@@ -399,3 +399,19 @@ def test_eval_model_puts_dropout_and_batchnorm_in_inference_mode():
     assert list(batchnorm.output) == ["y"]
     assert helper.get_attribute_value(batchnorm.attribute[0]) == 0
     assert list(nodes[0].input) == ["x", "ratio", "train"]  # originals kept
+
+
+def test_forward_block_on_inputs_never_added_names_them():
+    """A ForwardBlock built in an empty base on names that are not inputs
+    of it: the error names those inputs, not only the block's output."""
+    class Sum(onnxblock.ForwardBlock):
+        def __init__(self):
+            super().__init__()
+            self.add = blocks.Add()
+
+        def build(self, a, b):
+            return self.add(a, b)
+
+    with onnxblock.empty_base():
+        with pytest.raises(ValueError, match=r"read \['a', 'b'\], which no graph input"):
+            Sum()("a", "b")
