@@ -661,7 +661,8 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
         its column order (cast to the type of ``given``, the labels of
         ``y`` or ``classes``), which must all be among them."""
         labels = self._graph_classes()
-        text = given.dtype.kind in "OSU"
+        text = given.dtype.kind in "SU" or (
+            given.dtype.kind == "O" and all(isinstance(v, (str, bytes)) for v in given))
         if text != (labels.dtype.kind == "U"):
             raise ValueError(
                 f"{name} holds {'string' if text else 'numeric'} labels "
