@@ -146,3 +146,54 @@ describe('gradient accumulation and lazy reset (linear)', () => {
     assert.deepEqual(state.parameters.get('B').data, flat.data.subarray(15).map((v) => v * 2));
   });
 });
+
+describe('calls in order, awaited or not (linear)', () => {
+  it('runs, steps, lazy resets and eval runs keep their call order', async () => {
+    const f = files('linear');
+    const { tensorOf } = await import('../demo/recipe.js');
+    const [b0] = f.recipe.batches.map((b) => b.map((r) => tensorOf(r, f.data)));
+    const results = [];
+    for (const awaited of [true, false]) {
+      const state = await api.CheckpointState.loadCheckpoint(f.checkpoint);
+      const module = await api.Module.create(f.training, state, f.eval);
+      const optimizer = await api.Optimizer.create(f.optimizer, module);
+      optimizer.setLearningRate(0.05);
+      const calls = [];
+      for (let k = 0; k < 3; k++) {
+        for (const call of [() => module.run(...b0), () => optimizer.step(), () => module.lazyResetGrad()]) {
+          if (awaited) await call(); else calls.push(call());
+        }
+      }
+      module.eval();
+      const loss = module.run(...b0);
+      await Promise.all(calls);
+      results.push({ loss: (await loss).data[0], W: state.parameters.get('W').data });
+      await module.release();
+      await assert.rejects(module.run(...b0), { name: 'Error', message: /released/ });
+    }
+    assert.equal(results[1].loss, results[0].loss);
+    assert.deepEqual(results[1].W, results[0].W);
+  });
+
+  it('float16 inputs are cast by value, not by bit pattern', async () => {
+    const f = files('linear');
+    const { tensorOf } = await import('../demo/recipe.js');
+    const [[x, target]] = f.recipe.batches.map((b) => b.map((r) => tensorOf(r, f.data)));
+    const state = await api.CheckpointState.loadCheckpoint(f.checkpoint);
+    const module = await api.Module.create(f.training, state, f.eval);
+    module.eval();
+    // values float16 holds exactly: 1.5, -0.25, 0, 2^-20 (subnormal), 3
+    const exact = Float32Array.from(x.data, (_, i) => [1.5, -0.25, 0, 2 ** -20, 3][i % 5]);
+    const bits = Uint16Array.from(exact, (v) => {
+      if (v === 0) return 0;
+      const sign = v < 0 ? 0x8000 : 0;
+      const a = Math.abs(v);
+      const e = Math.floor(Math.log2(a));
+      if (e < -14) return sign | Math.round(a / 2 ** -24);
+      return sign | ((e + 15) << 10) | Math.round((a / 2 ** e - 1) * 1024);
+    });
+    const asFloat32 = (await module.run({ type: 'float32', data: exact, dims: x.dims }, target)).data[0];
+    const asHalf = (await module.run({ type: 'float16', data: bits, dims: x.dims }, target)).data[0];
+    assert.equal(asHalf, asFloat32);
+  });
+});

@@ -68,14 +68,26 @@ export function castsSameKind(src, dst) {
  * @param {ArrayLike<number|bigint>} data
  * @param {string} type
  */
-export function castArray(data, type) {
+export function castArray(data, type, from = null) {
   const Out = ARRAYS[type];
   if (type === 'float16') throw new TypeError('Casting to float16 is not supported: pass a float16 tensor.');
   const big = Out === BigInt64Array || Out === BigUint64Array;
   const out = new Out(data.length);
+  // float16 values are held as their 16-bit patterns: decoded, not copied
+  const half = from === 'float16' && !(typeof Float16Array !== 'undefined' && data instanceof Float16Array);
   for (let i = 0; i < data.length; i++) {
-    const v = data[i];
+    const v = half ? halfToNumber(data[i]) : data[i];
     out[i] = big ? BigInt(v) : (typeof v === 'bigint' ? Number(v) : v);
   }
   return out;
+}
+
+/** The number an IEEE 754 half-precision bit pattern encodes. */
+export function halfToNumber(bits) {
+  const sign = bits & 0x8000 ? -1 : 1;
+  const exponent = (bits >> 10) & 0x1f;
+  const fraction = bits & 0x3ff;
+  if (exponent === 0) return sign * fraction * 2 ** -24; // subnormal
+  if (exponent === 0x1f) return fraction ? NaN : sign * Infinity;
+  return sign * (1 + fraction / 1024) * 2 ** (exponent - 15);
 }

@@ -74,7 +74,7 @@ function checkInputs(specs, names, values, what) {
           }
         }
       }
-      array = castArray(data, spec.type);
+      array = castArray(data, spec.type, type);
       type = spec.type;
     }
     if (spec && spec.shape) {
@@ -260,9 +260,11 @@ export class Module {
   }
 
   /** The next training call overwrites the gradients instead of adding to
-   * them (they are reset lazily, inside that call). */
+   * them (they are reset lazily, inside that call). Ordered after the
+   * calls and steps already made, awaited or not.
+   * @returns {Promise<void>} */
   lazyResetGrad() {
-    this._resetGrad = true;
+    return this._serial(() => { this._resetGrad = true; });
   }
 
   _serial(fn) {
@@ -319,12 +321,15 @@ export class Module {
       throw new ValueError(`The ${mode} model takes ${names.length} inputs ${JSON.stringify(names)}; got ${inputs.length}.`);
     }
     const tensors = checkInputs(model.specs, names, values, what);
-    return mode === 'train'
-      ? this._serial(() => this._runTraining(model, names, tensors, what))
-      : this._runEval(model, names, tensors, what);
+    // in call order, awaited or not: an eval call reads the parameters the
+    // steps made before it write
+    return this._serial(() => (mode === 'train'
+      ? this._runTraining(model, names, tensors, what)
+      : this._runEval(model, names, tensors, what)));
   }
 
   async _runSession(model, feeds, outputs, names, tensors, mode) {
+    if (this._released) throw new Error(`The module was released: create another to run the ${mode} model.`);
     try {
       return await model.session.run(feeds, outputs);
     } catch (err) {
@@ -418,9 +423,13 @@ export class Module {
     return bytes;
   }
 
-  /** Releases the onnxruntime sessions. */
+  /** Releases the onnxruntime sessions (after the pending calls); a later
+   * call throws an Error. */
   async release() {
-    for (const model of Object.values(this._models)) await model.session?.release?.();
+    return this._serial(async () => {
+      this._released = true;
+      for (const model of Object.values(this._models)) await model.session?.release?.();
+    });
   }
 }
 
