@@ -150,10 +150,43 @@ def _check_parameters(graph, trainable, frozen):
     return inits
 
 
+#: Element types up to bfloat16 (16) exist since IR version 4; float8,
+#: 4-bit and 2-bit types came with IR versions 9 and later.
+_LAST_OLD_TYPE = onnx.TensorProto.BFLOAT16
+
+
+def _newer_types(graph):
+    """Whether ``graph`` (its subgraphs included) uses an element type after
+    :data:`_LAST_OLD_TYPE`, in a value, an initializer or an attribute."""
+    values = list(graph.input) + list(graph.output) + list(graph.value_info)
+    if any(v.type.tensor_type.elem_type > _LAST_OLD_TYPE for v in values) or \
+            any(t.data_type > _LAST_OLD_TYPE for t in graph.initializer):
+        return True
+    for node in graph.node:
+        for att in node.attribute:
+            if att.type == onnx.AttributeProto.TENSOR and att.t.data_type > _LAST_OLD_TYPE:
+                return True
+            if att.type == onnx.AttributeProto.INT and \
+                    att.name in ("to", "dtype", "output_dtype") and att.i > _LAST_OLD_TYPE:
+                return True
+            subgraphs = [att.g] if att.type == onnx.AttributeProto.GRAPH else list(att.graphs)
+            if any(_newer_types(g) for g in subgraphs):
+                return True
+    return False
+
+
 def _ir_version(model):
-    """IR version of the models built from ``model``: at least the one of
-    its opsets."""
-    return max(model.ir_version, default_ir_version(model.opset_import))
+    """IR version of the models built from ``model``: the lowest its opsets
+    need, for the runtimes of an older IR (onnx's make_model writes its
+    newest, which onnxruntime-node or -web of an earlier release refuse),
+    unless the model has local functions or element types of a newer IR
+    (then its own)."""
+    needed = default_ir_version(model.opset_import)
+    if model.ir_version <= needed:
+        return needed
+    if model.functions or _newer_types(model.graph):
+        return model.ir_version
+    return needed
 
 
 def _model_like(model, graph):

@@ -456,3 +456,41 @@ def test_parameters_reaching_the_loss_only_through_floor(tmp_path):
                                      loss=artifacts.LossType.MSELoss,
                                      artifact_directory=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_artifacts_take_the_lowest_ir_version_their_opsets_need(tmp_path):
+    """onnx's make_model writes its newest IR version, which runtimes of an
+    earlier release refuse (onnxruntime-node 1.31 reads IR 13 at most):
+    the artifacts are written at the IR version of their opsets, unless
+    the model uses element types of a newer IR (a Cast to float8)."""
+    W = np.array([[1.0, -2.0], [0.5, 0.0], [2.0, 1.0]], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+        [numpy_helper.from_array(W, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert model.ir_version == onnx.IR_VERSION > 8
+    paths = artifacts.generate_artifacts(model, requires_grad=["W"],
+                                         loss=artifacts.LossType.MSELoss,
+                                         optimizer=artifacts.OptimType.AdamW,
+                                         artifact_directory=tmp_path / "plain")
+    for kind in ("training_model", "eval_model", "optimizer_model"):
+        assert onnx.load(paths[kind]).ir_version == 8  # opset 17's
+    x = np.ones((2, 3), dtype=np.float32)
+    ort.InferenceSession(paths["eval_model"], providers=["CPUExecutionProvider"])
+    module = api.Module(paths["training_model"],
+                        api.CheckpointState.load_checkpoint(paths["checkpoint"]))
+    np.testing.assert_allclose(module(x, np.zeros((2, 2), np.float32)),
+                               ((x @ W) ** 2).mean(), rtol=1e-6)
+    # a float8 cast (IR 9) keeps the model's version
+    graph.node.extend([helper.make_node("Cast", ["x"], ["x8"], to=TensorProto.FLOAT8E4M3FN),
+                       helper.make_node("Cast", ["x8"], ["x2"], to=TensorProto.FLOAT)])
+    graph.output.append(helper.make_tensor_value_info("x2", TensorProto.FLOAT, ["N", 3]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    paths = artifacts.generate_artifacts(model, requires_grad=["W"],
+                                         loss=artifacts.LossType.MSELoss,
+                                         loss_input_names=["y"],
+                                         additional_output_names=["x2"],
+                                         artifact_directory=tmp_path / "float8")
+    assert onnx.load(paths["eval_model"]).ir_version == onnx.IR_VERSION
