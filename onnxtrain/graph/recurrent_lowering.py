@@ -70,13 +70,15 @@ def _static_sizes(node, types):
     hidden = _attr(node, "hidden_size")
     w_shape = (types.get(node.input[1]) or (None, None))[1]
     r_shape = (types.get(node.input[2]) or (None, None))[1]
+    x_shape = (types.get(node.input[0]) or (None, None))[1]
     if not hidden and r_shape is not None and len(r_shape) == 3:
         hidden = r_shape[2]
-    if w_shape is None or len(w_shape) != 3:
+    size = w_shape[2] if w_shape is not None and len(w_shape) == 3 else None
+    if not isinstance(size, int) and x_shape:
+        size = x_shape[-1]  # W built in the graph (torch's dynamo export)
+    if not isinstance(hidden, int) or not isinstance(size, int):
         return None
-    if not isinstance(hidden, int) or not isinstance(w_shape[2], int):
-        return None
-    return int(hidden), int(w_shape[2])
+    return int(hidden), int(size)
 
 
 def is_default_lstm(node, opset):

@@ -539,3 +539,22 @@ def test_a_stacked_weight_read_elsewhere_keeps_its_concat():
     assert [o.name for o in lowered.graph.output][-1] == "W"
     for e, a in zip(expected, got):
         np.testing.assert_allclose(a, e, atol=1e-6)
+
+
+def test_lstm_whose_w_shape_is_unknown_reads_the_input_size_from_x():
+    """torch's dynamo exporter builds W in the graph, where shape inference
+    loses its dimensions: the input size comes from X's last dimension, for
+    the direct gradient and for the lowering to Scans."""
+    model = _model("LSTM", np.float64, inputs=("B",), symbolic=True,
+                   direction="bidirectional")
+    unknown = onnx.ModelProto()
+    unknown.CopyFrom(model)
+    w = next(i for i in unknown.graph.input if i.name == "W")
+    for k, dim in enumerate(w.type.tensor_type.shape.dim):
+        if k:
+            dim.dim_param = f"w{k}"
+    wrt = [i.name for i in model.graph.input]
+    gm = build_gradient_models(unknown, wrt, outputs=["Y"])
+    _assert_gradients_match_differences(model, gm, wrt, ["Y"])
+    _check_lowered_gradient(model, _lowered(unknown), {"direction": "bidirectional"},
+                            ["Y"])

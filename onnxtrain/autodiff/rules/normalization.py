@@ -119,7 +119,9 @@ def _training_mode(ctx):
     if ctx.opset >= 14:
         return bool(ctx.attr("training_mode", 0))
     if len([o for o in ctx.outputs if o]) > 1:
-        ctx.fail("training mode before opset 14 (outputs mean, var, saved_*)")
+        ctx.fail("training mode before opset 14 (outputs mean, var, saved_*): "
+                 "export the model at opset 14 or later (torch.onnx.export(..., "
+                 "opset_version=14)), where BatchNormalization has training_mode")
     return False
 
 

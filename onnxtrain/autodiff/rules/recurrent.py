@@ -578,10 +578,11 @@ class _LSTMGradient(_Expansion):
         return grads
 
     def _inputs(self):
-        shape = self.ctx.shape(self.ctx.input(1))
-        if shape is None or not isinstance(shape[-1], int):
-            self.ctx.fail("the input size (W's last dimension) must be static")
-        return shape[-1]
+        for position in (1, 0):  # W's last dimension, else X's
+            shape = self.ctx.shape(self.ctx.input(position))
+            if shape and isinstance(shape[-1], int):
+                return shape[-1]
+        self.ctx.fail("the input size (the last dimension of W or X) must be static")
 
     def _cells(self, c0, f, ig, reverse):
         """The cell states ``C_t = f_t . C_t-1 + (i . g)_t`` of every step,
