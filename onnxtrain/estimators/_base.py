@@ -41,8 +41,8 @@ from ..runtime.threads import session_threads, with_session_threads
 from ..training.callbacks import check_callbacks
 from ..training.run import (FitHooks, FitSettings, TrainingRun,
                             resolve_training_path)
-from ._inputs import (GraphInputs, check_batch_dimension, check_features,
-                      data_inputs)
+from ._inputs import (GraphInputs, check_batch_dimension, check_batchnorm_batches,
+                      check_features, data_inputs)
 from ..training.step_runner import StepRunner, step_graphs
 from ._validation import Count, check_sample_weight, validation_period
 
@@ -532,6 +532,11 @@ class BaseOrtGradientEstimator(BaseEstimator):
         size = int(np.clip(self.batch_size, 1, n_samples))
         sizes = {size} | ({n_samples % size} if n_samples % size else set())
         check_batch_dimension(model, sizes, inputs, types)
+        if self.early_stopping:  # the rows left by _prepare_fit's split
+            n_samples -= int(np.ceil(self.validation_fraction * n_samples))
+            size = int(np.clip(self.batch_size, 1, max(n_samples, 1)))
+            sizes = {size} | ({n_samples % size} if n_samples % size else set())
+        check_batchnorm_batches(model, sizes, types)
         return X, y, sample_weight, X_val, y_val
 
     def _check_start(self, X):

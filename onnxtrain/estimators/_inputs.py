@@ -12,7 +12,7 @@ from ..graph import elem_type_to_numpy, infer_value_types
 from ._validation import _check_numeric, cast_within_range, check_batch_dim
 
 __all__ = ["GraphInputs", "check_features", "data_inputs",
-           "check_batch_dimension"]
+           "check_batch_dimension", "check_batchnorm_batches"]
 
 
 class GraphInputs:
@@ -216,3 +216,45 @@ def check_batch_dimension(model, sizes, inputs=None, types=None):
                 "{0: 'N'}, <output>: {0: 'N'}}) (dynamo=False), or "
                 "dynamic_shapes with dynamo=True; or set the first dim of the "
                 "input to a symbolic name (dim_param).")
+
+
+def check_batchnorm_batches(model, sizes, types=None):
+    """Refuse batches of one row when a training-mode BatchNormalization of
+    the graph normalizes one value per channel and row (its input is (N, C),
+    or its other dimensions are all 1): the unbiased variance of a single
+    value is 0 / 0 and the running variance would become NaN (PyTorch
+    refuses such a batch: "Expected more than 1 value per channel when
+    training").
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+    sizes : iterable of int
+        Rows of the batches the graph will run on.
+    types : dict, optional
+        :func:`~onnxtrain.graph.infer_value_types` of ``model``.
+
+    Raises
+    ------
+    ValueError
+        Naming the node and the sizes.
+    """
+    if 1 not in {int(s) for s in sizes}:
+        return
+    types = infer_value_types(model) if types is None else types
+    for node in model.graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") \
+                or not any(a.name == "training_mode" and a.i for a in node.attribute):
+            continue
+        shape = types.get(node.input[0], (None, None))[1]
+        if not shape or len(shape) < 2 or not all(isinstance(d, int) for d in shape[2:]) \
+                or int(np.prod(shape[2:], dtype=np.int64)) != 1:
+            continue
+        raise ValueError(
+            f"A batch of 1 row reaches BatchNormalization node "
+            f"{node.name or node.output[0]!r} in training mode, whose input "
+            f"{_shape_text(shape)} holds one value per channel and row: a single "
+            "value has no unbiased variance and the running variance would become "
+            "NaN (PyTorch refuses such a batch too). Choose a batch_size that "
+            "leaves no batch of 1 row (the last batch holds the remainder), or "
+            "drop a row.")

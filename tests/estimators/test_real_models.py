@@ -194,6 +194,42 @@ def test_batchnorm1d_mlp_at_opset_18_trains_as_torch():
         torch.from_numpy(_torch_eval(net, [X_test])), 1), rtol=1e-3, atol=1e-5)
 
 
+def test_a_batch_of_one_row_through_batchnorm1d_is_refused():
+    """PyTorch refuses a training batch of one row through BatchNorm1d (one
+    value per channel: no unbiased variance; the running variance would
+    become NaN). So does the estimator, before any step, for the last
+    batch of a fit and a partial_fit of one row; a batch of one image of
+    several pixels per channel (BatchNorm2d) is fine."""
+    X, y, _, _ = _digits()
+    rows = 41  # every class; batches of 4 leave one row, of 3 two
+    assert len(np.unique(y[:rows])) == 10
+    flat, y = X.reshape(len(X), -1)[:rows], y[:rows]
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16),
+                              torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    with pytest.raises(ValueError, match="Expected more than 1 value"):
+        net.train()(torch.from_numpy(flat[:1]))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.from_numpy(flat[:2]),), buffer, dynamo=False,
+                          opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "N"}})
+    model = onnx.load_from_string(buffer.getvalue())
+    est = _estimator(model, 1, "split").set_params(batch_size=4)
+    with pytest.raises(ValueError, match="batch of 1 row reaches BatchNormalization"):
+        est.fit(flat, y)  # batches of 4 and a last one of 1 row
+    assert not hasattr(est, "weights_to_train_")
+    with pytest.raises(ValueError, match="batch of 1 row"):
+        est.partial_fit(flat[:1], y[:1], classes=np.arange(10))
+    est.set_params(batch_size=3).fit(flat, y)
+    assert np.isfinite(est.predict_proba(flat)).all()
+    cnn = _estimator(_export(CNN(), [torch.from_numpy(X[:2])], ["x"]), 1, "split")
+    cnn.set_params(batch_size=4).fit(X[:rows], y)
+    assert np.isfinite(cnn.predict_proba(X[:rows])).all()
+
+
 def test_running_statistics_are_never_weights_to_train():
     X, y, _, _ = _digits()
     torch.manual_seed(0)
