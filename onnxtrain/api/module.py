@@ -522,8 +522,9 @@ class Module:
                 f"onnxruntime could not run the {mode} model on inputs "
                 f"{_shapes(names, user_inputs)}: {message}. The shapes of the "
                 "inputs do not go together (e.g. a target whose columns "
-                "differ from the prediction's); parameters and gradients are "
-                "unchanged.") from exc
+                "differ from the prediction's) or an index is out of range "
+                "(e.g. a class label >= the number of classes); parameters "
+                "and gradients are unchanged.") from exc
         results = tuple(outputs[:n_user]) if as_ortvalues else \
             tuple(to_numpy(o) for o in outputs[:n_user])
         return results[0] if len(results) == 1 else results

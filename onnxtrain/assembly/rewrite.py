@@ -801,22 +801,31 @@ def _label_array(values):
     return None
 
 
-def _table_labels(graph, output):
-    """The labels of the table ``output`` looks up: walking back from it
-    through :data:`_LABEL_PASSTHROUGH` ops to a ``Gather`` (axis 0) or an
-    ``ArrayFeatureExtractor`` of a constant, or None."""
-    producers = {o: n for n in graph.node for o in n.output}
-    initializers = {i.name: i for i in graph.initializer}
-    name = output
+def _through_passthrough(producers, name):
+    """The node producing ``name`` behind :data:`_LABEL_PASSTHROUGH` ops."""
     node = producers.get(name)
     while node is not None and node.op_type in _LABEL_PASSTHROUGH \
             and node.domain in ("", "ai.onnx"):
-        name = node.input[0]
-        node = producers.get(name)
+        node = producers.get(node.input[0])
+    return node
+
+
+def _table_labels(graph, output):
+    """The labels of the table ``output`` looks up: walking back from it
+    through :data:`_LABEL_PASSTHROUGH` ops to a ``Gather`` (axis 0) or an
+    ``ArrayFeatureExtractor`` of a constant at an index an ``ArgMax`` over
+    the last axis computes (the column of the highest score), or None."""
+    producers = {o: n for n in graph.node for o in n.output}
+    initializers = {i.name: i for i in graph.initializer}
+    node = _through_passthrough(producers, output)
     if node is None or not (
             (node.op_type == "Gather" and node.domain in ("", "ai.onnx")
              and _attributes(node).get("axis", 0) == 0)
             or (node.op_type == "ArrayFeatureExtractor" and node.domain == ML_DOMAIN)):
+        return None
+    index = _through_passthrough(producers, node.input[1])
+    if index is None or index.op_type != "ArgMax" or \
+            _attributes(index).get("axis", 0) not in (1, -1):
         return None
     table = node.input[0]
     if table in initializers:

@@ -637,7 +637,7 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
             given = np.asarray(unique_labels(y) if classes is None
                                else unique_labels(classes))
             self.classes_ = self._classes_from_graph(given, name) \
-                if self._graph_classes() is not None else given
+                if self._names_classes(given) else given
             width = self._n_columns()
             if width is not None and width != len(self.classes_) and not (
                     width == 1 and len(self.classes_) == 2):
@@ -655,6 +655,18 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
         if self._n_columns() == 1:
             return index.astype(dtype).reshape(-1, 1)
         return np.eye(len(self.classes_), dtype=dtype)[index]
+
+    def _names_classes(self, given):
+        """Whether the graph's labels name the classes of ``given``: they
+        do unless the graph has none, or they are the column indices 0 to
+        C - 1 (skl2onnx's ``nocl=True`` leaves the names out) and
+        ``given`` is not among them."""
+        labels = self._graph_classes()
+        if labels is None:
+            return False
+        if labels.dtype.kind == "U" or not np.array_equal(labels, np.arange(len(labels))):
+            return True
+        return given.dtype.kind in "biuf" and not np.setdiff1d(given, labels).size
 
     def _classes_from_graph(self, given, name):
         """``classes_`` of a graph that carries its labels: those labels, in

@@ -237,9 +237,10 @@ class CrossEntropyLoss(_Loss):
             safe = op("Where", ignored, state.const(0, TensorProto.INT64), labels)
             keep = op("Cast", op("Not", ignored), to=int(elem), like=x)
         if state.builder.opset >= 13:
-            # GatherElements fails on a label out of [-C, C), as torch and
-            # onnxruntime's SoftmaxCrossEntropyLoss do; a OneHot row of such
-            # a label would be zeros: a silent loss of 0 for it
+            # GatherElements fails on a label out of [-C, C) (torch fails on
+            # any label out of [0, C), onnxruntime's SoftmaxCrossEntropyLoss
+            # on those of GatherElements); a OneHot row of such a label
+            # would be zeros: a silent loss of 0 for it
             axis = state.const(np.array([1]), TensorProto.INT64)
             picked = op("Squeeze", op("GatherElements", log_p,
                                       op("Unsqueeze", safe, axis), axis=1, like=x),

@@ -140,11 +140,25 @@ def load_checked_model(model, what="model"):
     return proto
 
 
+def _all_tensors(graph):
+    """The initializers, sparse initializers' values and tensor attributes
+    of ``graph`` and its subgraphs."""
+    yield from graph.initializer
+    yield from (t.values for t in graph.sparse_initializer)
+    for node in graph.node:
+        for att in node.attribute:
+            if att.HasField("t"):
+                yield att.t
+            yield from att.tensors
+            for sub in ([att.g] if att.HasField("g") else []) + list(att.graphs):
+                yield from _all_tensors(sub)
+
+
 def _refuse_unloaded_external_data(proto, what):
     """A ModelProto or bytes has no folder its external data is relative
     to: onnx's checker looked in the current directory and onnxruntime,
     given the bytes, in none (an internal error at the first run)."""
-    external = [t for t in proto.graph.initializer
+    external = [t for t in _all_tensors(proto.graph)
                 if t.data_location == TensorProto.EXTERNAL]
     if not external:
         return

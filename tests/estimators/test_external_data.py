@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 from onnxtrain import OrtGradientForwardBackwardOptimizer
 from onnxtrain._utils.files import load_onnx_file_deferred
@@ -194,3 +194,23 @@ def test_a_proto_with_unloaded_external_data_is_refused(form, tmp_path, monkeypa
         estimator(model).fit(X, y)
     onnx.load_external_data_for_model(proto, str(tmp_path))
     assert estimator(proto).fit(X, y).n_iter_ == 3
+
+
+def test_a_constant_attribute_left_in_an_external_file_is_refused(tmp_path):
+    """onnx.save(convert_attribute=True) moves Constant values out too: a
+    proto whose only external tensor is an attribute is refused as well."""
+    model = small_model()
+    graph = model.graph
+    s = next(i for i in graph.initializer if i.name == "S")
+    graph.node.insert(0, helper.make_node("Constant", [], ["S"], value=s))
+    graph.initializer.remove(s)
+    path = os.path.join(tmp_path, "model.onnx")
+    onnx.save(model, path, save_as_external_data=True, location="model.data",
+              size_threshold=0, convert_attribute=True)
+    proto = onnx.load(path, load_external_data=False)
+    for tensor in proto.graph.initializer:  # the initializers loaded, not S
+        external_data_helper.load_external_data_for_tensor(tensor, str(tmp_path))
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+    with pytest.raises(InvalidModelError, match=r"\['S'\]"):
+        estimator(proto).fit(*data())

@@ -529,3 +529,39 @@ def test_labels_the_graph_does_not_know_are_refused():
         est.fit(X, y)
     assert_array_equal(est.classes_, ["cat", "dog", "eel"])
     assert_array_equal(est.predict_proba(X), before)
+
+
+@pytest.mark.parametrize("zipmap", [False, True])
+def test_a_graph_without_class_names_takes_those_of_y(zipmap):
+    """skl2onnx's nocl=True leaves the names out: the label output looks up
+    the column indices 0..C-1, which name no class of y's strings; the
+    classes are then y's (sorted), as for a graph without labels."""
+    X, y = _data("iris")
+    names = np.array(["setosa", "versicolor", "virginica"])[y]
+    skl = lm.LogisticRegression(max_iter=500).fit(X, names)
+    onx = to_onnx(skl, X[:1], options={"zipmap": zipmap, "nocl": True}, target_opset=17)
+    est = OrtGradientForwardBackwardClassifier(
+        onx, learning_rate=1e-9, max_iter=1).fit(X, names)
+    assert_array_equal(est.classes_, ["setosa", "versicolor", "virginica"])
+    assert_array_equal(est.predict(X), skl.predict(X))
+
+
+def test_an_integer_output_that_is_no_argmax_lookup_is_not_the_labels():
+    """Only a lookup at the column of the highest probability (an ArgMax)
+    gives the labels: another int64 output reading a constant table of C
+    values leaves the classes to y."""
+    _, onx, X, y = _labelled(False, [0, 1, 2])
+    onx = onnx.ModelProto.FromString(onx.SerializeToString())
+    graph = onx.graph
+    graph.initializer.append(onnx.numpy_helper.from_array(
+        np.array([7, 8, 9], dtype=np.int64), "other_table"))
+    graph.initializer.append(onnx.numpy_helper.from_array(
+        np.array([2], dtype=np.int64), "other_index"))
+    graph.node.append(helper.make_node("Gather", ["other_table", "other_index"],
+                                       ["other"], axis=0))
+    graph.output.append(helper.make_tensor_value_info("other", onnx.TensorProto.INT64, [1]))
+    assert graph.output[0].name == "label"
+    del graph.output[0]  # the graph's own label output gone
+    est = OrtGradientForwardBackwardClassifier(
+        onx, learning_rate=1e-9, max_iter=1).fit(X, y + 20)
+    assert_array_equal(est.classes_, [20, 21, 22])

@@ -142,9 +142,10 @@ def test_loss_block_matches_numpy(row, reduction):
 
 @pytest.mark.parametrize("weight", [None, CLASS_W])
 def test_cross_entropy_refuses_labels_out_of_range(weight):
-    """A label outside [-C, C) fails the run, as in torch and onnxruntime's
-    SoftmaxCrossEntropyLoss, instead of adding a loss of 0 for its row; a
-    negative label counts from the end, as there."""
+    """A label outside [-C, C) fails the run, as in onnxruntime's
+    SoftmaxCrossEntropyLoss (torch refuses any label outside [0, C)),
+    instead of adding a loss of 0 for its row; a negative label counts
+    from the end, as in onnxruntime."""
     block = loss.CrossEntropyLoss(weight=weight)
     labels = np.abs(LABELS)
     for bad in (4, -5):

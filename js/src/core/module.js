@@ -334,7 +334,7 @@ export class Module {
       return await model.session.run(feeds, outputs);
     } catch (err) {
       const shapes = names.map((n, i) => `${n} ${JSON.stringify(tensors[i].dims)}`).join(', ');
-      throw new ValueError(`onnxruntime could not run the ${mode} model on inputs ${shapes}: ${String(err.message).split('\n')[0]}. The shapes of the inputs do not go together (e.g. a target whose columns differ from the prediction's); parameters and gradients are unchanged.`);
+      throw new ValueError(`onnxruntime could not run the ${mode} model on inputs ${shapes}: ${String(err.message).split('\n')[0]}. The shapes of the inputs do not go together (e.g. a target whose columns differ from the prediction's) or an index is out of range (e.g. a class label >= the number of classes); parameters and gradients are unchanged.`);
     }
   }
 
