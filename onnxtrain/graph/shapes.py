@@ -72,7 +72,18 @@ def _without_weights(model):
     and serializing the weights both ways was most of its time."""
     heavy = [t for t in model.graph.initializer if t.data_type in _FLOATS
              and math.prod(t.dims) > _WEIGHT_SIZE]
-    return initializers_as_inputs(model, heavy) if heavy else model
+    # an initializer that is also a graph output declared without a shape:
+    # onnx's inference types the value from that declaration, and every
+    # value computed from it loses its shape
+    stored = {t.name: t for t in model.graph.initializer}
+    shapeless = [o for o in model.graph.output if o.name in stored
+                 and not o.type.tensor_type.HasField("shape")]
+    light = initializers_as_inputs(model, heavy) if heavy or shapeless else model
+    for out in light.graph.output if shapeless else ():
+        tensor = stored.get(out.name)
+        if tensor is not None and not out.type.tensor_type.HasField("shape"):
+            out.CopyFrom(tensor_value_info(out.name, tensor.data_type, list(tensor.dims)))
+    return light
 
 
 def initializers_as_inputs(model, tensors):

@@ -24,7 +24,7 @@ from gradcheck import (check_model, fused_gradients, numeric_gradient,
 from onnxtrain.autodiff import (build_fused_model, build_gradient_models,
                                 registered_vjp_ops, trainable_initializers)
 from onnxtrain.exceptions import MissingVJPRuleError
-from onnxtrain.graph import make_model
+from onnxtrain.graph import infer_value_types, make_model
 
 F64, F32 = np.float64, np.float32
 STRICT, LOOSE = 1e-6, 1e-3
@@ -760,6 +760,42 @@ def test_opset_8_dense_layer_and_max_pool_gradients():
     _check_split(pool, ["X"], {"X": RNG.permutation(16).reshape(1, 1, 4, 4) * 0.5})
     gm = build_gradient_models(pool, ["X"])
     assert "Scatter" in {n.op_type for n in gm.backward_model.graph.node}
+
+
+def test_a_weight_that_is_also_a_shapeless_output_keeps_its_shape():
+    """Exporters declare extra outputs without shapes; onnx's inference
+    then types an initializer that is one of them from that declaration,
+    and the values computed from it lost their shapes (broadcasting
+    gradients need ranks). The initializer's own dimensions win."""
+    w = RNG.normal(size=3)
+    model = _model([("Mul", ["W", "X"], ["Z"], {})], {"X": (D, [3])},
+                   {"Z": (D, None), "W": (D, None)}, {"W": w}, opset=17)
+    assert infer_value_types(model)["Z"] == (D, (3,))
+    gm = build_gradient_models(model, ["W"], outputs=["Z"])
+    feeds, grad_z = {"X": RNG.normal(size=3), "W": w}, {"Z": RNG.normal(size=3)}
+    _, grads = split_gradients(gm, feeds, grad_z)
+    expected = numeric_gradient(session(gm.inference_model), feeds, "W", grad_z)
+    assert relative_error(expected, grads["W"]) <= STRICT
+
+
+@pytest.mark.parametrize("opset", [12, 16])
+def test_dilated_max_pool_windows_that_overlap_are_summed_or_refused(opset):
+    """Kernel 2, dilation 2, stride 2: each window spans 3 elements and
+    neighbours share one. At opset 16 the gradient sums them
+    (ScatterElements with reduction='add', finite differences); before,
+    a plain scatter would keep one window's share: refused, as for a
+    kernel wider than its stride."""
+    attrs = {"kernel_shape": [1, 2], "strides": [1, 2], "dilations": [1, 2]}
+    model = _model([("MaxPool", ["X"], ["Y"], attrs)], {"X": (D, [1, 1, 2, 7])},
+                   {"Y": (D, [1, 1, 2, 3])}, {}, opset=opset)
+    # the shared middle elements are each window's maximum
+    x = np.array([[0.0, 1.0, 5.0, 2.0, 4.0, 3.0, 0.5],
+                  [1.0, 0.0, 6.0, 0.0, 7.0, 0.0, 2.0]]).reshape(1, 1, 2, 7)
+    if opset < 16:
+        with pytest.raises(NotImplementedError, match="overlapping windows"):
+            build_gradient_models(model, ["X"])
+        return
+    _check_split(model, ["X"], {"X": x})
 
 
 @pytest.mark.parametrize("op, inputs, attrs", [

@@ -282,6 +282,20 @@ def test_einsum_diagonal(equation, shapes):
     _check(model, floats, list(floats))
 
 
+@pytest.mark.parametrize("equation, shapes", [
+    ("...ij,jk->...ik", [(2, 3, 4, 5), (5, 2)]),
+    ("ij,...jk->...ik", [(4, 5), (3, 5, 2)]),
+    ("...ij,jk->...ik", [(4, 5), (5, 2)]),        # an empty ellipsis
+    ("bij,...jk->...ik", [(3, 4, 5), (3, 5, 2)])])
+def test_einsum_ellipsis_in_one_operand(equation, shapes):
+    """An ellipsis in one operand only: the other operand's gradient sums
+    over those broadcast axes (onnx's Einsum keeps an input's ellipsis in
+    an explicit output), the first's keeps them."""
+    floats = {f"x{k}": RNG.standard_normal(s) for k, s in enumerate(shapes)}
+    model = _one_node("Einsum", floats, {}, 12, equation=equation)
+    _check(model, floats, list(floats))
+
+
 # ---------------------------------------------------------------------------
 # DynamicQuantizeLinear's y_scale (float32 only; piecewise linear in x, so
 # a long finite-difference step is exact away from ties)

@@ -139,13 +139,22 @@ def _einsum(ctx, gy):
         if not ctx.needs_grad[i]:
             grads.append(None)
             continue
-        if "..." in mine and len(terms) > 1:
-            ctx.fail("an ellipsis with several operands (broadcast dims)")
         others = terms[:i] + terms[i + 1:]
+        if "..." in mine and any("..." in t for t in others):
+            ctx.fail("an ellipsis in several operands (dims broadcast between them)")
         seen = set(_tokens(out)).union(*[set(_tokens(t)) for t in others])
         kept = [t for k, t in enumerate(mine) if t in seen and t not in mine[:k]]
+        # an operand without the ellipsis the others broadcast over: onnx's
+        # Einsum keeps an input's ellipsis in an explicit output, so the
+        # gradient keeps it in front, then sums those axes away
+        broadcast = "..." not in mine and "..." in out
         grad = ctx.op("Einsum", gy, *(ctx.inputs[:i] + ctx.inputs[i + 1:]),
-                      equation=",".join([out] + others) + "->" + "".join(kept))
+                      equation=",".join([out] + others) + "->"
+                      + ("..." if broadcast else "") + "".join(kept))
+        if broadcast:
+            width = ctx.rank(ctx.outputs[0], "Einsum") - (len(_tokens(out)) - 1)
+            if width:
+                grad = ctx.g.reduce_sum(grad, list(range(width)), keepdims=0)
         grads.append(_einsum_place(ctx, grad, x, mine, kept))
     return tuple(grads)
 

@@ -26,7 +26,9 @@ def _max_pool(ctx, gy, g_indices=None):
         _, indices = ctx.op("MaxPool", x, n_outputs=2, **attrs)
     kernel = ctx.attr("kernel_shape")
     strides = ctx.attr("strides") or [1] * len(kernel)
-    overlap = any(k > s for k, s in zip(kernel, strides))
+    dilations = ctx.attr("dilations") or [1] * len(kernel)
+    # a dilated window spans (k - 1) * d + 1 elements
+    overlap = any((k - 1) * d + 1 > s for k, s, d in zip(kernel, strides, dilations))
     minus_one = ctx.g.int64s([-1])
     args = (ctx.op("Reshape", ctx.zeros_like(x), minus_one),
             ctx.op("Reshape", indices, minus_one), ctx.op("Reshape", gy, minus_one))
