@@ -501,7 +501,7 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
     state goes up a binary tree of averages (``log2(n_shards)`` levels) and
     back down as a future. See ``docs/dask.md`` for the cost model.
     """
-    workers = list(client.scheduler_info()["workers"])
+    workers = _workers(client)
     epochs = getattr(estimator, "max_iter", None) if max_iter is None else max_iter
     default_shards = n_shards is None
     _check(estimator, sync_every, 1 if default_shards else n_shards, epochs)
@@ -510,6 +510,7 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
         if _is_dask(X):
             n_shards = min(n_shards, X.npartitions if hasattr(X, "npartitions")
                            else len(X.chunks[0]))
+    _check_penalty(estimator)
     source = _Source(X, y, client, n_shards)
     if not hasattr(estimator, "weights_to_train_"):
         estimator._initialize(*_initial_rows(source, estimator, classes))
@@ -517,14 +518,50 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
         classes = getattr(estimator, "classes_", None)
     shard_workers = [workers[i % len(workers)] for i in range(n_shards)]
     loop = _RoundLoop(client, estimator, shard_workers, source, classes)
-    size = int(np.clip(estimator.batch_size, 1, max(source.lengths)))
+    # a batch may span partitions: the largest shard bounds it, not the
+    # largest partition
+    shard_rows = [sum(source.lengths[g] for g in parts) for parts in source.shards]
+    size = int(np.clip(estimator.batch_size, 1, max(shard_rows)))
     plans = [_shard_plan(parts, source.lengths, size, sync_every)
              for parts in source.shards]
     state, history = loop.train(plans, epochs)
     estimator.set_state(dict(state, n_iter=epochs))
     estimator.train_losses_ = [h["train_loss"] for h in history]
+    estimator._run.best_loss = min(estimator.train_losses_)
     estimator.history_ = history
     return estimator
+
+
+def _workers(client):
+    """The client's workers; a clear error for a closed client."""
+    if getattr(client, "status", "running") in ("closed", "closing"):
+        raise ValueError("fit_data_parallel needs a running dask client; this one "
+                         "is closed.")
+    workers = list(client.scheduler_info().get("workers", ()))
+    if not workers:
+        raise ValueError("fit_data_parallel found no worker on the client's "
+                         "cluster (closed, or not started yet).")
+    return workers
+
+
+def _check_penalty(estimator):
+    """Refuse a learning penalty: each shard's step adds it scaled by its
+    own rows (1 / rows, scikit-learn's alpha), so the average would hold it
+    once per shard instead of once for the union of the batches."""
+    from ..losses.penalties import BaseLearningPenalty, resolve_learning_penalty
+    from ..optim.learning_rates import resolve_learning_rate
+    from ..optim.links import AddPenalty
+    penalty = resolve_learning_penalty(getattr(estimator, "learning_penalty", None))
+    active = type(penalty).penalize is not BaseLearningPenalty.penalize
+    rule = resolve_learning_rate(estimator.learning_rate).update_rule()
+    chained = any(isinstance(link, AddPenalty) for link in getattr(rule, "links", ()))
+    if active or chained:
+        raise ValueError(
+            "fit_data_parallel does not train with a learning penalty (or an "
+            "AddPenalty link): each shard scales it by its own batch rows, so "
+            "the average would count it once per shard. Use a decoupled weight "
+            "decay in the learning-rate chain instead (AddDecayedWeights, "
+            "DecoupledWeightDecay), which the average keeps once.")
 
 
 class _RoundLoop:

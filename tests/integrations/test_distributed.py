@@ -170,6 +170,40 @@ def test_dask_partitions_follow_the_full_batch_curve(client, mlp_onnx, frame):
         assert list(parallel.feature_names_in_) == [f"f{j}" for j in range(5)]
 
 
+def test_partitions_smaller_than_a_batch_follow_the_full_batch_curve(client, mlp_onnx):
+    """20 partitions of 5 rows, batches of 10: each batch spans two
+    partitions (the batch size was capped at the largest partition, 5 rows,
+    twice as many steps); best_loss_ is that of the curve."""
+    X, y, Xn, yn = _dask_data(20, 5)
+    rate = LearningRateSGD(0.02, learning_rate="constant")
+    parallel = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=rate, batch_size=10, random_state=0)
+    fit_data_parallel(parallel, X, y, client, max_iter=2)
+    order = _union_order(100, 2, 10)
+    single = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=2,
+        random_state=0).fit(Xn[order], yn[order])
+    _assert_same_training(parallel, single)
+    assert parallel._trainer.step_count == single._trainer.step_count == 10
+    assert parallel.best_loss_ == min(parallel.train_losses_)
+
+
+def test_a_penalty_and_a_closed_client_are_refused_before_any_work(mlp_onnx,
+                                                                   regression_data):
+    """Each shard would scale a learning penalty by its own rows (once per
+    shard in the average): refused, as a closed client is, with the
+    estimator left unfitted."""
+    X, y = regression_data
+    est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), learning_penalty="elastic")
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1,
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        with pytest.raises(ValueError, match="learning penalty"):
+            fit_data_parallel(est, X[:40], y[:40], c)
+    with pytest.raises(ValueError, match="closed"):
+        fit_data_parallel(est.set_params(learning_penalty=None), X[:40], y[:40], c)
+    assert not hasattr(est, "weights_to_train_")
+
+
 def test_dask_rows_stay_on_the_workers_and_stream(client, mlp_onnx):
     """64 partitions of 10 rows, 2 shards: the rows are made on the
     workers, never sent to the client (it receives the final state and two
