@@ -483,6 +483,9 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
     estimator
         With the averaged weights and optimizer state; ``train_losses_``
         and ``history_`` hold one row-weighted mean batch loss per epoch.
+        Its ``callbacks`` are not called (the workers' copies have none):
+        log afterwards, e.g. with
+        :func:`onnxtrain.integrations.mlflow.log_history`.
 
     Raises
     ------
@@ -575,7 +578,14 @@ class _RoundLoop:
         self.client, self.estimator, self.workers = client, estimator, workers
         self.source, self.classes = source, classes
         source.scatter(workers)
-        pickled = client.scatter(pickle.dumps(estimator), broadcast=True)
+        # the workers' copies run no callback: each shard's steps would
+        # call them (an MLflowLogger opened one run per shard and step)
+        callbacks = estimator.callbacks
+        estimator.callbacks = None
+        try:
+            pickled = client.scatter(pickle.dumps(estimator), broadcast=True)
+        finally:
+            estimator.callbacks = callbacks
         self.holders = [client.submit(ShardWorker, pickled, workers=[w], pure=False)
                         for w in workers]
         self.live = [{} for _ in workers]  # shard -> {partition: futures}

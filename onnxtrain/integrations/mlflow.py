@@ -212,6 +212,13 @@ class MLflowLogger(Callback):
     def on_epoch_end(self, estimator, record):
         log_history(estimator, [record])
 
+    def on_train_error(self, estimator, error):
+        """Training failed: a run this logger started ends as FAILED (the
+        next fit does not log into it)."""
+        if self._started:
+            _mlflow().end_run(status="FAILED")
+            self._started = False
+
     def on_train_end(self, estimator, X=None, y=None):
         mlflow = _mlflow()
         try:

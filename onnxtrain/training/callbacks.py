@@ -42,6 +42,11 @@ class Callback(BaseEstimator):
     def on_train_end(self, estimator, X=None, y=None):
         pass
 
+    def on_train_error(self, estimator, error):
+        """Training raised ``error`` after ``on_train_begin`` (a divergence
+        with ``exc=True``, a callback raising, an interruption):
+        ``on_train_end`` will not come. The error propagates afterwards."""
+
     def on_epoch_begin(self, estimator, epoch):
         pass
 

@@ -402,21 +402,29 @@ class TrainingRun(FitState):
         chunk = n_epochs if path == "loop" and self.one_run_allowed(X_val) else 1
         bar = tqdm(total=n_epochs, disable=not settings.verbose, desc=settings.name)
         self.notify("on_train_begin", X, y)
-        done = 0
-        while done < n_epochs:
-            count = min(chunk, n_epochs - done)
-            self.notify("on_epoch_begin", self.n_iter + 1)
-            start = time.perf_counter()
-            losses = self.run_epochs(path, X, y, sample_weight, batch_size, count)
-            duration = (time.perf_counter() - start) / count
-            stop = losses is None or len(losses) < count
-            for loss in losses or ():
-                stop = self.record_epoch(loss, X_val, y_val, period, n_samples,
-                                         bar, duration) or stop
-            done += chunk
-            if stop:
-                break
-        bar.close()
+        try:
+            done = 0
+            while done < n_epochs:
+                count = min(chunk, n_epochs - done)
+                self.notify("on_epoch_begin", self.n_iter + 1)
+                start = time.perf_counter()
+                losses = self.run_epochs(path, X, y, sample_weight, batch_size, count)
+                duration = (time.perf_counter() - start) / count
+                stop = losses is None or len(losses) < count
+                for loss in losses or ():
+                    stop = self.record_epoch(loss, X_val, y_val, period, n_samples,
+                                             bar, duration) or stop
+                done += chunk
+                if stop:
+                    break
+        except BaseException as error:
+            # callbacks holding resources (an MLflow run) release them
+            for callback in self.settings.callbacks:
+                getattr(callback, "on_train_error", lambda *a: None)(
+                    self.hooks.target, error)
+            raise
+        finally:
+            bar.close()
         # the copy is kept only during the epochs (its arrays stay with the
         # runner for the next fit's copy)
         self.finite_weights = None

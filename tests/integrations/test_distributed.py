@@ -15,6 +15,7 @@ from dask.distributed import Client, LocalCluster, get_task_stream  # noqa: E402
 from onnxtrain import OrtGradientForwardBackwardOptimizer  # noqa: E402
 from onnxtrain.distributed import ShardWorker, fit_data_parallel  # noqa: E402
 from onnxtrain.optim import LearningRateSGD, LearningRateSGDNesterov  # noqa: E402
+from onnxtrain.training.callbacks import Callback  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +203,27 @@ def test_a_penalty_and_a_closed_client_are_refused_before_any_work(mlp_onnx,
     with pytest.raises(ValueError, match="closed"):
         fit_data_parallel(est.set_params(learning_penalty=None), X[:40], y[:40], c)
     assert not hasattr(est, "weights_to_train_")
+
+
+_CALLS = []
+
+
+class _Counting(Callback):
+    def on_batch_end(self, estimator, batch, loss):
+        _CALLS.append(batch)
+
+
+def test_the_workers_copies_run_no_callback(client, mlp_onnx, regression_data):
+    """Callbacks travel with the estimator; each shard's steps would call
+    them (an MLflowLogger opened one run per shard and step): the workers'
+    copies have none, the caller's estimator keeps its own."""
+    X, y = regression_data
+    counting = _Counting()
+    est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), batch_size=10,
+                                              callbacks=[counting], random_state=0)
+    _CALLS.clear()  # the workers run in this process (processes=False)
+    fit_data_parallel(est, X[:40], y[:40], client, max_iter=1)
+    assert _CALLS == [] and est.callbacks == [counting]
 
 
 def test_dask_rows_stay_on_the_workers_and_stream(client, mlp_onnx):

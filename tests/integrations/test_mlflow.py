@@ -61,6 +61,25 @@ def test_mlflow_logger_callback_logs_during_fit(store, mlp_onnx, regression_data
     assert store.get_run(logger.run_id_).data.params["callbacks"] == "['MLflowLogger']"
 
 
+def test_a_failed_fit_ends_the_loggers_run_as_failed(store, mlp_onnx, regression_data):
+    """A divergence (exc=True) after on_train_begin: the run the logger
+    started ends FAILED, and the next fit logs into a new run."""
+    from onnxtrain.exceptions import ConvergenceError
+    X, y = regression_data
+    logger = MLflowLogger()
+    est = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=LearningRateSGD(1e12, learning_rate="constant"),
+        max_iter=3, random_state=0, callbacks=[logger])
+    with pytest.raises(ConvergenceError):
+        est.fit(X, y)
+    failed = logger.run_id_
+    assert mlflow.active_run() is None
+    assert store.get_run(failed).info.status == "FAILED"
+    est.set_params(learning_rate=LearningRateSGD(0.01, learning_rate="constant")).fit(X, y)
+    assert logger.run_id_ != failed
+    assert store.get_run(logger.run_id_).info.status == "FINISHED"
+
+
 def test_log_model_refuses_an_unfitted_estimator(store, mlp_onnx):
     from sklearn.exceptions import NotFittedError
     with pytest.raises(NotFittedError):
