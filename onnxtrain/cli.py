@@ -81,7 +81,8 @@ def read_csv(path, target, features=None, missing_features=False):
                              f"{len(header)} columns.")
         for j, cell in enumerate(row):
             try:
-                values[i, j] = float(cell)
+                # Python's float reads '1_000' as 1000: not a number in a CSV
+                values[i, j] = np.nan if "_" in cell else float(cell)
             except ValueError:
                 values[i, j] = np.nan
             missing = np.isnan(values[i, j]) and missing_features \

@@ -427,6 +427,13 @@ def _initial_rows(source, estimator, classes):
     if hasattr(X, "chunks"):
         X0 = np.zeros((m,) + tuple(X.shape[1:]), dtype=X.dtype)
     else:
+        from pandas.api.types import is_bool_dtype, is_numeric_dtype
+        text = [str(c) for c, t in X.dtypes.items()
+                if not (is_numeric_dtype(t) or is_bool_dtype(t))]
+        if text:  # dask's fake rows of such columns fail in check_array
+            raise ValueError(f"X has columns {text} that are not numeric "
+                             "(object, string or category): encode them first "
+                             "(the estimators take numbers).")
         meta = X._meta_nonempty
         X0 = meta.iloc[np.arange(m) % len(meta)].reset_index(drop=True)
     if is_classifier(estimator):

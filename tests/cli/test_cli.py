@@ -124,6 +124,16 @@ def test_read_csv_names_bad_cell(tmp_path):
         read_csv(str(path), "target")
 
 
+@pytest.mark.parametrize("cell", ["1_000", "1e3_0"])
+def test_read_csv_refuses_python_only_number_spellings(tmp_path, cell):
+    """Python's float reads '1_000' as 1000; a CSV cell so written is not a
+    number (a thousands separator, a typo): refused, not read as 1000."""
+    path = tmp_path / "bad.csv"
+    path.write_text(f"a,target\n1,2\n{cell},3\n")
+    with pytest.raises(ValueError, match=rf"line 3, column 'a': '{cell}'"):
+        read_csv(str(path), "target")
+
+
 def test_read_csv_selects_features(tmp_path):
     path = tmp_path / "ok.csv"
     path.write_text("a,b,target\n1,2,3\n4,5,6\n")

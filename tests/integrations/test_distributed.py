@@ -205,6 +205,19 @@ def test_a_penalty_and_a_closed_client_are_refused_before_any_work(mlp_onnx,
     assert not hasattr(est, "weights_to_train_")
 
 
+def test_a_dataframe_with_a_text_column_is_refused_clearly(client, mlp_onnx):
+    dd = pytest.importorskip("dask.dataframe")
+    import pandas as pd
+    frame = pd.DataFrame({f"f{j}": np.arange(20, dtype=np.float32) for j in range(4)})
+    frame["f4"] = ["a"] * 20
+    X = dd.from_pandas(frame, npartitions=2)
+    y = dd.from_pandas(pd.Series(np.zeros(20, np.float32)), npartitions=2)
+    est = OrtGradientForwardBackwardOptimizer(mlp_onnx(), batch_size=5)
+    with pytest.raises(ValueError, match=r"columns \['f4'\] that are not numeric"):
+        fit_data_parallel(est, X, y, client)
+    assert not hasattr(est, "weights_to_train_")
+
+
 _CALLS = []
 
 
