@@ -536,7 +536,7 @@ class BaseOrtGradientEstimator(BaseEstimator):
             n_samples -= int(np.ceil(self.validation_fraction * n_samples))
             size = int(np.clip(self.batch_size, 1, max(n_samples, 1)))
             sizes = {size} | ({n_samples % size} if n_samples % size else set())
-        check_batchnorm_batches(model, sizes, types)
+        check_batchnorm_batches(model, sizes, types, inputs)
         return X, y, sample_weight, X_val, y_val
 
     def _check_start(self, X):

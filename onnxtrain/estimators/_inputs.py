@@ -218,7 +218,7 @@ def check_batch_dimension(model, sizes, inputs=None, types=None):
                 "input to a symbolic name (dim_param).")
 
 
-def check_batchnorm_batches(model, sizes, types=None):
+def check_batchnorm_batches(model, sizes, types=None, inputs=None):
     """Refuse batches of one row when a training-mode BatchNormalization of
     the graph normalizes one value per channel and row (its input is (N, C),
     or its other dimensions are all 1): the unbiased variance of a single
@@ -233,6 +233,10 @@ def check_batchnorm_batches(model, sizes, types=None):
         Rows of the batches the graph will run on.
     types : dict, optional
         :func:`~onnxtrain.graph.infer_value_types` of ``model``.
+    inputs : list of str, optional
+        The data inputs (default :func:`data_inputs`): a BatchNormalization
+        counts when its first dimension is theirs (the rows), not another
+        one (N * T after a reshape).
 
     Raises
     ------
@@ -242,12 +246,16 @@ def check_batchnorm_batches(model, sizes, types=None):
     if 1 not in {int(s) for s in sizes}:
         return
     types = infer_value_types(model) if types is None else types
+    rows = {(types.get(name, (None, None))[1] or (None,))[0]
+            for name in (data_inputs(model) if inputs is None else inputs)}
+    rows = {d for d in rows if isinstance(d, str)}
     for node in model.graph.node:
         if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") \
                 or not any(a.name == "training_mode" and a.i for a in node.attribute):
             continue
         shape = types.get(node.input[0], (None, None))[1]
-        if not shape or len(shape) < 2 or not all(isinstance(d, int) for d in shape[2:]) \
+        if not shape or len(shape) < 2 or shape[0] not in rows \
+                or not all(isinstance(d, int) for d in shape[2:]) \
                 or int(np.prod(shape[2:], dtype=np.int64)) != 1:
             continue
         raise ValueError(

@@ -659,14 +659,15 @@ class OrtGradientForwardBackwardClassifier(ClassifierMixin, BaseOrtGradientEstim
     def _names_classes(self, given):
         """Whether the graph's labels name the classes of ``given``: they
         do unless the graph has none, or they are the column indices 0 to
-        C - 1 (skl2onnx's ``nocl=True`` leaves the names out) and
-        ``given`` is not among them."""
+        C - 1 (skl2onnx's ``nocl=True`` leaves the names out) and no label
+        of ``given`` is among them (labels partly among them are refused:
+        which naming was meant cannot be told)."""
         labels = self._graph_classes()
         if labels is None:
             return False
         if labels.dtype.kind == "U" or not np.array_equal(labels, np.arange(len(labels))):
             return True
-        return given.dtype.kind in "biuf" and not np.setdiff1d(given, labels).size
+        return given.dtype.kind in "biuf" and bool(np.intersect1d(given, labels).size)
 
     def _classes_from_graph(self, given, name):
         """``classes_`` of a graph that carries its labels: those labels, in

@@ -215,15 +215,18 @@ class MLflowLogger(Callback):
     def on_train_error(self, estimator, error):
         """Training failed: a run this logger started ends as FAILED (the
         next fit does not log into it)."""
-        if self._started:
-            _mlflow().end_run(status="FAILED")
+        if getattr(self, "_started", False):
             self._started = False
+            _mlflow().end_run(status="FAILED")
 
     def on_train_end(self, estimator, X=None, y=None):
         mlflow = _mlflow()
+        status = "FAILED"
         try:
             if self.log_model_at_end:
                 self.model_info_ = log_model(estimator, self.name, history=False)
+            status = "FINISHED"
         finally:
             if self._started:
-                mlflow.end_run()
+                self._started = False
+                mlflow.end_run(status=status)

@@ -401,37 +401,54 @@ class TrainingRun(FitState):
         self.path = path = self.choose_path(sample_weight, batch_size)
         chunk = n_epochs if path == "loop" and self.one_run_allowed(X_val) else 1
         bar = tqdm(total=n_epochs, disable=not settings.verbose, desc=settings.name)
-        self.notify("on_train_begin", X, y)
         try:
-            done = 0
-            while done < n_epochs:
-                count = min(chunk, n_epochs - done)
-                self.notify("on_epoch_begin", self.n_iter + 1)
-                start = time.perf_counter()
-                losses = self.run_epochs(path, X, y, sample_weight, batch_size, count)
-                duration = (time.perf_counter() - start) / count
-                stop = losses is None or len(losses) < count
-                for loss in losses or ():
-                    stop = self.record_epoch(loss, X_val, y_val, period, n_samples,
-                                             bar, duration) or stop
-                done += chunk
-                if stop:
-                    break
+            self.notify("on_train_begin", X, y)
+            self._run_epochs_loop(path, X, y, sample_weight, X_val, y_val, period,
+                                  n_samples, batch_size, n_epochs, chunk, bar)
+            # the copy is kept only during the epochs (its arrays stay with
+            # the runner for the next fit's copy)
+            self.finite_weights = None
+            if settings.early_stopping and self.best_weights is not None:
+                self.runner.set_weights(self.best_weights)
+                self.runner.set_buffers(self.best_buffers)
+            self.notify("on_train_end", X, y)
         except BaseException as error:
-            # callbacks holding resources (an MLflow run) release them
-            for callback in self.settings.callbacks:
-                getattr(callback, "on_train_error", lambda *a: None)(
-                    self.hooks.target, error)
+            self._train_error(error)
             raise
         finally:
             bar.close()
-        # the copy is kept only during the epochs (its arrays stay with the
-        # runner for the next fit's copy)
-        self.finite_weights = None
-        if settings.early_stopping and self.best_weights is not None:
-            self.runner.set_weights(self.best_weights)
-            self.runner.set_buffers(self.best_buffers)
-        self.notify("on_train_end", X, y)
+
+    def _run_epochs_loop(self, path, X, y, sample_weight, X_val, y_val, period,
+                         n_samples, batch_size, n_epochs, chunk, bar):
+        """The epochs, ``chunk`` per run, until ``n_epochs`` or a stop."""
+        done = 0
+        while done < n_epochs:
+            count = min(chunk, n_epochs - done)
+            self.notify("on_epoch_begin", self.n_iter + 1)
+            start = time.perf_counter()
+            losses = self.run_epochs(path, X, y, sample_weight, batch_size, count)
+            duration = (time.perf_counter() - start) / count
+            stop = losses is None or len(losses) < count
+            for loss in losses or ():
+                stop = self.record_epoch(loss, X_val, y_val, period, n_samples,
+                                         bar, duration) or stop
+            done += chunk
+            if stop:
+                break
+
+    def _train_error(self, error):
+        """Tell every callback that training raised ``error`` (those holding
+        resources, an MLflow run, release them); a callback failing there
+        does not hide ``error`` nor keep the others from hearing it."""
+        for callback in self.settings.callbacks:
+            hook = getattr(callback, "on_train_error", None)
+            if hook is None:
+                continue
+            try:
+                hook(self.hooks.target, error)
+            except Exception as other:  # noqa: BLE001 - the first error wins
+                warnings.warn(f"{type(callback).__name__}.on_train_error raised "
+                              f"{type(other).__name__}: {other}", RuntimeWarning)
 
     def notify(self, hook, *args):
         """Call ``hook`` on every callback; True when one asks to stop."""

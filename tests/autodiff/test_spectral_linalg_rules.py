@@ -286,7 +286,10 @@ def test_einsum_diagonal(equation, shapes):
     ("...ij,jk->...ik", [(2, 3, 4, 5), (5, 2)]),
     ("ij,...jk->...ik", [(4, 5), (3, 5, 2)]),
     ("...ij,jk->...ik", [(4, 5), (5, 2)]),        # an empty ellipsis
-    ("bij,...jk->...ik", [(3, 4, 5), (3, 5, 2)])])
+    ("bij,...jk->...ik", [(3, 4, 5), (3, 5, 2)]),
+    ("i...j,jk->i...k", [(4, 2, 3, 5), (5, 2)]),   # an ellipsis mid-term
+    ("jk,i...j->i...k", [(5, 2), (4, 3, 5)]),
+    ("i...j->i...j", [(2, 3, 4)])])
 def test_einsum_ellipsis_in_one_operand(equation, shapes):
     """An ellipsis in one operand only: the other operand's gradient sums
     over those broadcast axes (onnx's Einsum keeps an input's ellipsis in

@@ -546,6 +546,16 @@ def test_a_graph_without_class_names_takes_those_of_y(zipmap):
     assert_array_equal(est.predict(X), skl.predict(X))
 
 
+def test_labels_partly_among_a_graphs_column_indices_are_refused():
+    """A graph labelled 0, 1, 2 (or converted with nocl=True: the same
+    table) and y labelled 1, 2, 3: which naming was meant cannot be told,
+    refused rather than matching columns to y's sorted labels."""
+    _, onx, X, y = _labelled(False, [0, 1, 2])
+    with pytest.raises(ValueError, match=r"labels \[3\] that the graph does not know"):
+        OrtGradientForwardBackwardClassifier(onx, learning_rate=1e-9, max_iter=1).fit(
+            X, np.where(y == 0, 3, y))
+
+
 def test_an_integer_output_that_is_no_argmax_lookup_is_not_the_labels():
     """Only a lookup at the column of the highest probability (an ArgMax)
     gives the labels: another int64 output reading a constant table of C

@@ -28,6 +28,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import GridSearchCV
 
 from onnxtrain import (CrossEntropyLearningLoss, GraphInputs, LearningRateSGD,
+                       OrtGradientForwardBackwardOptimizer,
                        OrtGradientForwardBackwardClassifier, api, artifacts)
 
 torch = pytest.importorskip("torch")
@@ -228,6 +229,38 @@ def test_a_batch_of_one_row_through_batchnorm1d_is_refused():
     cnn = _estimator(_export(CNN(), [torch.from_numpy(X[:2])], ["x"]), 1, "split")
     cnn.set_params(batch_size=4).fit(X[:rows], y)
     assert np.isfinite(cnn.predict_proba(X[:rows])).all()
+
+
+def test_batchnorm_over_rows_times_steps_takes_a_batch_of_one_row():
+    """BatchNorm1d over (N * T, C) after a reshape normalizes T values per
+    channel for one row: PyTorch trains on it, the estimator too."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.bn, self.b = (torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                       torch.nn.Linear(8, 1))
+
+        def forward(self, x):
+            h = self.bn(self.a(x).reshape(-1, 8)).reshape(x.shape[0], x.shape[1], 8)
+            return self.b(torch.relu(h).mean(1))
+
+    torch.manual_seed(0)
+    net = Net()
+    X = np.random.RandomState(0).randn(5, 3, 4).astype(np.float32)
+    y = X.sum((1, 2))[:, None].astype(np.float32)
+    net.train()(torch.from_numpy(X[:1]))  # accepted by PyTorch
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.from_numpy(X[:2]),), buffer, dynamo=False,
+                          opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    est = OrtGradientForwardBackwardOptimizer(
+        onnx.load_from_string(buffer.getvalue()), batch_size=4, max_iter=1,
+        learning_rate=LearningRateSGD(0.01, learning_rate="constant"),
+        training_path="split").fit(X, y)  # batches of 4 and 1 row
+    assert np.isfinite(est.predict(X)).all()
 
 
 def test_running_statistics_are_never_weights_to_train():

@@ -8,6 +8,7 @@ pytest.importorskip("mlflow.onnx")
 from onnxtrain import OrtGradientForwardBackwardOptimizer  # noqa: E402
 from onnxtrain.mlflow import MLflowLogger, log_model  # noqa: E402
 from onnxtrain.optim import LearningRateSGD  # noqa: E402
+from onnxtrain.training.callbacks import Callback  # noqa: E402
 
 
 @pytest.fixture
@@ -78,6 +79,55 @@ def test_a_failed_fit_ends_the_loggers_run_as_failed(store, mlp_onnx, regression
     est.set_params(learning_rate=LearningRateSGD(0.01, learning_rate="constant")).fit(X, y)
     assert logger.run_id_ != failed
     assert store.get_run(logger.run_id_).info.status == "FINISHED"
+
+
+class _Boom(Callback):
+    def __init__(self, hook=None):
+        self.hook = hook
+
+    def _maybe(self, hook):
+        if self.hook == hook:
+            raise RuntimeError(f"{hook} boom")
+
+    def on_train_begin(self, estimator, X=None, y=None):
+        self._maybe("on_train_begin")
+
+    def on_epoch_end(self, estimator, record):
+        self._maybe("on_epoch_end")
+
+    def on_train_end(self, estimator, X=None, y=None):
+        self._maybe("on_train_end")
+
+    def on_train_error(self, estimator, error):
+        self._maybe("on_train_error")
+
+
+@pytest.mark.parametrize("hooks, first", [
+    (["on_train_end"], True), (["on_train_begin"], False),
+    (["on_epoch_end", "on_train_error"], True)])
+def test_a_callback_raising_anywhere_ends_the_loggers_run(store, mlp_onnx,
+                                                          regression_data, hooks, first):
+    """Another callback raising in on_train_begin, on_train_end or
+    on_epoch_end (then in on_train_error too): the logger's run ends
+    FAILED and the error the user sees is the first one."""
+    X, y = regression_data
+    logger = MLflowLogger()
+    booms = [_Boom(h) for h in hooks]
+    callbacks = booms + [logger] if first else [logger] + booms
+    est = OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=LearningRateSGD(0.01, learning_rate="constant"),
+        max_iter=2, random_state=0, callbacks=callbacks)
+    with pytest.warns(RuntimeWarning) if "on_train_error" in hooks else _no_warning():
+        with pytest.raises(RuntimeError, match=f"{hooks[0]} boom"):
+            est.fit(X, y)
+    assert mlflow.active_run() is None
+    if hasattr(logger, "run_id_"):
+        assert store.get_run(logger.run_id_).info.status == "FAILED"
+
+
+def _no_warning():
+    import contextlib
+    return contextlib.nullcontext()
 
 
 def test_log_model_refuses_an_unfitted_estimator(store, mlp_onnx):

@@ -124,7 +124,10 @@ def _einsum_terms(equation):
 
 
 def _tokens(term):
-    return ["..."] + list(term.replace("...", "", 1)) if "..." in term else list(term)
+    """The subscripts of ``term`` in order, an ellipsis as one token where
+    it stands (``'i...j'`` -> ``['i', '...', 'j']``)."""
+    head, ellipsis, tail = term.partition("...")
+    return list(head) + ([ellipsis] if ellipsis else []) + list(tail)
 
 
 @register_vjp("Einsum")
