@@ -142,15 +142,21 @@ def test_classifier_early_stopping_and_pickle():
     assert_allclose(clone.predict_proba(X), est.predict_proba(X))
 
 
-def test_ort_gradient_optimizer_on_a_loss_graph():
+def _linear_loss_graph(n):
+    """(X, y = X @ [1, 2, 3] + 1, a linear model's graph with a square-loss
+    output) on ``n`` rows."""
     rng = np.random.RandomState(0)
-    X = rng.randn(100, 3).astype(np.float32)
+    X = rng.randn(n, 3).astype(np.float32)
     y = (X @ np.array([1.0, 2.0, 3.0]) + 1).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         skl = MLPRegressor(hidden_layer_sizes=(), activation="identity",
                            max_iter=1).fit(X, y)
-    training = add_loss_output(to_onnx(skl, X[:1]))
+    return X, y, add_loss_output(to_onnx(skl, X[:1]))
+
+
+def test_ort_gradient_optimizer_on_a_loss_graph():
+    X, y, training = _linear_loss_graph(100)
     assert [i.name for i in training.graph.input] == ["X", "label"]
     assert [o.name for o in training.graph.output] == ["loss", "variable"]
     est = OrtGradientOptimizer(
@@ -167,14 +173,7 @@ def test_ort_gradient_optimizer_on_a_loss_graph():
 def test_loss_output_estimator_scores_by_its_negated_loss():
     """score is -losses (greater is better), so GridSearchCV needs no
     scoring and picks the learning rate that reaches the lower loss."""
-    rng = np.random.RandomState(0)
-    X = rng.randn(60, 3).astype(np.float32)
-    y = (X @ np.array([1.0, 2.0, 3.0]) + 1).astype(np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        skl = MLPRegressor(hidden_layer_sizes=(), activation="identity",
-                           max_iter=1).fit(X, y)
-    training = add_loss_output(to_onnx(skl, X[:1]))
+    X, y, training = _linear_loss_graph(60)
     est = OrtGradientOptimizer(training, max_iter=5, random_state=0).fit(X, y)
     assert est.score(X, y) == -est.losses(X, y) < 0
     rates = [LearningRateSGD(1e-5, learning_rate="constant"),

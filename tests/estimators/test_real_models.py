@@ -210,14 +210,7 @@ def test_a_batch_of_one_row_through_batchnorm1d_is_refused():
                               torch.nn.ReLU(), torch.nn.Linear(16, 10))
     with pytest.raises(ValueError, match="Expected more than 1 value"):
         net.train()(torch.from_numpy(flat[:1]))
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.from_numpy(flat[:2]),), buffer, dynamo=False,
-                          opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, input_names=["x"],
-                          dynamic_axes={"x": {0: "N"}})
-    model = onnx.load_from_string(buffer.getvalue())
+    model = _export(net, [torch.from_numpy(flat[:2])], ["x"])
     est = _estimator(model, 1, "split").set_params(batch_size=4)
     with pytest.raises(ValueError, match="batch of 1 row reaches BatchNormalization"):
         est.fit(flat, y)  # batches of 4 and a last one of 1 row
@@ -249,15 +242,8 @@ def test_batchnorm_over_rows_times_steps_takes_a_batch_of_one_row():
     X = np.random.RandomState(0).randn(5, 3, 4).astype(np.float32)
     y = X.sum((1, 2))[:, None].astype(np.float32)
     net.train()(torch.from_numpy(X[:1]))  # accepted by PyTorch
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.from_numpy(X[:2]),), buffer, dynamo=False,
-                          opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, input_names=["x"],
-                          output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
     est = OrtGradientForwardBackwardOptimizer(
-        onnx.load_from_string(buffer.getvalue()), batch_size=4, max_iter=1,
+        _export(net, [torch.from_numpy(X[:2])], ["x"]), batch_size=4, max_iter=1,
         learning_rate=LearningRateSGD(0.01, learning_rate="constant"),
         training_path="split").fit(X, y)  # batches of 4 and 1 row
     assert np.isfinite(est.predict(X)).all()
