@@ -522,16 +522,17 @@ def fit_data_parallel(estimator, X, y, client, *, n_shards=None, sync_every=1,
                            else len(X.chunks[0]))
     _check_penalty(estimator)
     source = _Source(X, y, client, n_shards)
+    # a batch may span partitions: the largest shard bounds it, not the
+    # largest partition
+    shard_rows = [sum(source.lengths[g] for g in parts) for parts in source.shards]
+    size = int(np.clip(estimator.batch_size, 1, max(shard_rows)))
+    _check_batches(estimator, {size} | {n % size for n in shard_rows if n % size})
     if not hasattr(estimator, "weights_to_train_"):
         estimator._initialize(*_initial_rows(source, estimator, classes))
     elif classes is None and source._numpy is None:
         classes = getattr(estimator, "classes_", None)
     shard_workers = [workers[i % len(workers)] for i in range(n_shards)]
     loop = _RoundLoop(client, estimator, shard_workers, source, classes)
-    # a batch may span partitions: the largest shard bounds it, not the
-    # largest partition
-    shard_rows = [sum(source.lengths[g] for g in parts) for parts in source.shards]
-    size = int(np.clip(estimator.batch_size, 1, max(shard_rows)))
     plans = [_shard_plan(parts, source.lengths, size, sync_every)
              for parts in source.shards]
     state, history = loop.train(plans, epochs)
@@ -552,6 +553,15 @@ def _workers(client):
         raise ValueError("fit_data_parallel found no worker on the client's "
                          "cluster (closed, or not started yet).")
     return workers
+
+
+def _check_batches(estimator, sizes):
+    """The shards' batch sizes checked against the graph before any work,
+    as fit checks its own (one row through a BatchNorm1d)."""
+    from ..estimators._inputs import check_batchnorm_batches
+    model = estimator._training_model()
+    check_batchnorm_batches(model, sizes, estimator._training_types(),
+                            estimator._feature_inputs(model))
 
 
 def _check_penalty(estimator):

@@ -218,6 +218,39 @@ def test_a_dataframe_with_a_text_column_is_refused_clearly(client, mlp_onnx):
     assert not hasattr(est, "weights_to_train_")
 
 
+def _batchnorm1d_model():
+    """x (N, 4) -> MatMul -> BatchNormalization in training mode over
+    (N, 8) -> MatMul -> y (N, 1)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in (
+        ("W", rng.standard_normal((4, 8))), ("scale", np.ones(8)), ("B", np.zeros(8)),
+        ("mean", np.zeros(8)), ("var", np.ones(8)), ("V", rng.standard_normal((8, 1))))]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("BatchNormalization", ["h", "scale", "B", "mean", "var"],
+                              ["n", "new_mean", "new_var"], training_mode=1),
+             helper.make_node("MatMul", ["n", "V"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_shard_batch_of_one_row_through_batchnorm_is_refused_first(client):
+    """10 rows in shards of 5, batches of 4: each shard's last batch is one
+    row through a BatchNorm over (N, 8) (the 10 rows alone would not have
+    one), refused before any work as fit refuses it (it failed on a
+    worker, mid-fit)."""
+    X = np.random.default_rng(1).standard_normal((10, 4)).astype(np.float32)
+    y = X.sum(1, keepdims=True)
+    est = OrtGradientForwardBackwardOptimizer(_batchnorm1d_model(), batch_size=4)
+    with pytest.raises(ValueError, match="batch of 1 row reaches BatchNormalization"):
+        fit_data_parallel(est, X, y, client, n_shards=2, max_iter=1)
+    assert not hasattr(est, "weights_to_train_")
+
+
 _CALLS = []
 
 
