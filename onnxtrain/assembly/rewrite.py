@@ -810,12 +810,12 @@ def _through_passthrough(producers, name):
     return node
 
 
-def _table_labels(graph, output):
+def _table_labels(graph, output, producers):
     """The labels of the table ``output`` looks up: walking back from it
     through :data:`_LABEL_PASSTHROUGH` ops to a ``Gather`` (axis 0) or an
     ``ArrayFeatureExtractor`` of a constant at an index an ``ArgMax`` over
-    the last axis computes (the column of the highest score), or None."""
-    producers = {o: n for n in graph.node for o in n.output}
+    the last axis computes (the column of the highest score), or None
+    (``producers``: value name -> the node writing it)."""
     initializers = {i.name: i for i in graph.initializer}
     node = _through_passthrough(producers, output)
     if node is None or not (
@@ -876,7 +876,7 @@ def class_labels(model, probabilities):
         if out.type.HasField("tensor_type") and \
                 out.type.tensor_type.elem_type in (TensorProto.STRING, TensorProto.INT64,
                                                    TensorProto.INT32):
-            labels = _table_labels(graph, out.name)
+            labels = _table_labels(graph, out.name, producers)
             if labels is not None:
                 found.append(labels)
     if not found or any(f is None for f in found):

@@ -41,6 +41,15 @@ def _assert_same_training(parallel, single):
         assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def _one_process(mlp_onnx, X, y, rate, epochs):
+    """The one-process fit two shards of 50 rows with batches of 10 follow:
+    batches of 20 rows, the unions of the shards' batches."""
+    order = _union_order(100, 2, 10)
+    return OrtGradientForwardBackwardOptimizer(
+        mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=epochs,
+        random_state=0).fit(X[order], y[order])
+
+
 @pytest.mark.parametrize("rate", [
     LearningRateSGD(0.02, learning_rate="constant"),
     LearningRateSGDNesterov(0.01, learning_rate="constant", momentum=0.9)])
@@ -51,10 +60,7 @@ def test_averaged_shards_follow_the_full_batch_curve(client, mlp_onnx,
     parallel = OrtGradientForwardBackwardOptimizer(
         mlp_onnx(), learning_rate=rate, batch_size=10, random_state=0)
     fit_data_parallel(parallel, X, y, client, max_iter=3)
-    order = _union_order(100, 2, 10)
-    single = OrtGradientForwardBackwardOptimizer(
-        mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=3,
-        random_state=0).fit(X[order], y[order])
+    single = _one_process(mlp_onnx, X, y, rate, 3)
     _assert_same_training(parallel, single)
     assert parallel.n_iter_ == 3 and parallel.t_ == 300
     # a worker's sessions take the worker's threads (threads_per_worker=1)
@@ -161,10 +167,7 @@ def test_dask_partitions_follow_the_full_batch_curve(client, mlp_onnx, frame):
     parallel = OrtGradientForwardBackwardOptimizer(
         mlp_onnx(), learning_rate=rate, batch_size=10, random_state=0)
     fit_data_parallel(parallel, X, y, client, max_iter=3)
-    order = _union_order(100, 2, 10)
-    single = OrtGradientForwardBackwardOptimizer(
-        mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=3,
-        random_state=0).fit(Xn[order], yn[order])
+    single = _one_process(mlp_onnx, Xn, yn, rate, 3)
     _assert_same_training(parallel, single)
     assert parallel.t_ == 300 and parallel._trainer.step_count == 15
     if frame:
@@ -180,10 +183,7 @@ def test_partitions_smaller_than_a_batch_follow_the_full_batch_curve(client, mlp
     parallel = OrtGradientForwardBackwardOptimizer(
         mlp_onnx(), learning_rate=rate, batch_size=10, random_state=0)
     fit_data_parallel(parallel, X, y, client, max_iter=2)
-    order = _union_order(100, 2, 10)
-    single = OrtGradientForwardBackwardOptimizer(
-        mlp_onnx(), learning_rate=rate, batch_size=20, max_iter=2,
-        random_state=0).fit(Xn[order], yn[order])
+    single = _one_process(mlp_onnx, Xn, yn, rate, 2)
     _assert_same_training(parallel, single)
     assert parallel._trainer.step_count == single._trainer.step_count == 10
     assert parallel.best_loss_ == min(parallel.train_losses_)
